@@ -1,0 +1,1 @@
+"""graphc.codegen (being written)."""

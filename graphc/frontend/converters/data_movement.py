@@ -1,0 +1,1 @@
+"""Converters of data_movement ops (being written)."""

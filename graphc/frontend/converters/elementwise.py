@@ -1,0 +1,1 @@
+"""Converters of elementwise ops (being written)."""

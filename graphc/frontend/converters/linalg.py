@@ -1,0 +1,1 @@
+"""Converters of linalg ops (being written)."""

@@ -1,0 +1,1 @@
+"""Converters of nn ops (being written)."""

@@ -1,0 +1,1 @@
+"""Converters of normalization ops (being written)."""

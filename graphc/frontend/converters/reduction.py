@@ -1,0 +1,1 @@
+"""Converters of reduction ops (being written)."""

@@ -1,0 +1,1 @@
+"""Converters of sequence ops (being written)."""

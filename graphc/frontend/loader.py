@@ -1,0 +1,141 @@
+"""Reading an ONNX file: parse, validate, inline local functions, and map initializers.
+
+Initializers are not copied: raw data is viewed in place (`np.frombuffer`) and external data is
+memory-mapped, so loading a large model costs little more than reading its protobuf.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import numpy_helper
+
+from graphc.errors import ModelLoadError
+from graphc.ir.types import DType
+
+log = logging.getLogger(__name__)
+
+ModelSource = str | os.PathLike | bytes | onnx.ModelProto
+
+
+def read_model(source: ModelSource) -> tuple[onnx.ModelProto, Path | None]:
+    """Parse and check a model. Returns the proto and the folder its external data is under."""
+    base: Path | None = None
+    if isinstance(source, onnx.ModelProto):
+        model = source
+    elif isinstance(source, bytes):
+        model = _parse(source, "<bytes>")
+    else:
+        path = Path(source)
+        if not path.exists():
+            raise ModelLoadError(f"{path}: no such file")
+        if path.is_dir():
+            raise ModelLoadError(f"{path}: is a folder, not an ONNX file")
+        base = path.parent
+        model = _parse(path.read_bytes(), str(path))
+    if not model.graph.node and not model.graph.output:
+        raise ModelLoadError("the model has an empty graph (is this an ONNX file?)")
+    try:
+        # full_check=False: graphc does its own type inference; the checker catches malformed
+        # protos, unknown ops of the standard domain, and broken references.
+        onnx.checker.check_model(model, full_check=False)
+    except onnx.checker.ValidationError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "validation failed"
+        raise ModelLoadError(f"the ONNX checker rejects the model: {first}") from None
+    except Exception as e:  # the checker raises other errors on some corrupt protos
+        raise ModelLoadError(f"the ONNX checker fails on the model: {e}") from None
+    if model.functions:
+        from onnx import inliner
+
+        model = inliner.inline_local_functions(model)
+    return model, base
+
+
+def _parse(data: bytes, where: str) -> onnx.ModelProto:
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        raise ModelLoadError(f"{where}: not a valid ONNX file (truncated or corrupt?): {e}") from None
+    if not model.HasField("graph"):
+        raise ModelLoadError(f"{where}: not an ONNX model (no graph)")
+    return model
+
+
+def tensor_to_array(t: onnx.TensorProto, base: Path | None) -> np.ndarray:
+    """An initializer as a read-only array, without copying where the bytes allow it."""
+    try:
+        dtype = DType.from_onnx(t.data_type)
+    except ValueError as e:
+        raise ModelLoadError(f"initializer '{t.name}': {e}") from None
+    shape = tuple(int(d) for d in t.dims)
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        return _external(t, dtype, shape, base)
+    simple = (
+        dtype.numpy.kind in "fiub"
+        and dtype.itemsize * 8 >= 8
+        and dtype
+        not in (
+            DType.uint4,
+            DType.int4,
+            DType.float4e2m1,
+        )
+    )
+    if t.HasField("raw_data") and simple:
+        count = int(np.prod(shape, dtype=np.int64))
+        need = count * dtype.itemsize
+        if len(t.raw_data) != need:
+            raise ModelLoadError(
+                f"initializer '{t.name}': {len(t.raw_data)} bytes of data for shape {list(shape)} "
+                f"of {dtype.name} (needs {need})"
+            )
+        arr = np.frombuffer(t.raw_data, dtype=dtype.numpy.newbyteorder("<")).reshape(shape)
+        return arr.astype(dtype.numpy, copy=False)
+    try:
+        arr = numpy_helper.to_array(t)
+    except Exception as e:
+        raise ModelLoadError(f"initializer '{t.name}' cannot be read: {e}") from None
+    arr = np.asarray(arr)
+    if arr.dtype != dtype.numpy and dtype is not DType.string:
+        arr = arr.astype(dtype.numpy)
+    arr.setflags(write=False)
+    return arr
+
+
+def _external(t: onnx.TensorProto, dtype: DType, shape: tuple[int, ...], base: Path | None) -> np.ndarray:
+    info = {e.key: e.value for e in t.external_data}
+    if "location" not in info:
+        raise ModelLoadError(f"initializer '{t.name}': external data without a location")
+    if base is None:
+        raise ModelLoadError(
+            f"initializer '{t.name}' lives in external file '{info['location']}': load the model "
+            "from its path (not from bytes or a proto) so that the file can be found"
+        )
+    loc = (base / info["location"]).resolve()
+    if base.resolve() not in loc.parents and loc.parent != base.resolve():
+        raise ModelLoadError(
+            f"initializer '{t.name}': external path '{info['location']}' leaves the model's folder"
+        )
+    if not loc.exists():
+        raise ModelLoadError(f"initializer '{t.name}': external data file {loc} is missing")
+    offset = int(info.get("offset", 0))
+    count = int(np.prod(shape, dtype=np.int64))
+    need = count * dtype.itemsize
+    length = int(info.get("length", need))
+    if length != need:
+        raise ModelLoadError(f"initializer '{t.name}': external length {length} != {need} bytes needed")
+    size = loc.stat().st_size
+    if offset + need > size:
+        raise ModelLoadError(
+            f"initializer '{t.name}': external data {loc.name}[{offset}:{offset + need}] is past the "
+            f"end of the file ({size} bytes): truncated?"
+        )
+    if count == 0:
+        return np.zeros(shape, dtype=dtype.numpy)
+    arr = np.memmap(loc, dtype=dtype.numpy, mode="r", offset=offset, shape=shape)
+    return arr

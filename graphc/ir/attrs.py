@@ -1,0 +1,146 @@
+"""Typed node attributes.
+
+Every op's attributes are a frozen dataclass: a typo in an attribute name is an AttributeError or
+TypeError, never a silently missing key. For ONNX ops the class is generated from the newest
+`onnx.defs` schema of the op, so field names, types and defaults are the spec's, not typed in by
+hand. Ops of our own (fused nodes) declare their attrs classes by hand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+
+class TensorAttr:
+    """A hashable, immutable wrapper of a tensor-valued attribute (e.g. ConstantOfShape.value)."""
+
+    __slots__ = ("_array", "_digest")
+
+    def __init__(self, array: np.ndarray):
+        arr = np.array(array, copy=True)
+        arr.setflags(write=False)
+        self._array = arr
+        self._digest = hashlib.sha1(repr((arr.dtype.str, arr.shape)).encode() + arr.tobytes()).hexdigest()
+
+    @property
+    def array(self) -> np.ndarray:
+        return self._array
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TensorAttr) and self._digest == other._digest
+
+    def __hash__(self) -> int:
+        return hash(self._digest)
+
+    def __repr__(self) -> str:
+        a = self._array
+        if a.size <= 8:
+            return f"tensor({a.dtype}{list(a.shape)}: {a.ravel().tolist()})"
+        return f"tensor({a.dtype}{list(a.shape)} sha1={self._digest[:10]})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Attrs:
+    """Base of every attrs class. Fields hold ints, floats, strs, tuples of those, or TensorAttr."""
+
+    op_type: ClassVar[str] = ""
+
+    def replace(self, **changes: Any) -> Attrs:
+        return dataclasses.replace(self, **changes)
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
+
+    def non_default_items(self) -> list[tuple[str, Any]]:
+        out = []
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.default is dataclasses.MISSING or v != f.default:
+                out.append((f.name, v))
+        return out
+
+    def __post_init__(self) -> None:
+        # Lists become tuples so that attrs stay hashable (CSE keys nodes on them).
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, list):
+                object.__setattr__(self, f.name, tuple(v))
+            elif isinstance(v, np.ndarray):
+                object.__setattr__(self, f.name, TensorAttr(v))
+            elif isinstance(v, bytes):
+                object.__setattr__(self, f.name, v.decode())
+            elif isinstance(v, np.generic):
+                object.__setattr__(self, f.name, v.item())
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoAttrs(Attrs):
+    """Attrs of an op that takes none."""
+
+
+class AttrSchemaError(Exception):
+    pass
+
+
+def _onnx_attr_field(attr: Any) -> tuple[type, Any]:
+    """Python type and default for one onnx.defs OpSchema.Attribute."""
+    import onnx
+    from onnx.defs import OpSchema
+
+    t = attr.type
+    T = OpSchema.AttrType
+    py_types = {
+        T.INT: int,
+        T.FLOAT: float,
+        T.STRING: str,
+        T.INTS: tuple,
+        T.FLOATS: tuple,
+        T.STRINGS: tuple,
+        T.TENSOR: TensorAttr,
+    }
+    py_t = py_types.get(t, object)
+    if attr.default_value is not None and attr.default_value.name:
+        default = onnx.helper.get_attribute_value(attr.default_value)
+        if isinstance(default, bytes):
+            default = default.decode()
+        elif isinstance(default, list):
+            default = tuple(x.decode() if isinstance(x, bytes) else x for x in default)
+        elif isinstance(default, onnx.TensorProto):
+            default = TensorAttr(onnx.numpy_helper.to_array(default))
+        return py_t, default
+    if attr.required:
+        return py_t, dataclasses.MISSING
+    return py_t, None
+
+
+@functools.cache
+def onnx_attrs_class(op_type: str, domain: str = "", max_version: int | None = None) -> type[Attrs]:
+    """The attrs dataclass of an ONNX op, generated from its newest schema (or the newest at or
+    below `max_version`)."""
+    import onnx.defs
+
+    if max_version is None:
+        schema = onnx.defs.get_schema(op_type, domain=domain)
+    else:
+        schema = onnx.defs.get_schema(op_type, max_version, domain=domain)
+    fields = []
+    for name in sorted(schema.attributes):
+        py_t, default = _onnx_attr_field(schema.attributes[name])
+        if default is dataclasses.MISSING:
+            fields.append((name, py_t))
+        else:
+            fields.append((name, py_t, dataclasses.field(default=default)))
+    cls = dataclasses.make_dataclass(f"{op_type}Attrs", fields, bases=(Attrs,), frozen=True, kw_only=True)
+    cls.op_type = op_type  # type: ignore[attr-defined]
+    cls.__module__ = __name__
+    return cls
+
+
+def attr_fields(cls: type[Attrs]) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}

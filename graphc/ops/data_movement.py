@@ -1,0 +1,1 @@
+"""data_movement ops (being written)."""

@@ -1,0 +1,1 @@
+"""elementwise ops (being written)."""

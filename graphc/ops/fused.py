@@ -1,0 +1,1 @@
+"""fused ops (being written)."""

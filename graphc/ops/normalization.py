@@ -1,0 +1,1 @@
+"""normalization ops (being written)."""

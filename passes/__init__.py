@@ -1,0 +1,1 @@
+"""graphc.passes (being written)."""

@@ -1,0 +1,1 @@
+"""graphc.runtime (being written)."""

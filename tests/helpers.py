@@ -1,0 +1,129 @@
+"""Shared test helpers: one-node ONNX models, ONNX Runtime as the oracle, tolerance tables."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+import graphc
+
+# Tolerances per dtype for comparing graphc's reference with ONNX Runtime or numpy. Tight
+# enough to catch a wrong formula: fp32 at 1e-5 relative, not the 1e-1 that hides bugs.
+TOLERANCE: dict[np.dtype, tuple[float, float]] = {
+    np.dtype(np.float64): (1e-10, 1e-12),
+    np.dtype(np.float32): (1e-5, 1e-6),
+    np.dtype(np.float16): (2e-3, 1e-3),
+}
+
+ONNX_OPSET = onnx.defs.onnx_opset_version()
+
+
+def np_to_onnx_dtype(dt: np.dtype) -> int:
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dt))
+
+
+def make_node_model(
+    op_type: str,
+    inputs: Mapping[str, np.ndarray],
+    attrs: Mapping[str, Any] | None = None,
+    *,
+    outputs: Sequence[str] = ("y",),
+    initializers: Mapping[str, np.ndarray] | None = None,
+    opset: int | None = None,
+    input_order: Sequence[str] | None = None,
+    domain: str = "",
+) -> onnx.ModelProto:
+    """A model of one node. `inputs` are graph inputs; `initializers` are constants (both are
+    node inputs in the order of `input_order`, default inputs then initializers). An empty name
+    in `input_order` is an omitted optional input."""
+    initializers = dict(initializers or {})
+    order = list(input_order) if input_order is not None else [*inputs, *initializers]
+    node = helper.make_node(op_type, order, list(outputs), domain=domain, **(attrs or {}))
+    g_inputs = [
+        helper.make_tensor_value_info(k, np_to_onnx_dtype(v.dtype), v.shape) for k, v in inputs.items()
+    ]
+    g_outputs = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs]
+    inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in initializers.items()]
+    graph = helper.make_graph([node], f"test_{op_type}", g_inputs, g_outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(domain, opset or ONNX_OPSET)])
+    model.ir_version = min(model.ir_version, 10)
+    # Let ONNX fill in the output types so ORT accepts the model.
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, dict(feeds)), strict=True))
+
+
+def run_graphc(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    graph = graphc.load_onnx(model)
+    return graphc.interpret(graph, feeds)
+
+
+def assert_close(
+    actual: np.ndarray,
+    expected: np.ndarray,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    what: str = "",
+) -> None:
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    if actual.dtype.kind in "fc" or actual.dtype.name in ("bfloat16",):
+        r, a = TOLERANCE.get(actual.dtype, (1e-2, 1e-2))
+        np.testing.assert_allclose(
+            actual.astype(np.float64),
+            expected.astype(np.float64),
+            rtol=r if rtol is None else rtol,
+            atol=a if atol is None else atol,
+            equal_nan=True,
+            err_msg=what,
+        )
+    else:
+        np.testing.assert_array_equal(actual, expected, err_msg=what)
+
+
+def check_against_ort(
+    op_type: str,
+    inputs: Mapping[str, np.ndarray],
+    attrs: Mapping[str, Any] | None = None,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    **kw: Any,
+) -> dict[str, np.ndarray]:
+    """Build a one-node model, run it through ORT and graphc, compare every output."""
+    model = make_node_model(op_type, inputs, attrs, **kw)
+    expected = run_ort(model, inputs)
+    actual = run_graphc(model, inputs)
+    assert set(actual) == set(expected), f"outputs {sorted(actual)} != {sorted(expected)}"
+    for k in expected:
+        assert_close(actual[k], expected[k], rtol=rtol, atol=atol, what=f"{op_type} output {k}")
+    return actual
+
+
+def rand(
+    shape: Sequence[int], dtype: Any = np.float32, *, seed: int = 0, low: float = -2.0, high: float = 2.0
+) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+    if dt == np.bool_:
+        return rng.random(shape) < 0.5
+    if dt.kind in "iu":
+        lo = max(int(low), np.iinfo(dt).min)
+        return rng.integers(lo, max(int(high), lo + 1) + 1, size=shape).astype(dt)
+    return rng.uniform(low, high, size=shape).astype(dt)
