@@ -4,10 +4,12 @@ Importing this package registers every op family below with `graphc.ops.registry
 """
 
 from graphc.ops import (  # noqa: F401  (each module registers its ops on import)
+    attention,
     data_movement,
     elementwise,
     fused,
     linalg,
+    losses,
     nn,
     normalization,
     reduction,

@@ -1,10 +1,12 @@
 """ONNX converters, one module per op family; importing this package registers them all."""
 
 from graphc.frontend.converters import (  # noqa: F401
+    attention,
     constants,
     data_movement,
     elementwise,
     linalg,
+    losses,
     nn,
     normalization,
     reduction,

@@ -1,0 +1,1 @@
+"""Converters of attention ops (being written)."""

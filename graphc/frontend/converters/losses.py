@@ -1,0 +1,1 @@
+"""Converters of losses ops (being written)."""

@@ -1,0 +1,1 @@
+"""losses ops (being written)."""
