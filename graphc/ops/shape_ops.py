@@ -17,7 +17,6 @@ from graphc.ops.registry import (
     InferContext,
     broadcast_shapes,
     register_op,
-    same_as_input,
 )
 
 # ---- Shape, Size -------------------------------------------------------------------------------
@@ -346,9 +345,16 @@ register_op(
     "Expand", category=Category.DATA, infer=_expand_infer, compute=_expand_compute, static_inputs=(1,)
 )
 
+def _identity_infer(ctx: InferContext):
+    t = ctx.input_types[0] if ctx.input_types else None
+    if t is None:
+        ctx.fail("input 0 is missing")
+    return [t]  # tensors and sequences alike
+
+
 register_op(
     "Identity",
     category=Category.DATA,
-    infer=same_as_input,
+    infer=_identity_infer,
     compute=lambda ins, a, n: [ins[0]],
 )
