@@ -91,9 +91,6 @@ def load_onnx(source: ModelSource, *, name: str | None = None) -> Graph:
         raise UnsupportedOpError(unsupported_message(unsupported), unsupported)
     g = model.graph
     b = GraphBuilder(name or g.name or "main", opset)
-    # Every ONNX value name is reserved, so fresh names made by converters never take one.
-    b._reserved_values = {n for node in g.node for n in list(node.input) + list(node.output) if n}
-    b._reserved_values |= {v.name for v in g.input} | {t.name for t in g.initializer}
 
     env: dict[str, Value] = {}
     for init in g.initializer:
@@ -105,6 +102,8 @@ def load_onnx(source: ModelSource, *, name: str | None = None) -> Graph:
             continue  # an initializer also listed as an input (IR version < 4)
         env[vi.name] = b.add_input(vi.name, type_from_proto(vi.type, f"input '{vi.name}'"))
 
+    # Every ONNX value name is reserved, so fresh names made by converters never take one.
+    b._reserved_values = {n for node in g.node for n in list(node.input) + list(node.output) if n}
     for i, node in enumerate(g.node):
         node_name = b.fresh_node_name(node.name or f"{node.op_type}_{i}")
         inputs: list[Value | None] = []

@@ -26,6 +26,7 @@ ModelSource = str | os.PathLike | bytes | onnx.ModelProto
 def read_model(source: ModelSource) -> tuple[onnx.ModelProto, Path | None]:
     """Parse and check a model. Returns the proto and the folder its external data is under."""
     base: Path | None = None
+    path: Path | None = None
     if isinstance(source, onnx.ModelProto):
         model = source
     elif isinstance(source, bytes):
@@ -43,7 +44,12 @@ def read_model(source: ModelSource) -> tuple[onnx.ModelProto, Path | None]:
     try:
         # full_check=False: graphc does its own type inference; the checker catches malformed
         # protos, unknown ops of the standard domain, and broken references.
-        onnx.checker.check_model(model, full_check=False)
+        has_external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+        if has_external and path is not None:
+            # The checker resolves external data files relative to the model's own path.
+            onnx.checker.check_model(str(path), full_check=False)
+        else:
+            onnx.checker.check_model(model, full_check=False)
     except onnx.checker.ValidationError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else "validation failed"
         raise ModelLoadError(f"the ONNX checker rejects the model: {first}") from None

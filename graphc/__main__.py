@@ -1,0 +1,5 @@
+import sys
+
+from graphc.cli import main
+
+sys.exit(main())
