@@ -345,6 +345,7 @@ register_op(
     "Expand", category=Category.DATA, infer=_expand_infer, compute=_expand_compute, static_inputs=(1,)
 )
 
+
 def _identity_infer(ctx: InferContext):
     t = ctx.input_types[0] if ctx.input_types else None
     if t is None:
