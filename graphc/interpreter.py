@@ -89,7 +89,8 @@ def interpret(
     check_types: bool = True,
     keep: tuple[str, ...] = (),
 ) -> dict[str, np.ndarray]:
-    """Run `graph` on `feeds`; returns the graph outputs (and any value named in `keep`)."""
+    """Run `graph` on `feeds`; returns the graph outputs by public name (and any value named in
+    `keep`)."""
     env: dict[str, object] = dict(check_feeds(graph, feeds))
     for name, c in graph.constants.items():
         env[name] = c.data
@@ -129,7 +130,7 @@ def interpret(
                 and v.name not in graph.constants
             ):
                 env.pop(v.name, None)
-    result = {v.name: env[v.name] for v in graph.outputs}
+    result = {name: env[v.name] for name, v in zip(graph.output_names, graph.outputs, strict=True)}
     for k in keep:
         result[k] = env[k]
     return result  # type: ignore[return-value]

@@ -140,10 +140,6 @@ def load_onnx(source: ModelSource, *, name: str | None = None) -> Graph:
     for vi in g.output:
         if vi.name not in env:
             raise ModelLoadError(f"graph output '{vi.name}' is not produced by any node")
-        v = env[vi.name]
-        if v.name != vi.name:
-            # A converter named the value otherwise; keep the public output name.
-            v = b.add_node("Identity", [v], name=f"output/{vi.name}", outputs=[vi.name]).outputs[0]
-        outputs.append(v)
-    b.set_outputs(outputs)
+        outputs.append(env[vi.name])
+    b.set_outputs(outputs, [vi.name for vi in g.output])
     return b.build()

@@ -31,6 +31,7 @@ class GraphBuilder:
         self.meta: dict[str, object] = dict(meta or {})
         self.inputs: list[Value] = []
         self.outputs: list[Value] = []
+        self.output_names: list[str] = []
         self.constants: dict[str, Constant] = {}
         self.nodes: list[Node] = []
         self.values: dict[str, Value] = {}
@@ -42,6 +43,7 @@ class GraphBuilder:
     def like(cls, graph: Graph, *, keep_constants: bool = True) -> GraphBuilder:
         """A builder with the graph's name, opset, meta, inputs and (by default) constants."""
         b = cls(graph.name, graph.opset, graph.meta)
+        b.output_names = list(graph.output_names)
         for v in graph.inputs:
             b._define(v)
             b.inputs.append(v)
@@ -101,8 +103,10 @@ class GraphBuilder:
         self.known[name] = data
         return v
 
-    def set_outputs(self, outputs: Sequence[Value]) -> None:
+    def set_outputs(self, outputs: Sequence[Value], names: Sequence[str] | None = None) -> None:
+        """Set the graph outputs; `names` are their public names (default: the values' names)."""
         self.outputs = list(outputs)
+        self.output_names = list(names) if names is not None else [v.name for v in outputs]
 
     def value(self, name: str) -> Value:
         return self.values[name]
@@ -231,6 +235,9 @@ class GraphBuilder:
             nodes=tuple(self.nodes),
             opset=self.opset,
             meta=dict(self.meta),
+            output_names=tuple(self.output_names)
+            if len(self.output_names) == len(self.outputs)
+            else tuple(v.name for v in self.outputs),
         )
         if verify:
             from graphc.ir.verify import verify_graph

@@ -84,6 +84,10 @@ class Constant:
 class Graph:
     """A graph: inputs, constants, nodes in topological order, outputs; plus the opset it came from.
 
+    `output_names` are the public names of the outputs (what users see), kept apart from the
+    values' own names so that a pass may replace the value behind an output freely. Empty means
+    the values' names.
+
     `meta` carries facts passes learn about the graph, e.g. which original nodes a fused node
     absorbed (`meta["fused_from"][node_name]`).
     """
@@ -95,6 +99,13 @@ class Graph:
     nodes: tuple[Node, ...]
     opset: int = 0
     meta: Mapping[str, object] = field(default_factory=dict)
+    output_names: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.output_names:
+            object.__setattr__(self, "output_names", tuple(v.name for v in self.outputs))
+        if len(self.output_names) != len(self.outputs):
+            raise ValueError("output_names and outputs differ in length")
 
     # ---- indices (computed once per graph; graphs are not mutated) ----
     @functools.cached_property
@@ -122,7 +133,7 @@ class Graph:
         return vals
 
     @functools.cached_property
-    def output_names(self) -> frozenset[str]:
+    def output_value_names(self) -> frozenset[str]:
         return frozenset(v.name for v in self.outputs)
 
     def producer(self, name: str) -> Node | None:
@@ -132,7 +143,7 @@ class Graph:
         return self.consumers.get(name, [])
 
     def is_output(self, name: str) -> bool:
-        return name in self.output_names
+        return name in self.output_value_names
 
     def const(self, name: str) -> np.ndarray | None:
         c = self.constants.get(name)
@@ -166,6 +177,8 @@ class Graph:
         outputs: Sequence[Value] | None = None,
         meta: Mapping[str, object] | None = None,
     ) -> Graph:
+        """The same graph over new nodes (and optionally constants, outputs, meta); the public
+        output names stay."""
         return Graph(
             name=self.name,
             inputs=self.inputs,
@@ -174,6 +187,9 @@ class Graph:
             nodes=tuple(nodes),
             opset=self.opset,
             meta=dict(self.meta if meta is None else meta),
+            output_names=self.output_names
+            if outputs is None or len(outputs) == len(self.outputs)
+            else tuple(v.name for v in outputs),
         )
 
     def __str__(self) -> str:

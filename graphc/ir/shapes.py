@@ -78,5 +78,5 @@ def bind_shapes(
                     f"{node.op} node '{node.name}': output '{nv.name}' has shape {nv.type} after binding "
                     "the inputs; its size depends on run-time values, which graphc cannot compile"
                 )
-    b.set_outputs([subst.get(v.name, b.values.get(v.name)) for v in graph.outputs])
+    b.set_outputs([subst.get(v.name, b.values.get(v.name)) for v in graph.outputs], graph.output_names)
     return b.build()

@@ -61,6 +61,7 @@ def format_graph(graph: Graph) -> str:
         lines.append(f"  const  %{name}: {c.value.type} = {format_value_data(c.data)}")
     for n in graph.nodes:
         lines.append("  " + format_node(n))
-    for v in graph.outputs:
-        lines.append(f"  output %{v.name}: {v.type}")
+    for name, v in zip(graph.output_names, graph.outputs, strict=True):
+        alias = "" if name == v.name else f" as {name!r}"
+        lines.append(f"  output %{v.name}: {v.type}{alias}")
     return "\n".join(lines) + "\n"
