@@ -78,7 +78,8 @@ def _check_output(node: Node, i: int, value: object) -> None:
     )
     if not shape_ok:
         raise InterpretError(
-            f"{node.op} node '{node.name}': output {i} has shape {arr.shape}, inference says {t} (a graphc bug)"
+            f"{node.op} node '{node.name}': output {i} has shape {arr.shape}, inference says {t} "
+            "(a graphc bug)"
         )
 
 

@@ -1,0 +1,27 @@
+# The two commands of the README. Both create .venv (once) and install graphc into it.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint conformance install
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+install: $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[test]'
+
+# The main job: build a zoo model, compile it (GPU when there is one, else CPU), run it, compare
+# with ONNX Runtime, print the report.
+demo: install
+	$(BIN)/python tools/demo.py
+
+lint: install
+	$(BIN)/ruff check .
+
+test: install lint
+	$(BIN)/python -m pytest
+
+conformance: install
+	$(BIN)/python tools/conformance.py
