@@ -1,0 +1,437 @@
+"""Export real PyTorch models (random weights) to ONNX with both of PyTorch's exporters.
+
+    python tools/export_torch.py --out DIR [--models resnet50,bert,...]
+        [--exporter torchscript|dynamo|both] [--batch 1 --seq 128] [--static]
+
+For every model it writes ``NAME.torchscript.onnx`` (``torch.onnx.export(..., dynamo=False,
+opset_version=17)``) and/or ``NAME.dynamo.onnx`` (``dynamo=True`` at the exporter's default opset,
+or ``--dynamo-opset``), plus ``NAME.json``: the input and output specs (names, dtypes, shapes with
+symbolic dims, example shapes, value ranges) and, per exporter, whether it worked, the file size,
+opset, op counts, and the largest difference between ONNX Runtime and PyTorch on the same inputs.
+``--summary-md FILE`` writes those op counts as a Markdown table.
+
+The models are built from `transformers` classes with random init from their configs (no download),
+with eager attention so the exported graphs hold plain ops. This tool needs torch, transformers
+and onnxscript; graphc itself and its tests never import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+TORCHSCRIPT_OPSET = 17
+EXPORTERS = ("torchscript", "dynamo")
+# Above this the model's weights go to an external data file (NAME.EXPORTER.onnx.data); below it
+# the .onnx file is self-contained.
+EXTERNAL_DATA_BYTES = 2**31 - 2**26
+
+
+@dataclasses.dataclass
+class InputSpec:
+    name: str
+    dtype: str  # numpy dtype name
+    shape: list[int | str]  # symbolic dims by name
+    low: float = 0.0  # values are drawn from [low, high)
+    high: float = 1.0
+    kind: str = "normal"  # normal | int | mask
+
+
+@dataclasses.dataclass
+class ModelCase:
+    name: str
+    description: str
+    make_module: Callable[[], Any]  # -> torch.nn.Module returning a tuple of tensors
+    inputs: list[InputSpec]
+    outputs: list[str]
+
+
+def _example(spec: InputSpec, dims: dict[str, int], rng: np.random.Generator) -> np.ndarray:
+    shape = [dims[d] if isinstance(d, str) else d for d in spec.shape]
+    if spec.kind == "int":
+        return rng.integers(int(spec.low), int(spec.high), size=shape).astype(spec.dtype)
+    if spec.kind == "mask":
+        # Ones with some padding at the end of every row after the first, so masking matters.
+        mask = np.ones(shape, dtype=spec.dtype)
+        for row in range(1, shape[0]):
+            mask[row, max(1, shape[1] - 3 * row) :] = 0
+        return mask
+    return rng.standard_normal(shape).astype(spec.dtype)
+
+
+def _wrap(model: Any, input_names: list[str], output_keys: list[str]) -> Any:
+    """A module whose forward takes the named inputs and returns a plain tuple of tensors.
+
+    forward has one named parameter per input (no *args): torch.export matches dynamic_shapes
+    to the signature, and the exporters name the graph inputs after it."""
+    import torch
+
+    class Base(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def run(self, **inputs: Any) -> tuple:
+            out = self.model(**inputs, return_dict=True)
+            return tuple(out[k] for k in output_keys)
+
+    class Image(Base):
+        def forward(self, pixel_values: Any) -> tuple:
+            return self.run(pixel_values=pixel_values)
+
+    class Text(Base):
+        def forward(self, input_ids: Any, attention_mask: Any) -> tuple:
+            return self.run(input_ids=input_ids, attention_mask=attention_mask)
+
+    class TextWithTypes(Base):
+        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> tuple:
+            return self.run(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+
+    for cls in (Image, Text, TextWithTypes):
+        params = list(cls.forward.__code__.co_varnames[1 : cls.forward.__code__.co_argcount])
+        if params == input_names:
+            return cls()
+    raise ValueError(f"no wrapper takes inputs {input_names}")
+
+
+def _eager(config: Any) -> Any:
+    # Eager attention: matmul + softmax written out, not scaled_dot_product_attention.
+    config._attn_implementation = "eager"
+    return config
+
+
+def _resnet50() -> Any:
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    cfg = ResNetConfig(num_labels=1000)  # defaults: ResNet-50, [3, 4, 6, 3], bottleneck
+    return _wrap(ResNetForImageClassification(cfg), ["pixel_values"], ["logits"])
+
+
+def _mobilenetv2() -> Any:
+    from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
+
+    cfg = MobileNetV2Config(num_labels=1000)  # defaults: depth multiplier 1.0, 224x224
+    return _wrap(MobileNetV2ForImageClassification(cfg), ["pixel_values"], ["logits"])
+
+
+def _vit() -> Any:
+    from transformers import ViTConfig, ViTModel
+
+    cfg = _eager(ViTConfig())  # defaults: ViT-B/16 at 224
+    return _wrap(ViTModel(cfg), ["pixel_values"], ["last_hidden_state", "pooler_output"])
+
+
+def _bert() -> Any:
+    from transformers import BertConfig, BertModel
+
+    cfg = _eager(BertConfig())  # defaults: BERT-base uncased sizes
+    return _wrap(BertModel(cfg), [s.name for s in _text(0, True)], ["last_hidden_state", "pooler_output"])
+
+
+def _gpt2() -> Any:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = _eager(GPT2Config(use_cache=False))  # defaults: GPT-2 small (124M)
+    return _wrap(GPT2LMHeadModel(cfg), [s.name for s in _text(0, False)], ["logits"])
+
+
+def _image(name: str = "pixel_values") -> list[InputSpec]:
+    return [InputSpec(name, "float32", ["batch", 3, 224, 224])]
+
+
+def _text(vocab: int, token_types: bool) -> list[InputSpec]:
+    specs = [
+        InputSpec("input_ids", "int64", ["batch", "seq"], 0, vocab, "int"),
+        InputSpec("attention_mask", "int64", ["batch", "seq"], 0, 2, "mask"),
+    ]
+    if token_types:
+        specs.append(InputSpec("token_type_ids", "int64", ["batch", "seq"], 0, 2, "int"))
+    return specs
+
+
+CASES: dict[str, ModelCase] = {
+    c.name: c
+    for c in [
+        ModelCase("resnet50", "ResNet-50 (transformers ResNetForImageClassification)", _resnet50,
+                  _image(), ["logits"]),
+        ModelCase("mobilenetv2", "MobileNetV2 1.0 224 (MobileNetV2ForImageClassification)", _mobilenetv2,
+                  _image(), ["logits"]),
+        ModelCase("vit", "ViT-B/16 224 (ViTModel)", _vit, _image(), ["last_hidden_state", "pooler_output"]),
+        ModelCase("bert", "BERT-base (BertModel)", _bert, _text(30522, True),
+                  ["last_hidden_state", "pooler_output"]),
+        ModelCase("gpt2", "GPT-2 small (GPT2LMHeadModel, use_cache=False)", _gpt2, _text(50257, False),
+                  ["logits"]),
+    ]
+}  # fmt: skip
+
+
+def _module(case: ModelCase, seed: int) -> Any:
+    import torch
+
+    torch.manual_seed(seed)
+    module = case.make_module()
+    return module.eval()
+
+
+def _dynamic_axes(case: ModelCase) -> dict[str, dict[int, str]]:
+    axes: dict[str, dict[int, str]] = {}
+    for spec in case.inputs:
+        named = {i: d for i, d in enumerate(spec.shape) if isinstance(d, str)}
+        if named:
+            axes[spec.name] = named
+    # Outputs keep the batch (and seq) dims of the inputs, in the same leading positions.
+    lead = case.inputs[0].shape
+    for out in case.outputs:
+        axes[out] = {i: d for i, d in enumerate(lead) if isinstance(d, str) and i < 2}
+        if out == "pooler_output":
+            axes[out] = {0: "batch"}
+        if out == "logits" and "seq" not in lead:
+            axes[out] = {0: "batch"}
+    return axes
+
+
+def _dynamic_shapes(case: ModelCase) -> tuple:
+    from torch.export import Dim
+
+    dims = {"batch": Dim("batch", min=1, max=1024), "seq": Dim("seq", min=1, max=512)}
+    return tuple(
+        {i: dims[d] for i, d in enumerate(s.shape) if isinstance(d, str)} or None for s in case.inputs
+    )
+
+
+def _export_torchscript(module: Any, case: ModelCase, args: tuple, path: Path, static: bool) -> None:
+    import torch
+
+    torch.onnx.export(
+        module,
+        args,
+        str(path),
+        dynamo=False,
+        opset_version=TORCHSCRIPT_OPSET,
+        input_names=[s.name for s in case.inputs],
+        output_names=case.outputs,
+        dynamic_axes=None if static else _dynamic_axes(case),
+        do_constant_folding=True,
+    )
+
+
+def _export_dynamo(
+    module: Any, case: ModelCase, args: tuple, path: Path, static: bool, opset: int | None
+) -> None:
+    import torch
+
+    program = torch.onnx.export(
+        module,
+        args,
+        dynamo=True,
+        opset_version=opset,
+        input_names=[s.name for s in case.inputs],
+        output_names=case.outputs,
+        dynamic_shapes=None if static else _dynamic_shapes(case),
+        optimize=True,
+    )
+    program.save(str(path), external_data=program.model_proto.ByteSize() > EXTERNAL_DATA_BYTES)
+
+
+def _trace_args(case: ModelCase, args: tuple) -> tuple:
+    """Example inputs for torch.export: it specializes a dynamic dim whose example size is 1
+    (a size-1 dim broadcasts), so such dims are repeated to 2 for tracing."""
+    out = []
+    for spec, t in zip(case.inputs, args, strict=True):
+        for axis, d in enumerate(spec.shape):
+            if isinstance(d, str) and t.shape[axis] == 1:
+                t = t.repeat_interleave(2, dim=axis)
+        out.append(t)
+    return tuple(out)
+
+
+def _op_counts(model: Any) -> dict[str, int]:
+    """Op types of the main graph and every subgraph and function, sorted by name."""
+    counts: collections.Counter[str] = collections.Counter()
+
+    def walk(graph: Any) -> None:
+        for node in graph.node:
+            key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+            counts[key] += 1
+            for attr in node.attribute:
+                if attr.g.node:
+                    walk(attr.g)
+                for g in attr.graphs:
+                    walk(g)
+
+    walk(model.graph)
+    for fn in model.functions:
+        walk(fn)
+    return dict(sorted(counts.items()))
+
+
+def _check(path: Path, case: ModelCase, feeds: dict[str, np.ndarray], expected: list[np.ndarray]) -> dict:
+    import onnx
+    import onnxruntime as ort
+
+    onnx.checker.check_model(str(path), full_check=True)
+    model = onnx.load(str(path), load_external_data=False)
+    opsets = {imp.domain or "ai.onnx": imp.version for imp in model.opset_import}
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    got = sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})
+    diffs = []
+    for name, g, e in zip(case.outputs, got, expected, strict=True):
+        if g.shape != e.shape:
+            raise AssertionError(f"{path.name}: output {name} has shape {g.shape}, PyTorch gives {e.shape}")
+        if not np.isfinite(g).all():
+            raise AssertionError(f"{path.name}: output {name} is not finite")
+        diffs.append(float(np.max(np.abs(g.astype(np.float64) - e))) if g.size else 0.0)
+    size = path.stat().st_size
+    data = Path(str(path) + ".data")
+    return {
+        "ok": True,
+        "file": path.name,
+        "bytes": size + (data.stat().st_size if data.exists() else 0),
+        "external_data": data.exists(),
+        "opset_import": opsets,
+        "ir_version": model.ir_version,
+        "nodes": sum(_op_counts(model).values()),
+        "ops": _op_counts(model),
+        "ort_inputs": [i.name for i in sess.get_inputs()],
+        "max_abs_diff_vs_torch": dict(zip(case.outputs, diffs, strict=True)),
+    }
+
+
+def export_case(case: ModelCase, out: Path, exporters: list[str], dims: dict[str, int], static: bool,
+                seed: int, dynamo_opset: int | None) -> dict:  # fmt: skip
+    import torch
+
+    rng = np.random.default_rng(seed)
+    feeds = {s.name: _example(s, dims, rng) for s in case.inputs}
+    module = _module(case, seed)
+    args = tuple(torch.from_numpy(feeds[s.name]) for s in case.inputs)
+    with torch.no_grad():
+        expected = [t.detach().numpy().astype(np.float64) for t in module(*args)]
+    record: dict[str, Any] = {
+        "model": case.name,
+        "description": case.description,
+        "torch": torch.__version__,
+        "seed": seed,
+        "static": static,
+        "example_dims": dims,
+        "inputs": [dataclasses.asdict(s) for s in case.inputs],
+        "outputs": [
+            {"name": n, "example_shape": list(e.shape)} for n, e in zip(case.outputs, expected, strict=True)
+        ],
+        "exports": {},
+    }
+    for exporter in exporters:
+        path = out / f"{case.name}.{exporter}.onnx"
+        for stale in (path, Path(str(path) + ".data")):
+            stale.unlink(missing_ok=True)
+        t0 = time.perf_counter()
+        try:
+            with torch.no_grad():
+                if exporter == "torchscript":
+                    _export_torchscript(module, case, args, path, static)
+                else:
+                    trace = args if static else _trace_args(case, args)
+                    _export_dynamo(module, case, trace, path, static, dynamo_opset)
+            result = _check(path, case, feeds, expected)
+        except Exception as e:  # record and go on with the next export
+            traceback.print_exc()
+            result = {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000]}
+        result["seconds"] = round(time.perf_counter() - t0, 1)
+        record["exports"][exporter] = result
+        status = "ok" if result["ok"] else "FAILED: " + result["error"].splitlines()[0][:200]
+        print(f"{case.name}.{exporter}: {status} ({result['seconds']} s)", flush=True)
+    (out / f"{case.name}.json").write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def summary_markdown(records: list[dict]) -> str:
+    lines = ["# Op types in the PyTorch exports", ""]
+    if records:
+        r0 = records[0]
+        shapes = "static" if r0["static"] else "dynamic"
+        lines += [
+            f"torch {r0['torch']}, random weights (seed {r0['seed']}), example dims {r0['example_dims']}, "
+            f"{shapes} shapes. Written by tools/export_torch.py.",
+            "",
+        ]
+    lines += [
+        "| file | ok | size (MB) | opset | nodes | max abs diff vs torch |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for rec in records:
+        for exporter, res in rec["exports"].items():
+            name = f"{rec['model']}.{exporter}.onnx"
+            if res["ok"]:
+                diff = ", ".join(f"{k} {v:.2e}" for k, v in res["max_abs_diff_vs_torch"].items())
+                opset = res["opset_import"].get("ai.onnx")
+                lines.append(
+                    f"| {name} | yes | {res['bytes'] / 1e6:.1f} | {opset} | {res['nodes']} | {diff} |"
+                )
+            else:
+                lines.append(f"| {name} | NO: {res['error'].splitlines()[0][:120]} | | | | |")
+    for rec in records:
+        for exporter, res in rec["exports"].items():
+            if not res["ok"]:
+                continue
+            lines += ["", f"## {rec['model']}.{exporter}.onnx", ""]
+            lines += [f"opset_import {res['opset_import']}, {res['nodes']} nodes; ops by count:", ""]
+            ranked = sorted(res["ops"].items(), key=lambda kv: (-kv[1], kv[0]))
+            lines.append(", ".join(f"{op} {n}" for op, n in ranked))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, type=Path, help="output folder")
+    p.add_argument("--models", default=",".join(CASES), help=f"comma-separated, from {','.join(CASES)}")
+    p.add_argument("--exporter", choices=[*EXPORTERS, "both"], default="both")
+    p.add_argument("--batch", type=int, default=1, help="example batch size (dims stay symbolic)")
+    p.add_argument("--seq", type=int, default=128, help="example sequence length for text models")
+    p.add_argument("--static", action="store_true", help="fix every dim to the example sizes")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dynamo-opset", type=int, default=None, help="default: the exporter's own")
+    p.add_argument("--summary-md", type=Path, default=None, help="also write op counts as Markdown here")
+    p.add_argument("--summarize-only", action="store_true", help="rebuild --summary-md from existing JSON")
+    a = p.parse_args(argv)
+
+    names = [n.strip() for n in a.models.split(",") if n.strip()]
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        p.error(f"unknown model(s) {unknown}; known: {list(CASES)}")
+    a.out.mkdir(parents=True, exist_ok=True)
+    if a.summarize_only:
+        records = [
+            json.loads((a.out / f"{n}.json").read_text()) for n in names if (a.out / f"{n}.json").exists()
+        ]
+    else:
+        import torch
+
+        torch.set_num_threads(max(1, os.cpu_count() or 1))
+        exporters = list(EXPORTERS) if a.exporter == "both" else [a.exporter]
+        dims = {"batch": a.batch, "seq": a.seq}
+        records = [
+            export_case(CASES[n], a.out, exporters, dims, a.static, a.seed, a.dynamo_opset) for n in names
+        ]
+    if a.summary_md:
+        a.summary_md.write_text(summary_markdown(records))
+    failed = [f"{r['model']}.{e}" for r in records for e, res in r["exports"].items() if not res["ok"]]
+    if failed:
+        print("failed:", ", ".join(failed), file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
