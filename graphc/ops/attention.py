@@ -1,1 +1,399 @@
-"""attention ops (being written)."""
+"""Attention ops: Attention (scaled dot-product attention, ONNX opset 23-25) and RotaryEmbedding.
+
+Attention's IR form is the newest ONNX version (25: sliding windows, nonpad_kv_seqlen). Older
+versions are subsets of it with the same meaning, so they pass through unchanged.
+
+Numerics: float16/bfloat16 inputs are computed in float32 throughout (QK matmul, softcap, bias,
+softmax, PV matmul) and rounded to the input precision once, at the outputs: the result an fp16
+kernel with fp32 accumulation gives, and the most accurate one. Only sqrt(scale) is rounded to T1
+first, as the spec's function body does. Softmax never runs below float32, whatever
+softmax_precision asks (it may ask for more: float64).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from graphc.ir.types import Dim, DType, TensorType
+from graphc.ops.registry import Category, InferContext, register_op
+
+_FLOATS = (DType.float16, DType.bfloat16, DType.float32, DType.float64)
+_MASK_DTYPES = (
+    *_FLOATS,
+    DType.bool,
+    DType.uint8,
+    DType.uint16,
+    DType.uint32,
+    DType.uint64,
+    DType.int8,
+    DType.int16,
+    DType.int32,
+    DType.int64,
+)
+# softmax_precision codes the spec allows (TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16).
+_SOFTMAX_PRECISIONS = (1, 10, 11, 16)
+
+
+# ---- dim arithmetic over int | str | None ------------------------------------------------------
+
+
+def _merge(ctx: InferContext, what: str, *dims: Dim) -> Dim:
+    """Dims that must be equal: a concrete one wins, a conflict fails."""
+    ints = {d for d in dims if isinstance(d, int)}
+    if len(ints) > 1:
+        ctx.fail(f"{what} disagree: {', '.join(str(d) for d in dims)}")
+    if ints:
+        return ints.pop()
+    strs = {d for d in dims if isinstance(d, str)}
+    return strs.pop() if len(strs) == 1 else None
+
+
+def _add(a: Dim, b: Dim) -> Dim:
+    if isinstance(a, int) and isinstance(b, int):
+        return a + b
+    if b == 0:
+        return a
+    return None
+
+
+def _mul(a: Dim, b: Dim) -> Dim:
+    if isinstance(a, int) and isinstance(b, int):
+        return a * b
+    if a == 1:
+        return b
+    if b == 1:
+        return a
+    return None
+
+
+def _div(ctx: InferContext, a: Dim, b: int, what: str) -> Dim:
+    if isinstance(a, int):
+        if a % b:
+            ctx.fail(f"{what} {a} is not divisible by {b}")
+        return a // b
+    return a if b == 1 else None
+
+
+def _compute_dtype(dt: np.dtype) -> np.dtype:
+    """float64 stays float64; every narrower float is computed in float32."""
+    return np.dtype(np.float64) if dt == np.float64 else np.dtype(np.float32)
+
+
+# ---- Attention ---------------------------------------------------------------------------------
+
+
+def _attention_infer(ctx: InferContext) -> list[TensorType]:
+    a = ctx.attrs
+    qt, kt, vt = ctx.type(0), ctx.type(1), ctx.type(2)
+    for i, t in enumerate((qt, kt, vt)):
+        if t.dtype not in _FLOATS:
+            ctx.fail(f"input {i} has dtype {t.dtype.name}; Q, K and V must be float tensors")
+    if kt.dtype != qt.dtype:
+        ctx.fail(f"K has dtype {kt.dtype.name}, Q has {qt.dtype.name} (both are T1)")
+    rank = ctx.rank(0)
+    if rank not in (3, 4) or ctx.rank(1) != rank or ctx.rank(2) != rank:
+        ctx.fail(f"Q, K and V must all be 3-D or all 4-D, got {qt}, {kt}, {vt}")
+    if a.qk_matmul_output_mode not in (0, 1, 2, 3):
+        ctx.fail(f"qk_matmul_output_mode must be 0, 1, 2 or 3, got {a.qk_matmul_output_mode}")
+    if a.left_window_size < -1 or a.right_window_size < -1:
+        ctx.fail("left_window_size and right_window_size must be -1 or nonnegative")
+    if a.softmax_precision is not None and a.softmax_precision not in _SOFTMAX_PRECISIONS:
+        ctx.fail(f"softmax_precision {a.softmax_precision} is not one of {_SOFTMAX_PRECISIONS}")
+
+    if rank == 3:
+        if a.q_num_heads is None or a.kv_num_heads is None:
+            ctx.fail("3-D Q, K, V need the q_num_heads and kv_num_heads attributes")
+        qh, kvh = a.q_num_heads, a.kv_num_heads
+        if qh <= 0 or kvh <= 0:
+            ctx.fail(f"q_num_heads {qh} and kv_num_heads {kvh} must be positive")
+        (qb, sq, qhid), (kb, skv, khid), (vb, vskv, vhid) = qt.shape, kt.shape, vt.shape
+        head = _merge(
+            ctx,
+            "Q and K head sizes",
+            _div(ctx, qhid, qh, "Q hidden size"),
+            _div(ctx, khid, kvh, "K hidden size"),
+        )
+        vhead = _div(ctx, vhid, kvh, "V hidden size")
+    else:
+        qb, qh, sq, qhead = qt.shape
+        kb, kvh, skv, khead = kt.shape
+        vb, vkvh, vskv, vhead = vt.shape
+        # Opset 23/24 let 4-D inputs carry the head-count attributes; they must agree.
+        qh = _merge(ctx, "q_num_heads and Q's head dim", qh, a.q_num_heads)
+        kvh = _merge(ctx, "K and V head counts (and kv_num_heads)", kvh, vkvh, a.kv_num_heads)
+        head = _merge(ctx, "Q and K head sizes", qhead, khead)
+    batch = _merge(ctx, "batch sizes of Q, K and V", qb, kb, vb)
+    skv = _merge(ctx, "sequence lengths of K and V", skv, vskv)
+    if isinstance(qh, int) and isinstance(kvh, int) and qh % kvh:
+        ctx.fail(f"q_num_heads {qh} is not a multiple of kv_num_heads {kvh}")
+
+    total = skv
+    if ctx.has_input(4) != ctx.has_input(5):
+        ctx.fail("past_key and past_value must be given together")
+    if ctx.has_input(4):
+        pk, pv = ctx.type(4), ctx.type(5)
+        if ctx.rank(4) != 4 or ctx.rank(5) != 4:
+            ctx.fail(f"past_key and past_value must be 4-D, got {pk} and {pv}")
+        if pk.dtype != qt.dtype or pv.dtype != vt.dtype:
+            ctx.fail(f"past_key/past_value dtypes {pk.dtype.name}/{pv.dtype.name} differ from K/V")
+        batch = _merge(ctx, "batch sizes of Q and the past cache", batch, pk.shape[0], pv.shape[0])
+        kvh = _merge(ctx, "kv head counts of K and the past cache", kvh, pk.shape[1], pv.shape[1])
+        past = _merge(ctx, "past_key and past_value lengths", pk.shape[2], pv.shape[2])
+        head = _merge(ctx, "head sizes of K and past_key", head, pk.shape[3])
+        vhead = _merge(ctx, "head sizes of V and past_value", vhead, pv.shape[3])
+        total = _add(past, skv)
+    if ctx.has_input(6):
+        if ctx.has_input(4):
+            ctx.fail("nonpad_kv_seqlen cannot be combined with past_key/past_value")
+        nt = ctx.type(6)
+        if nt.dtype != DType.int64 or ctx.rank(6) != 1:
+            ctx.fail(f"nonpad_kv_seqlen must be a 1-D int64 tensor, got {nt}")
+        batch = _merge(ctx, "batch size and nonpad_kv_seqlen length", batch, nt.shape[0])
+    if ctx.has_input(3):
+        _check_mask(ctx, ctx.type(3), (batch, qh, sq, total))
+
+    dt1 = qt.dtype
+    if rank == 3:
+        hidden = _mul(qh, vhead)
+        if hidden is None and qh == kvh:
+            hidden = vt.shape[2]
+        y = TensorType(dt1, (batch, sq, hidden))
+    else:
+        y = TensorType(dt1, (batch, qh, sq, vhead))
+    outs = [
+        y,
+        TensorType(dt1, (batch, kvh, total, head)),
+        TensorType(vt.dtype, (batch, kvh, total, vhead)),
+        TensorType(dt1, (batch, qh, sq, total)),
+    ]
+    if ctx.num_outputs > len(outs):
+        ctx.fail(f"{ctx.num_outputs} outputs asked, Attention has 4")
+    return outs[: max(ctx.num_outputs, 1)]
+
+
+def _check_mask(ctx: InferContext, mt: TensorType, full: tuple[Dim, ...]) -> None:
+    """attn_mask broadcasts (right-aligned) to (batch, q_heads, q_seq, total); its last dim may
+    be shorter than total (padded with -inf), never longer."""
+    if mt.dtype not in _MASK_DTYPES:
+        ctx.fail(f"attn_mask has dtype {mt.dtype.name}")
+    if mt.shape is None:
+        return
+    if not 1 <= len(mt.shape) <= 4:
+        ctx.fail(f"attn_mask must have rank 1 to 4, got {mt}")
+    last, total = mt.shape[-1], full[3]
+    if isinstance(last, int) and isinstance(total, int) and last > total:
+        ctx.fail(f"attn_mask's last dim {last} exceeds the total sequence length {total}")
+    for d, f in zip(reversed(mt.shape[:-1]), reversed(full[:3]), strict=False):
+        if isinstance(d, int) and isinstance(f, int) and d not in (1, f):
+            ctx.fail(f"attn_mask {mt} does not broadcast to {tuple(full)}")
+
+
+def _split_heads(x: np.ndarray, heads: int) -> np.ndarray:
+    """(batch, seq, heads * size) -> (batch, heads, seq, size)."""
+    b, s, hidden = x.shape
+    return x.reshape(b, s, heads, hidden // heads).transpose(0, 2, 1, 3)
+
+
+def _attention_bias(
+    mask: np.ndarray | None,
+    nonpad: np.ndarray | None,
+    offset: int,
+    q_len: int,
+    total: int,
+    attrs,
+    cdt: np.dtype,
+) -> np.ndarray:
+    """The additive bias (0 or -inf, plus a float mask), broadcastable to (B, H, q_len, total).
+
+    A query's absolute position is `offset + i` (offset = past length, or per batch
+    nonpad_kv_seqlen - q_len for an external cache); causal masking and the windows are relative
+    to it, bottom-right aligned as the spec says.
+    """
+    bias = np.zeros((q_len, total), dtype=cdt)
+    if mask is not None:
+        if mask.shape[-1] > total:
+            raise ValueError(f"attn_mask's last dim {mask.shape[-1]} exceeds total length {total}")
+        m = np.where(mask, cdt.type(0), cdt.type(-np.inf)) if mask.dtype == np.bool_ else mask.astype(cdt)
+        pad = total - m.shape[-1]
+        if pad:
+            m = np.pad(m, [(0, 0)] * (m.ndim - 1) + [(0, pad)], constant_values=-np.inf)
+        bias = bias + m
+    i = np.arange(q_len).reshape(q_len, 1)
+    j = np.arange(total).reshape(1, total)
+    if nonpad is not None:
+        offset = (nonpad.astype(np.int64) - q_len).reshape(-1, 1, 1, 1)  # per batch: (B, 1, 1, 1)
+    pos = i + offset  # absolute query positions, (q, 1) or (B, 1, q, 1)
+    allowed = np.ones(np.broadcast_shapes(pos.shape, j.shape), dtype=bool)
+    if attrs.is_causal:
+        allowed &= j <= pos
+    if attrs.left_window_size >= 0:
+        allowed &= pos - j <= attrs.left_window_size
+    if attrs.right_window_size >= 0:
+        allowed &= j - pos <= attrs.right_window_size
+    if nonpad is not None:
+        allowed &= j < nonpad.astype(np.int64).reshape(-1, 1, 1, 1)
+    if not allowed.all():
+        bias = bias + np.where(allowed, cdt.type(0), cdt.type(-np.inf))
+    return bias
+
+
+def _masked_softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis; an all -inf row gives zeros, not NaN."""
+    x_max = np.max(x, axis=-1, keepdims=True)
+    x_max = np.where(np.isneginf(x_max), x.dtype.type(0), x_max)
+    e = np.exp(x - x_max)
+    s = np.sum(e, axis=-1, keepdims=True)
+    return e / np.where(s == 0, x.dtype.type(1), s)
+
+
+def _attention_compute(ins, attrs, n):
+    q, k, v = ins[0], ins[1], ins[2]
+    opt = [ins[i] if i < len(ins) else None for i in range(3, 7)]
+    mask, past_k, past_v, nonpad = opt
+    t1, t2 = q.dtype, v.dtype
+    rank = q.ndim
+    if rank == 3:
+        q = _split_heads(q, attrs.q_num_heads)
+        k = _split_heads(k, attrs.kv_num_heads)
+        v = _split_heads(v, attrs.kv_num_heads)
+    present_k = k if past_k is None else np.concatenate([past_k, k], axis=2)
+    present_v = v if past_v is None else np.concatenate([past_v, v], axis=2)
+    _, qh, q_len, head = q.shape
+    kvh, total = present_k.shape[1], present_k.shape[2]
+
+    cdt = _compute_dtype(t1)
+    scale = attrs.scale if attrs.scale is not None else 1.0 / math.sqrt(head)
+    # Q and K are each scaled by sqrt(scale), rounded to T1 as the spec's function body does.
+    s = t1.type(math.sqrt(scale))
+    qs = q.astype(cdt) * cdt.type(s)
+    ks = present_k.astype(cdt) * cdt.type(s)
+    vv = present_v.astype(np.promote_types(cdt, _compute_dtype(t2)))
+    if qh != kvh:
+        # Grouped-query attention: query head h reads kv head h // (qh / kvh).
+        ks = np.repeat(ks, qh // kvh, axis=1)
+        vv = np.repeat(vv, qh // kvh, axis=1)
+    qk = np.matmul(qs, ks.transpose(0, 1, 3, 2))
+    capped = qk
+    if attrs.softcap > 0:
+        capped = cdt.type(attrs.softcap) * np.tanh(qk / cdt.type(attrs.softcap))
+    offset = 0 if past_k is None else past_k.shape[2]
+    bias = _attention_bias(mask, nonpad, offset, q_len, total, attrs, cdt)
+    logits = capped + bias
+
+    sdt = cdt
+    if attrs.softmax_precision is not None:
+        sdt = np.promote_types(cdt, DType.from_onnx(attrs.softmax_precision).numpy)
+        sdt = np.promote_types(sdt, np.float32)
+    probs = _masked_softmax(logits.astype(sdt))
+    # A row that attends nothing (its whole bias is -inf) is zero, decided on the bias so that
+    # NaN or inf logits cannot leak into it.
+    dead = np.isneginf(np.max(bias, axis=-1, keepdims=True))
+    probs = np.where(dead, sdt.type(0), probs)
+    y = np.matmul(probs.astype(vv.dtype), vv)
+    if rank == 3:
+        y = y.transpose(0, 2, 1, 3).reshape(y.shape[0], q_len, -1)
+    outs = [y.astype(t1), present_k.astype(t1), present_v.astype(t2)]
+    if n >= 4:
+        mode = attrs.qk_matmul_output_mode
+        qk_out = {0: qk, 1: capped, 2: logits, 3: probs}[mode]
+        outs.append(np.broadcast_to(qk_out, qk.shape).astype(t1))
+    return outs[: max(n, 1)]
+
+
+register_op(
+    "Attention",
+    category=Category.OTHER,
+    infer=_attention_infer,
+    compute=_attention_compute,
+    doc="Scaled dot-product attention (MHA/GQA/MQA), KV cache, causal/window masks, softcap.",
+)
+
+# ---- RotaryEmbedding ---------------------------------------------------------------------------
+
+
+def _rotary_infer(ctx: InferContext) -> list[TensorType]:
+    a = ctx.attrs
+    xt, ct, st = ctx.type(0), ctx.type(1), ctx.type(2)
+    if xt.dtype not in (DType.float32, DType.float16, DType.bfloat16):
+        ctx.fail(f"X has dtype {xt.dtype.name}; RotaryEmbedding takes float, float16 or bfloat16")
+    if ct.dtype != xt.dtype or st.dtype != xt.dtype:
+        ctx.fail(f"cos_cache/sin_cache dtypes {ct.dtype.name}/{st.dtype.name} differ from X's")
+    rank = ctx.rank(0)
+    if rank == 4:
+        batch, _, seq, head = xt.shape
+    elif rank == 3:
+        if a.num_heads is None or a.num_heads <= 0:
+            ctx.fail("a 3-D input needs a positive num_heads attribute")
+        batch, seq, hidden = xt.shape
+        head = _div(ctx, hidden, a.num_heads, "hidden size")
+    else:
+        ctx.fail(f"X must be 3-D or 4-D, got {xt}")
+    rot = a.rotary_embedding_dim or head
+    if isinstance(rot, int):
+        if rot % 2:
+            ctx.fail(f"rotary dim {rot} must be even")
+        if isinstance(head, int) and rot > head:
+            ctx.fail(f"rotary_embedding_dim {rot} exceeds the head size {head}")
+    if ctx.has_input(3):
+        pt = ctx.type(3)
+        if pt.dtype != DType.int64 or ctx.rank(3) != 2:
+            ctx.fail(f"position_ids must be a 2-D int64 tensor, got {pt}")
+        _merge(ctx, "batch sizes of X and position_ids", batch, pt.shape[0])
+        _merge(ctx, "sequence lengths of X and position_ids", seq, pt.shape[1])
+        want_rank = 2
+    else:
+        want_rank = 3
+    for name, i in (("cos_cache", 1), ("sin_cache", 2)):
+        t = ctx.type(i)
+        if ctx.rank(i) != want_rank:
+            ctx.fail(f"{name} must be {want_rank}-D {'with' if want_rank == 2 else 'without'} position_ids")
+        if want_rank == 3:
+            _merge(ctx, f"batch sizes of X and {name}", batch, t.shape[0])
+            _merge(ctx, f"sequence lengths of X and {name}", seq, t.shape[1])
+        half = rot // 2 if isinstance(rot, int) else None
+        _merge(ctx, f"{name}'s last dim and rotary dim / 2", t.shape[-1], half)
+    return [xt]
+
+
+def _rotary_compute(ins, attrs, n):
+    x, cos, sin = ins[0], ins[1], ins[2]
+    pos = ins[3] if len(ins) > 3 else None
+    dt = x.dtype
+    cdt = _compute_dtype(dt)
+    if x.ndim == 4:
+        xs = x.transpose(0, 2, 1, 3)  # (batch, seq, heads, head)
+    else:
+        b, s, hidden = x.shape
+        xs = x.reshape(b, s, attrs.num_heads, hidden // attrs.num_heads)
+    rot = attrs.rotary_embedding_dim or xs.shape[3]
+    if pos is not None:
+        if pos.size and (pos.min() < 0 or pos.max() >= cos.shape[0]):
+            raise ValueError(f"position_ids out of range [0, {cos.shape[0]})")
+        cos, sin = cos[pos], sin[pos]  # (batch, seq, rot/2)
+    cos = cos.astype(cdt)[:, :, None, :]
+    sin = sin.astype(cdt)[:, :, None, :]
+    xr = xs[..., :rot].astype(cdt)
+    if attrs.interleaved:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+    else:
+        x1, x2 = xr[..., : rot // 2], xr[..., rot // 2 :]
+    real = cos * x1 - sin * x2
+    imag = sin * x1 + cos * x2
+    if attrs.interleaved:
+        rotated = np.stack([real, imag], axis=-1).reshape(xr.shape)
+    else:
+        rotated = np.concatenate([real, imag], axis=-1)
+    out = np.concatenate([rotated.astype(dt), xs[..., rot:]], axis=-1)
+    out = out.transpose(0, 2, 1, 3) if x.ndim == 4 else out.reshape(x.shape)
+    return [np.ascontiguousarray(out)]
+
+
+register_op(
+    "RotaryEmbedding",
+    category=Category.OTHER,
+    infer=_rotary_infer,
+    compute=_rotary_compute,
+    doc="Rotary positional embedding (RoPE), half-split or interleaved, full or partial.",
+)
