@@ -53,12 +53,12 @@ class GraphBuilder:
                 b.constants[c.name] = c
                 b.known[c.name] = c.data
         # Reserve every name of the source graph so that fresh names never collide with it.
-        for n in graph.nodes:
-            b._node_names.add(n.name)
+        b._reserved_node_names = {n.name for n in graph.nodes}
         b._reserved_values = set(graph.values)
         return b
 
-    _reserved_values: set[str] = set()
+    _reserved_values: frozenset[str] | set[str] = frozenset()
+    _reserved_node_names: frozenset[str] | set[str] = frozenset()
 
     # ---- names ----
     def fresh_value_name(self, hint: str) -> str:
@@ -72,11 +72,11 @@ class GraphBuilder:
 
     def fresh_node_name(self, hint: str) -> str:
         hint = hint or "node"
-        if hint not in self._node_names:
+        if hint not in self._node_names and hint not in self._reserved_node_names:
             return hint
         while True:
             cand = f"{hint}_{next(self._counter)}"
-            if cand not in self._node_names:
+            if cand not in self._node_names and cand not in self._reserved_node_names:
                 return cand
 
     def _define(self, v: Value) -> None:
@@ -91,12 +91,15 @@ class GraphBuilder:
         self.inputs.append(v)
         return v
 
-    def add_constant(self, data: np.ndarray, name: str | None = None) -> Value:
+    def add_constant(self, data: np.ndarray, name: str | None = None, *, keep_name: bool = False) -> Value:
+        """Add a constant. `name` is a hint made unique, or with `keep_name` taken as it is unless
+        a value of that name exists in this builder."""
         data = np.asarray(data)
         if data.flags.writeable:
             data = data.copy()
             data.setflags(write=False)
-        name = self.fresh_value_name(name or "const")
+        if not (keep_name and name and name not in self.values):
+            name = self.fresh_value_name(name or "const")
         v = Value(name, TensorType.of(data))
         self._define(v)
         self.constants[name] = Constant(v, data)
@@ -124,13 +127,18 @@ class GraphBuilder:
         name: str | None = None,
         outputs: int | Sequence[str] = 1,
         domain: str = "",
+        keep_name: bool = False,
     ) -> Node:
-        """Build a node, infer its output types, and append it."""
+        """Build a node, infer its output types, and append it. `name` is a hint made unique,
+        or with `keep_name` taken as it is unless this builder already has a node of that name."""
         opdef = get_op(op, domain)
         inputs = list(inputs)
         while inputs and inputs[-1] is None:
             inputs.pop()
-        node_name = self.fresh_node_name(name or op)
+        if keep_name and name and name not in self._node_names:
+            node_name = name
+        else:
+            node_name = self.fresh_node_name(name or op)
         if attrs is None:
             attrs = {}
         if not isinstance(attrs, Attrs):
@@ -198,7 +206,34 @@ class GraphBuilder:
             name=node.name,
             outputs=list(node.output_names),
             domain=node.domain,
+            keep_name=True,
         )
+
+    def keep_or_copy(self, node: Node, inputs: Sequence[Value | None]) -> Node:
+        """Re-add `node` over `inputs`: as it is when its inputs are unchanged (no re-inference,
+        the cheap path passes take for most nodes), else through copy_node."""
+        if len(inputs) != len(node.inputs) or any(a != b for a, b in zip(inputs, node.inputs, strict=True)):
+            return self.copy_node(node, inputs)
+        for v in node.inputs:
+            if v is not None and self.values.get(v.name) != v:
+                return self.copy_node(node, inputs)
+        if node.name in self._node_names:
+            return self.copy_node(node, inputs)
+        for v in node.outputs:
+            self._define(v)
+        self._node_names.add(node.name)
+        self.nodes.append(node)
+        opdef = get_op(node.op, node.domain)
+        ctx = InferContext(
+            op=node.op,
+            node_name=node.name,
+            attrs=node.attrs,
+            input_types=[None if v is None else v.type for v in node.inputs],
+            input_values=[self.known_value(v) for v in node.inputs],
+            num_outputs=len(node.outputs),
+        )
+        self._propagate_known(opdef, node, ctx)
+        return node
 
     def _propagate_known(self, opdef: OpDef, node: Node, ctx: InferContext) -> None:
         if opdef.value_infer is not None:

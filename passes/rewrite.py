@@ -1,0 +1,239 @@
+"""Declarative rewrites: a pattern with named captures, a predicate, and a builder.
+
+    Rule(
+        "identity(x) -> x",
+        Op("Identity", Var("x")),
+        build=lambda m, b: m.value("x"),
+    )
+
+A pattern is matched at a root node of the *old* graph, walking back through producers. Interior
+nodes of a match must have no consumer outside the match (and must not be graph outputs), so a
+rewrite never duplicates work or loses a value someone else needs; `Op(..., shared=True)` lifts
+that for a node the builder keeps using anyway. The builder gets the match and a `RewriteBuilder`
+(a GraphBuilder over the new graph) and returns the replacement value(s) of the root's outputs, or
+None to decline. Matched nodes that become dead are removed by dead code elimination.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from graphc.ir.builder import GraphBuilder
+from graphc.ir.graph import Graph, Node, Value
+from graphc.passes.provenance import origins_of
+
+log = logging.getLogger(__name__)
+
+COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum", "And", "Or", "Xor", "Equal"})
+
+
+class Pattern:
+    pass
+
+
+@dataclass(frozen=True)
+class Var(Pattern):
+    """Any value (an input, a constant, or a node output); captured under `name`."""
+
+    name: str | None = None
+    pred: Callable[[Value], bool] | None = None
+
+
+@dataclass(frozen=True)
+class Const(Pattern):
+    """A graph constant; its data is captured under `name`. `pred` tests the data."""
+
+    name: str | None = None
+    pred: Callable[[np.ndarray], bool] | None = None
+
+
+@dataclass(frozen=True)
+class Op(Pattern):
+    """A node of one of `ops` whose inputs match `inputs` (in order; both orders for commutative
+    binary ops). `optional_tail`: the node may have up to that many fewer inputs than patterns."""
+
+    ops: str | tuple[str, ...]
+    inputs: tuple[Pattern, ...] = ()
+    name: str | None = None
+    pred: Callable[[Node], bool] | None = None
+    shared: bool = False
+    output: int = 0
+    any_inputs: bool = False  # match any inputs (not checked)
+
+    def __init__(self, ops, *inputs: Pattern, name=None, pred=None, shared=False, output=0, any_inputs=False):
+        object.__setattr__(self, "ops", (ops,) if isinstance(ops, str) else tuple(ops))
+        object.__setattr__(self, "inputs", tuple(inputs))
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "pred", pred)
+        object.__setattr__(self, "shared", shared)
+        object.__setattr__(self, "output", output)
+        object.__setattr__(self, "any_inputs", any_inputs)
+
+
+@dataclass
+class Match:
+    root: Node
+    graph: Graph
+    nodes: dict[str, Node] = field(default_factory=dict)
+    values: dict[str, Value] = field(default_factory=dict)
+    consts: dict[str, np.ndarray] = field(default_factory=dict)
+    matched: list[Node] = field(default_factory=list)
+    # Set by the driver: maps old-graph values to their new-graph counterparts.
+    _map: Callable[[Value], Value] | None = None
+
+    def node(self, name: str) -> Node:
+        return self.nodes[name]
+
+    def value(self, name: str) -> Value:
+        """A captured value as it stands in the new graph."""
+        v = self.values[name]
+        return self._map(v) if self._map else v
+
+    def new(self, v: Value | None) -> Value | None:
+        """Any old-graph value as it stands in the new graph."""
+        if v is None:
+            return None
+        return self._map(v) if self._map else v
+
+    def const(self, name: str) -> np.ndarray:
+        return self.consts[name]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str  # the algebra, e.g. "conv(x, w) * s + b -> conv(x, w*s, b')"
+    pattern: Op
+    build: Callable[[Match, GraphBuilder], Value | Sequence[Value] | None]
+    predicate: Callable[[Match], bool] | None = None
+
+
+def match(graph: Graph, pattern: Op, node: Node) -> Match | None:
+    m = Match(root=node, graph=graph)
+    if _match_op(graph, pattern, node, m, is_root=True):
+        return m
+    return None
+
+
+def _match_value(graph: Graph, pat: Pattern, v: Value | None, m: Match, parent: Node) -> bool:
+    if isinstance(pat, Var):
+        if v is None or (pat.pred is not None and not pat.pred(v)):
+            return False
+        return _capture(m.values, pat.name, v)
+    if isinstance(pat, Const):
+        if v is None:
+            return False
+        data = graph.const(v.name)
+        if data is None or (pat.pred is not None and not pat.pred(data)):
+            return False
+        if pat.name is not None:
+            if not _capture(m.values, pat.name, v):
+                return False
+            m.consts[pat.name] = data
+        return True
+    if isinstance(pat, Op):
+        if v is None:
+            return False
+        producer = graph.producer(v.name)
+        if producer is None or producer.outputs[pat.output].name != v.name:
+            return False
+        if not pat.shared:
+            # The interior value may feed only this match's parent, and not leave the graph.
+            users = graph.users(v.name)
+            if graph.is_output(v.name) or any(u is not parent for u in users):
+                return False
+            if any(
+                o.name != v.name and (graph.users(o.name) or graph.is_output(o.name))
+                for o in producer.outputs
+            ):
+                return False
+        return _match_op(graph, pat, producer, m, is_root=False)
+    raise TypeError(f"not a pattern: {pat!r}")
+
+
+def _capture(store: dict, name: str | None, v: Any) -> bool:
+    if name is None:
+        return True
+    if name in store:
+        return store[name] == v  # the same name twice must be the same value
+    store[name] = v
+    return True
+
+
+def _match_op(graph: Graph, pat: Op, node: Node, m: Match, is_root: bool) -> bool:
+    if node.op not in pat.ops or node.domain != "":
+        return False
+    if pat.pred is not None and not pat.pred(node):
+        return False
+    if not pat.any_inputs:
+        n_in = len(node.inputs)
+        if n_in != len(pat.inputs):
+            return False
+        orders = [list(node.inputs)]
+        if node.op in COMMUTATIVE and n_in == 2:
+            orders.append([node.inputs[1], node.inputs[0]])
+        for order in orders:
+            saved = (dict(m.nodes), dict(m.values), dict(m.consts), list(m.matched))
+            if all(_match_value(graph, p, v, m, node) for p, v in zip(pat.inputs, order, strict=True)):
+                break
+            m.nodes, m.values, m.consts, m.matched = saved
+        else:
+            return False
+    if pat.name is not None and not _capture(m.nodes, pat.name, node):
+        return False
+    m.matched.append(node)
+    return True
+
+
+def apply_rules(graph: Graph, rules: Sequence[Rule], *, fired: list[str] | None = None) -> Graph:
+    """One sweep over the graph in order; at each node the first rule that matches and builds wins.
+    Returns `graph` itself when nothing fired."""
+    from graphc.passes.dce import eliminate_dead_code
+
+    by_op: dict[str, list[Rule]] = {}
+    for r in rules:
+        for op in r.pattern.ops:
+            by_op.setdefault(op, []).append(r)
+    b = GraphBuilder.like(graph)
+    subst: dict[str, Value] = {}
+
+    def mapv(v: Value) -> Value:
+        return subst.get(v.name) or b.values[v.name]
+
+    changed = False
+    origins = dict(graph.meta.get("origins", {}))
+    for node in graph.nodes:
+        replaced = False
+        for rule in by_op.get(node.op, ()) if node.domain == "" else ():
+            m = match(graph, rule.pattern, node)
+            if m is None or (rule.predicate is not None and not rule.predicate(m)):
+                continue
+            m._map = mapv
+            before = len(b.nodes)
+            out = rule.build(m, b)
+            if out is None:
+                del b.nodes[before:]  # a declining builder must leave nothing behind
+                continue
+            outs = [out] if isinstance(out, Value) else list(out)
+            for old, new in zip(node.outputs, outs, strict=False):
+                subst[old.name] = new
+            absorbed = tuple(dict.fromkeys(o for n in m.matched for o in origins_of(graph, n.name)))
+            for n in b.nodes[before:]:
+                origins[n.name] = absorbed
+            if fired is not None:
+                fired.append(f"{rule.name} at '{node.name}'")
+            log.debug("rule %s fired at %s", rule.name, node.name)
+            replaced = changed = True
+            break
+        if not replaced:
+            ins = [None if v is None else mapv(v) for v in node.inputs]
+            b.keep_or_copy(node, ins)
+    if not changed:
+        return graph
+    b.set_outputs([mapv(v) for v in graph.outputs], graph.output_names)
+    b.meta["origins"] = origins
+    return eliminate_dead_code(b.build(verify=False))
