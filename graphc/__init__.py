@@ -33,6 +33,9 @@ _LAZY = {
     "ShapeError": ("graphc.errors", "ShapeError"),
     "InputError": ("graphc.errors", "InputError"),
     "CompileError": ("graphc.errors", "CompileError"),
+    "EngineError": ("graphc.runtime.errors", "EngineError"),
+    "compile": ("graphc.compiler", "compile"),
+    "CompileOptions": ("graphc.compiler", "CompileOptions"),
 }
 
 __all__ = ["__version__", *_LAZY]

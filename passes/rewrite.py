@@ -63,7 +63,7 @@ class Op(Pattern):
     pred: Callable[[Node], bool] | None = None
     shared: bool = False
     output: int = 0
-    any_inputs: bool = False  # match any inputs (not checked)
+    any_inputs: bool = False  # `inputs` match a prefix of the node's inputs; the rest are free
 
     def __init__(self, ops, *inputs: Pattern, name=None, pred=None, shared=False, output=0, any_inputs=False):
         object.__setattr__(self, "ops", (ops,) if isinstance(ops, str) else tuple(ops))
@@ -169,20 +169,19 @@ def _match_op(graph: Graph, pat: Op, node: Node, m: Match, is_root: bool) -> boo
         return False
     if pat.pred is not None and not pat.pred(node):
         return False
-    if not pat.any_inputs:
-        n_in = len(node.inputs)
-        if n_in != len(pat.inputs):
-            return False
-        orders = [list(node.inputs)]
-        if node.op in COMMUTATIVE and n_in == 2:
-            orders.append([node.inputs[1], node.inputs[0]])
-        for order in orders:
-            saved = (dict(m.nodes), dict(m.values), dict(m.consts), list(m.matched))
-            if all(_match_value(graph, p, v, m, node) for p, v in zip(pat.inputs, order, strict=True)):
-                break
-            m.nodes, m.values, m.consts, m.matched = saved
-        else:
-            return False
+    n_in = len(node.inputs)
+    if n_in < len(pat.inputs) or (n_in != len(pat.inputs) and not pat.any_inputs):
+        return False
+    orders = [list(node.inputs[: len(pat.inputs)])]
+    if node.op in COMMUTATIVE and n_in == 2 and len(pat.inputs) == 2:
+        orders.append([node.inputs[1], node.inputs[0]])
+    for order in orders:
+        saved = (dict(m.nodes), dict(m.values), dict(m.consts), list(m.matched))
+        if all(_match_value(graph, p, v, m, node) for p, v in zip(pat.inputs, order, strict=True)):
+            break
+        m.nodes, m.values, m.consts, m.matched = saved
+    else:
+        return False
     if pat.name is not None and not _capture(m.nodes, pat.name, node):
         return False
     m.matched.append(node)

@@ -144,3 +144,64 @@ def onnx_attrs_class(op_type: str, domain: str = "", max_version: int | None = N
 
 def attr_fields(cls: type[Attrs]) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls)}
+
+
+# ---- JSON form (engine manifests) -------------------------------------------------------------
+
+
+def attrs_to_json(attrs: Attrs) -> dict[str, Any]:
+    """A JSON-able dict of attrs; tensors become {"__tensor__": dtype, shape, data}."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(attrs):
+        out[f.name] = _value_to_json(getattr(attrs, f.name))
+    return out
+
+
+def _value_to_json(v: Any) -> Any:
+    if isinstance(v, TensorAttr):
+        a = v.array
+        return {"__tensor__": a.dtype.name, "shape": list(a.shape), "data": a.ravel().tolist()}
+    if isinstance(v, Attrs):
+        return {
+            "__attrs__": type(v).__name__,
+            "op_type": getattr(v, "op_type", ""),
+            "fields": attrs_to_json(v),
+        }
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return {
+            "__dataclass__": type(v).__name__,
+            "fields": {f.name: _value_to_json(getattr(v, f.name)) for f in dataclasses.fields(v)},
+        }
+    if isinstance(v, tuple):
+        return [_value_to_json(x) for x in v]
+    return v
+
+
+def _value_from_json(v: Any, field_type: Any = None) -> Any:
+    if isinstance(v, list):
+        return tuple(_value_from_json(x) for x in v)
+    if isinstance(v, dict) and "__tensor__" in v:
+        import ml_dtypes  # noqa: F401  (registers bfloat16 and friends with numpy)
+
+        from graphc.ir.types import DType
+
+        dt = next((d.numpy for d in DType if d.numpy.name == v["__tensor__"]), np.dtype(v["__tensor__"]))
+        return TensorAttr(np.array(v["data"], dtype=dt).reshape(v["shape"]))
+    if isinstance(v, dict) and "__attrs__" in v:
+        from graphc.ops.registry import get_op
+
+        op = v.get("op_type") or ""
+        cls = get_op(op).attrs if op else None
+        if cls is None:
+            raise ValueError(f"cannot rebuild attrs {v['__attrs__']}")
+        return attrs_from_json(cls, v["fields"])
+    if isinstance(v, dict) and "__dataclass__" in v:
+        from graphc.ops import fused
+
+        cls = getattr(fused, v["__dataclass__"])
+        return cls(**{k: _value_from_json(x) for k, x in v["fields"].items()})
+    return v
+
+
+def attrs_from_json(cls: type[Attrs], d: dict[str, Any]) -> Attrs:
+    return cls(**{k: _value_from_json(v) for k, v in d.items()})

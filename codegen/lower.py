@@ -1,0 +1,178 @@
+"""Lowering an optimized graph to a kernel plan: one step per node, in a memory-aware order.
+
+Every shape must be concrete (bind_shapes runs first). Reshape-like ops become alias steps: views
+of their input with no kernel and no memory of their own.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+
+from graphc.errors import CompileError
+from graphc.ir.attrs import attrs_to_json
+from graphc.ir.graph import Graph, Node
+from graphc.ir.kinds import node_kind
+from graphc.ir.types import TensorType
+from graphc.ops.registry import Category, get_op
+from graphc.passes.provenance import origins_of
+from graphc.runtime.plan import ALIAS, ARENA, INPUT, WEIGHT, KernelPlan, Step, TensorSpec
+
+log = logging.getLogger(__name__)
+
+# Ops whose output is its input's bytes under another shape.
+ALIAS_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+
+
+def _spec(name: str, t, kind: str, alias_of: str | None = None) -> TensorSpec:
+    if not isinstance(t, TensorType):
+        raise CompileError(f"value '{name}' is a sequence ({t}); graphc compiles tensor graphs only")
+    if not t.is_static:
+        raise CompileError(f"value '{name}' has shape {t}, which is not concrete: bind the input shapes")
+    return TensorSpec(name, t.dtype.numpy.name, list(t.static_shape), t.nbytes, kind, alias_of)
+
+
+def _is_alias(node: Node) -> bool:
+    return node.domain == "" and node.op in ALIAS_OPS and node.inputs and node.inputs[0] is not None
+
+
+def _inplace_inputs(node: Node) -> list[int]:
+    """Inputs whose buffer the (single) output may take over: elementwise reads of the element it
+    writes. For a fused node, the epilogue's extra inputs of the output's exact type."""
+    if len(node.outputs) != 1:
+        return []
+    out_t = node.outputs[0].type
+    opdef = get_op(node.op, node.domain)
+    if opdef.category is Category.ELEMENTWISE:
+        first = 0
+    elif opdef.category is Category.FUSED:
+        first = node.attrs.anchor_inputs
+    else:
+        return []
+    return [i for i, v in enumerate(node.inputs) if i >= first and v is not None and v.type == out_t]
+
+
+def schedule(graph: Graph) -> list[Node]:
+    """A topological order that keeps the bytes live at once low: among the nodes ready to run,
+    take the one that grows live memory least (frees most), ties going to the original order."""
+    nodes = list(graph.nodes)
+    index = {id(n): i for i, n in enumerate(nodes)}
+    producers = graph.producers
+    remaining_users: dict[str, int] = {}
+    for n in nodes:
+        for v in {v.name for v in n.inputs if v is not None}:
+            remaining_users[v] = remaining_users.get(v, 0) + 1
+    deps = {}
+    for n in nodes:
+        deps[id(n)] = len({producers[v.name].name for v in n.inputs if v is not None and v.name in producers})
+    dependents: dict[str, list[Node]] = {}
+    for n in nodes:
+        for pname in {producers[v.name].name for v in n.inputs if v is not None and v.name in producers}:
+            dependents.setdefault(pname, []).append(n)
+    outputs = graph.output_value_names
+
+    def nbytes(v) -> int:
+        t = v.type
+        return t.nbytes if isinstance(t, TensorType) and t.is_static else 0
+
+    def score(n: Node) -> int:
+        if _is_alias(n):
+            return -(1 << 60)  # views cost nothing: take them at once
+        grow = sum(nbytes(v) for v in n.outputs)
+        free = sum(
+            nbytes(v)
+            for v in {v.name: v for v in n.inputs if v is not None}.values()
+            if v.name in producers and remaining_users.get(v.name) == 1 and v.name not in outputs
+        )
+        return grow - free
+
+    ready = [n for n in nodes if deps[id(n)] == 0]
+    heap = [(score(n), index[id(n)], n) for n in ready]
+    heapq.heapify(heap)
+    order: list[Node] = []
+    while heap:
+        # Scores change as other nodes run; re-score the top before taking it.
+        s, i, n = heapq.heappop(heap)
+        fresh = score(n)
+        if fresh != s and heap and (fresh, i) > heap[0][:2]:
+            heapq.heappush(heap, (fresh, i, n))
+            continue
+        order.append(n)
+        for v in {v.name for v in n.inputs if v is not None}:
+            remaining_users[v] -= 1
+        for d in dependents.get(n.name, ()):
+            deps[id(d)] -= 1
+            if deps[id(d)] == 0:
+                heapq.heappush(heap, (score(d), index[id(d)], d))
+    if len(order) != len(nodes):
+        raise CompileError("the graph has a cycle")
+    return order
+
+
+def peak_live_bytes(graph: Graph, order: list[Node]) -> int:
+    """The largest total of bytes live at any step for this order (aliases counted once)."""
+    from graphc.codegen.memory import lifetimes_from_plan
+
+    plan = build_plan(graph, order)
+    return lifetimes_from_plan(plan).lower_bound
+
+
+def build_plan(graph: Graph, order: list[Node]) -> KernelPlan:
+    tensors: dict[str, TensorSpec] = {}
+    for v in graph.inputs:
+        tensors[v.name] = _spec(v.name, v.type, INPUT)
+    for name, c in graph.constants.items():
+        tensors[name] = _spec(name, c.value.type, WEIGHT)
+    steps = []
+    for i, node in enumerate(order):
+        alias = _is_alias(node)
+        for v in node.outputs:
+            if alias:
+                tensors[v.name] = _spec(v.name, v.type, ALIAS, node.inputs[0].name)
+            else:
+                tensors[v.name] = _spec(v.name, v.type, ARENA)
+        steps.append(
+            Step(
+                index=i,
+                name=node.name,
+                kind=node_kind(node),
+                op=node.op,
+                domain=node.domain,
+                attrs=attrs_to_json(node.attrs),
+                inputs=[None if v is None else v.name for v in node.inputs],
+                outputs=[v.name for v in node.outputs],
+                alias=alias,
+                origins=list(origins_of(graph, node.name)),
+                inplace=_inplace_inputs(node),
+            )
+        )
+    return KernelPlan(
+        tensors=tensors,
+        steps=steps,
+        inputs=[v.name for v in graph.inputs],
+        outputs=[v.name for v in graph.outputs],
+        output_names=list(graph.output_names),
+    )
+
+
+def lower_to_plan(graph: Graph) -> KernelPlan:
+    """The kernel plan of a graph with concrete shapes, in the order of lower peak memory of
+    (a) the graph's own order and (b) the memory-aware schedule."""
+    original = list(graph.nodes)
+    candidates = [original]
+    try:
+        scheduled = schedule(graph)
+        if scheduled != original:
+            candidates.append(scheduled)
+    except CompileError:
+        raise
+    best = None
+    for order in candidates:
+        plan = build_plan(graph, order)
+        from graphc.codegen.memory import lifetimes_from_plan
+
+        lb = lifetimes_from_plan(plan).lower_bound
+        if best is None or lb < best[0]:
+            best = (lb, plan)
+    assert best is not None
+    return best[1]

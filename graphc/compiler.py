@@ -1,0 +1,133 @@
+"""`graphc.compile()`: ONNX model -> optimized graph -> kernel plan -> memory plan -> engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from graphc.errors import CompileError
+
+log = logging.getLogger(__name__)
+
+TARGETS = ("cpu", "cuda")
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+@dataclass
+class CompileOptions:
+    """Every knob of a compile, in one place.
+
+    target: "cpu" runs the plan with numpy (a reference); "cuda" generates CUDA kernels.
+    precision: "fp32" | "fp16" | "bf16" (reduced precisions are the CUDA target's).
+    shapes: input name (or symbolic dim name) -> concrete shape (or size).
+    opt_level: 0 (no optimization) .. 3.
+    dump_ir: a folder to write the graph after every pass (NN-passname.txt).
+    verify: verify the IR after every pass (tests always do).
+    arch: CUDA architectures to build cubin for (default sm_80, sm_86, sm_89, sm_90).
+    tune: "off" | "fast" | "full" auto-tuning of kernel parameters (CUDA target).
+    allow_tf32: let fp32 GEMMs and convolutions use TF32 tensor cores.
+    """
+
+    target: str = "cpu"
+    precision: str = "fp32"
+    shapes: Mapping[str, Sequence[int] | int] | None = None
+    opt_level: int = 2
+    dump_ir: str | Path | None = None
+    verify: bool = False
+    arch: Sequence[str] | None = None
+    tune: str = "off"
+    allow_tf32: bool = False
+    cache_dir: str | Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if self.target not in TARGETS:
+            raise CompileError(f"target must be one of {TARGETS}, got {self.target!r}")
+        if self.precision not in PRECISIONS:
+            raise CompileError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if not 0 <= int(self.opt_level) <= 3:
+            raise CompileError(f"opt_level must be 0..3, got {self.opt_level}")
+        if self.tune not in ("off", "fast", "full"):
+            raise CompileError(f"tune must be off, fast or full, got {self.tune!r}")
+
+
+def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  # noqa: A001
+    """Compile an ONNX model (a path, bytes, or ModelProto) into an Engine.
+
+    Keyword arguments are CompileOptions fields: `graphc.compile("m.onnx", target="cpu",
+    shapes={"input": (1, 3, 224, 224)})`.
+    """
+    from graphc.codegen.lower import lower_to_plan
+    from graphc.codegen.memory import plan_memory
+    from graphc.frontend import load_onnx
+    from graphc.ir.shapes import bind_shapes
+    from graphc.passes.manager import OptimizeOptions, optimize
+    from graphc.passes.report import optimizer_report
+
+    opts = dataclasses.replace(options or CompileOptions(), **kwargs)
+    opts.validate()
+    timings: dict[str, float] = {}
+
+    def phase(name: str, t0: float) -> None:
+        timings[name] = round(time.perf_counter() - t0, 6)
+
+    t0 = time.perf_counter()
+    graph = load_onnx(model)
+    phase("load", t0)
+    t0 = time.perf_counter()
+    graph = bind_shapes(graph, opts.shapes)
+    phase("bind_shapes", t0)
+    t0 = time.perf_counter()
+    result = optimize(
+        graph, OptimizeOptions(opt_level=opts.opt_level, verify=opts.verify, dump_ir=opts.dump_ir)
+    )
+    optimized = result.graph
+    phase("optimize", t0)
+    if opts.precision != "fp32":
+        from graphc.passes.precision import convert_precision
+
+        t0 = time.perf_counter()
+        optimized = convert_precision(optimized, opts.precision)
+        phase("precision", t0)
+    t0 = time.perf_counter()
+    plan = lower_to_plan(optimized)
+    phase("lower", t0)
+    t0 = time.perf_counter()
+    memory = plan_memory(plan)
+    phase("memory_plan", t0)
+
+    report = optimizer_report(graph, optimized, result.records)
+    report["memory"] = {
+        "arena_bytes": memory.arena_bytes,
+        "lower_bound_bytes": memory.lower_bound_bytes,
+        "naive_bytes": memory.naive_bytes,
+        "workspace_bytes": memory.workspace_bytes,
+        "algorithm": memory.algorithm,
+        "candidates": memory.candidates,
+        "arena_over_lower_bound": round(memory.arena_bytes / memory.lower_bound_bytes, 4)
+        if memory.lower_bound_bytes
+        else 1.0,
+    }
+    report["target"] = opts.target
+    report["precision"] = opts.precision
+    report["steps"] = len(plan.steps)
+    report["kernels"] = sum(1 for s in plan.steps if not s.alias)
+    weights = {name: c.data for name, c in optimized.constants.items()}
+
+    if opts.target == "cpu":
+        from graphc.cpu_kernels import cpu_kernel
+        from graphc.runtime.cpu import CPUExecutor
+        from graphc.runtime.engine import Engine
+
+        executor = CPUExecutor(plan, memory, weights, cpu_kernel)
+        report["timings"] = timings
+        return Engine("cpu", plan, memory, weights, executor, report, {"target": "cpu"})
+
+    from graphc.codegen.build import build_cuda_engine
+
+    return build_cuda_engine(optimized, plan, memory, weights, opts, report, timings)

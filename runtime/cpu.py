@@ -1,0 +1,83 @@
+"""The CPU executor: runs a kernel plan with every tensor a numpy view into one arena.
+
+Each intermediate is written at its planned offset, so a planning bug (two live tensors sharing
+bytes) shows up as a wrong answer. The arena starts filled with 0xFF bytes (NaN for floats), so a
+step reading bytes that nothing wrote shows up too.
+
+The CPU target's kernels are the compiler's numpy references (graphc.ops), handed in as
+`kernel_factory`; a CUDA deployment never loads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from graphc.runtime.errors import EngineError
+from graphc.runtime.plan import ALIAS, ARENA, INPUT, WEIGHT, KernelPlan, MemoryPlan, Step
+
+StepFn = Callable[[list[Any]], list[Any]]
+KernelFactory = Callable[[Step], StepFn]
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    try:
+        return np.dtype(name)
+    except TypeError:
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, name))
+
+
+class CPUExecutor:
+    def __init__(
+        self,
+        plan: KernelPlan,
+        memory: MemoryPlan,
+        weights: Mapping[str, np.ndarray],
+        kernel_factory: KernelFactory,
+    ):
+        self.plan = plan
+        self.memory = memory
+        self.arena = np.full(max(memory.arena_bytes, 1), 0xFF, dtype=np.uint8)
+        self.views: dict[str, np.ndarray] = {}
+        for name, t in plan.tensors.items():
+            dt = numpy_dtype(t.dtype)
+            if t.kind in (ARENA, INPUT):
+                off = memory.placements[name].offset
+                self.views[name] = np.ndarray(tuple(t.shape), dtype=dt, buffer=self.arena, offset=off)
+            elif t.kind == WEIGHT:
+                if name not in weights:
+                    raise EngineError(f"weight '{name}' is missing")
+                self.views[name] = weights[name]
+        for name, t in plan.tensors.items():
+            if t.kind != ALIAS:
+                continue
+            root = memory.aliases[name]
+            if plan.tensors[root].kind == WEIGHT:
+                self.views[name] = self.views[root].reshape(t.shape)
+            else:
+                self.views[name] = np.ndarray(
+                    tuple(t.shape),
+                    dtype=numpy_dtype(t.dtype),
+                    buffer=self.arena,
+                    offset=memory.placements[root].offset,
+                )
+        self.kernels: list[StepFn | None] = [None if s.alias else kernel_factory(s) for s in plan.steps]
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        for name in self.plan.inputs:
+            self.views[name][...] = feeds[name]
+        for step, fn in zip(self.plan.steps, self.kernels, strict=True):
+            if fn is None:
+                continue
+            ins = [None if n is None else self.views[n] for n in step.inputs]
+            outs = fn(ins)
+            for name, val in zip(step.outputs, outs, strict=False):
+                self.views[name][...] = val
+        return {
+            public: np.array(self.views[name], copy=True)
+            for public, name in zip(self.plan.output_names, self.plan.outputs, strict=True)
+        }

@@ -1,0 +1,74 @@
+"""Engine: a compiled model, ready to run. Made by `graphc.compile()` or `graphc.runtime.load()`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from graphc.runtime.errors import EngineInputError
+from graphc.runtime.plan import KernelPlan, MemoryPlan
+
+
+@dataclass
+class IOSpec:
+    name: str
+    dtype: str
+    shape: list[int]
+
+
+@dataclass
+class Engine:
+    """`engine.run(feeds)` or `engine(**feeds)`; `engine.report` says what the compiler did."""
+
+    target: str
+    plan: KernelPlan
+    memory: MemoryPlan
+    weights: dict[str, np.ndarray]
+    executor: Any
+    report: dict[str, Any] = field(default_factory=dict)
+    build_info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def inputs(self) -> list[IOSpec]:
+        return [self._spec(n, n) for n in self.plan.inputs]
+
+    @property
+    def outputs(self) -> list[IOSpec]:
+        return [self._spec(p, n) for p, n in zip(self.plan.output_names, self.plan.outputs, strict=True)]
+
+    def _spec(self, public: str, name: str) -> IOSpec:
+        t = self.plan.tensors[name]
+        return IOSpec(public, t.dtype, list(t.shape))
+
+    def check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        expected = {s.name: s for s in self.inputs}
+        unknown = sorted(set(feeds) - set(expected))
+        if unknown:
+            raise EngineInputError(f"unknown input(s) {unknown}; the engine takes {sorted(expected)}")
+        out = {}
+        for name, spec in expected.items():
+            if name not in feeds:
+                raise EngineInputError(f"input '{name}' ({spec.dtype}{spec.shape}) is missing")
+            x = feeds[name]
+            dtype = str(getattr(x, "dtype", None))
+            shape = list(getattr(x, "shape", ()))
+            if not hasattr(x, "dtype"):
+                x = np.asarray(x)
+                dtype, shape = str(x.dtype), list(x.shape)
+            if dtype != spec.dtype:
+                raise EngineInputError(f"input '{name}' has dtype {dtype}, the engine takes {spec.dtype}")
+            if shape != spec.shape:
+                raise EngineInputError(
+                    f"input '{name}' has shape {tuple(shape)}, the engine was built for {tuple(spec.shape)}"
+                )
+            out[name] = x
+        return out
+
+    def run(self, feeds: Mapping[str, Any], **kwargs: Any) -> dict[str, Any]:
+        return self.executor.run(self.check_feeds(feeds), **kwargs)
+
+    def __call__(self, **feeds: Any) -> dict[str, Any]:
+        return self.run(feeds)
