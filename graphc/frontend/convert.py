@@ -7,6 +7,7 @@ import logging
 import onnx
 
 from graphc.errors import GraphcError, ModelLoadError, ShapeError, UnsupportedOpError
+from graphc.frontend import functions
 from graphc.frontend.context import ConvertContext
 from graphc.frontend.loader import ModelSource, read_model, tensor_to_array
 from graphc.frontend.registry import find_converter
@@ -55,17 +56,78 @@ def type_from_proto(tp: onnx.TypeProto, what: str) -> ValueType:
     raise ModelLoadError(f"{what}: value kind {kind!r} is not supported (tensors and sequences are)")
 
 
+def model_opsets(model: onnx.ModelProto) -> dict[str, int]:
+    """The opset version of each domain the model imports ("" for the standard one)."""
+    return {
+        ("" if imp.domain in STANDARD_DOMAINS else imp.domain): int(imp.version) for imp in model.opset_import
+    }
+
+
 def find_unsupported(model: onnx.ModelProto) -> list[tuple[str, str, int, list[str]]]:
-    """Every (op, domain, opset, node names) that has no converter, all at once."""
+    """Every (op, domain, opset, node names) that has no converter, all at once.
+
+    A function op with no converter counts as supported when every op of its function body
+    (nested bodies expanded) has one: the conversion expands it.
+    """
     missing: dict[tuple[str, str], list[str]] = {}
     opsets = {}
+    types = _DeclaredTypes(model)
     for i, node in enumerate(model.graph.node):
         domain = "" if node.domain in STANDARD_DOMAINS else node.domain
         if domain not in opsets:
             opsets[domain] = model_opset(model, domain)
-        if find_converter(node.op_type, domain, opsets[domain]) is None:
+        if find_converter(node.op_type, domain, opsets[domain]) is None and not _expandable(node, types):
             missing.setdefault((node.op_type, domain), []).append(node.name or f"#{i}")
     return [(op, dom, opsets[dom], names) for (op, dom), names in sorted(missing.items())]
+
+
+def _has_converter(op_type: str, domain: str, opset: int) -> bool:
+    return find_converter(op_type, domain, opset) is not None
+
+
+class _DeclaredTypes:
+    """ONNX types of a model's values: the declared ones, and ONNX shape inference's once a
+    context-dependent function body needs more (computed at most once per model)."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.model = model
+        self.opsets = model_opsets(model)
+        g = model.graph
+        self.types: dict[str, onnx.TypeProto] = {}
+        for t in g.initializer:
+            self.types[t.name] = onnx.helper.make_tensor_type_proto(t.data_type, list(t.dims))
+        for vi in [*g.input, *g.value_info, *g.output]:
+            if vi.type.WhichOneof("value") is not None:
+                self.types.setdefault(vi.name, vi.type)
+        self.inferred = False
+
+    def of(self, names: list[str]) -> list[onnx.TypeProto | None]:
+        return [self.types.get(n) if n else None for n in names]
+
+    def infer(self) -> bool:
+        """Add shape inference's types; False when already done (nothing new to learn)."""
+        if self.inferred:
+            return False
+        self.inferred = True
+        try:
+            inferred = onnx.shape_inference.infer_shapes(self.model, strict_mode=False)
+        except Exception:  # inference is best effort here; conversion checks types itself
+            return False
+        for vi in inferred.graph.value_info:
+            if vi.type.WhichOneof("value") is not None:
+                self.types.setdefault(vi.name, vi.type)
+        return True
+
+
+def _expandable(node: onnx.NodeProto, types: _DeclaredTypes) -> bool:
+    """Whether a node with no converter has a function body whose ops all have converters."""
+    names = list(node.input)
+    miss = functions.missing_ops(node, types.opsets, types.of(names), _has_converter)
+    # A context-dependent body may depend on input types the model does not declare.
+    untyped = any(t is None for n, t in zip(names, types.of(names), strict=True) if n)
+    if (miss is None or miss) and untyped and types.infer():
+        miss = functions.missing_ops(node, types.opsets, types.of(names), _has_converter)
+    return miss is not None and not miss
 
 
 def unsupported_message(unsupported: list[tuple[str, str, int, list[str]]]) -> str:
@@ -102,6 +164,9 @@ def load_onnx(source: ModelSource, *, name: str | None = None) -> Graph:
             continue  # an initializer also listed as an input (IR version < 4)
         env[vi.name] = b.add_input(vi.name, type_from_proto(vi.type, f"input '{vi.name}'"))
 
+    opsets = model_opsets(model)
+    opsets[""] = opset
+    expanded: set[tuple[str, str]] = set()  # function ops expanded so far (logged once each)
     # Every ONNX value name is reserved, so fresh names made by converters never take one.
     b._reserved_values = {n for node in g.node for n in list(node.input) + list(node.output) if n}
     for i, node in enumerate(g.node):
@@ -119,16 +184,7 @@ def load_onnx(source: ModelSource, *, name: str | None = None) -> Graph:
             inputs.append(env[inp])
         while inputs and inputs[-1] is None:
             inputs.pop()
-        domain = "" if node.domain in STANDARD_DOMAINS else node.domain
-        fn = find_converter(node.op_type, domain, opset if domain == "" else model_opset(model, domain))
-        assert fn is not None  # checked by find_unsupported
-        ctx = ConvertContext(b, node, node_name, inputs, opset)
-        try:
-            outs = list(fn(ctx))
-        except GraphcError:
-            raise
-        except Exception as e:  # a converter bug must still name the node
-            raise ShapeError(f"{node.op_type} node '{node_name}': conversion failed: {e!r}") from e
+        outs = _convert_node(b, node, node_name, inputs, opsets, expanded)
         for out_name, v in zip(node.output, outs, strict=False):
             if out_name:
                 env[out_name] = v
@@ -143,3 +199,89 @@ def load_onnx(source: ModelSource, *, name: str | None = None) -> Graph:
         outputs.append(env[vi.name])
     b.set_outputs(outputs, [vi.name for vi in g.output])
     return b.build()
+
+
+def _convert_node(
+    b: GraphBuilder,
+    node: onnx.NodeProto,
+    node_name: str,
+    inputs: list[Value | None],
+    opsets: dict[str, int],
+    expanded: set[tuple[str, str]],
+    depth: int = 0,
+) -> list[Value | None]:
+    """IR values of one ONNX node's outputs: by its converter, else by expanding its function body
+    (None only for outputs the node omits)."""
+    domain = "" if node.domain in STANDARD_DOMAINS else node.domain
+    fn = find_converter(node.op_type, domain, opsets.get(domain, 0))
+    if fn is None:
+        return _convert_function_op(b, node, node_name, inputs, opsets, expanded, depth)
+    ctx = ConvertContext(b, node, node_name, inputs, opsets[""])
+    try:
+        return list(fn(ctx))
+    except GraphcError:
+        raise
+    except Exception as e:  # a converter bug must still name the node
+        raise ShapeError(f"{node.op_type} node '{node_name}': conversion failed: {e!r}") from e
+
+
+def _convert_function_op(
+    b: GraphBuilder,
+    node: onnx.NodeProto,
+    node_name: str,
+    inputs: list[Value | None],
+    opsets: dict[str, int],
+    expanded: set[tuple[str, str]],
+    depth: int,
+) -> list[Value | None]:
+    """Convert the nodes of a function op's body in a scope of their own (a body cannot see the
+    graph's other values), then return the values bound to the node's outputs."""
+    domain = "" if node.domain in STANDARD_DOMAINS else node.domain
+    types = [None if v is None else functions.value_type_proto(v.type) for v in inputs]
+    exp = None
+    if depth <= functions.MAX_DEPTH:
+        exp = functions.expand_node(node, opsets, types, prefix=f"{node_name}/")
+    if exp is None:
+        # find_unsupported let it through on declared types that the converted inputs contradict.
+        unsupported = [(node.op_type, domain, opsets.get(domain, 0), [node_name])]
+        raise UnsupportedOpError(unsupported_message(unsupported), unsupported)
+    if (domain, node.op_type) not in expanded:
+        expanded.add((domain, node.op_type))
+        log.info(
+            "expanding %s%s (opset %d) into its ONNX function body (no native converter)",
+            f"{domain}." if domain else "",
+            node.op_type,
+            opsets.get(domain, 0),
+        )
+    scope: dict[str, Value] = {}
+    for name, v in zip(exp.inputs, inputs, strict=False):
+        if name and v is not None:
+            scope[name] = v
+    for sub in exp.nodes:
+        sub_name = b.fresh_node_name(sub.name)
+        sub_inputs: list[Value | None] = []
+        for inp in sub.input:
+            if not inp:
+                sub_inputs.append(None)
+            elif inp in scope:
+                sub_inputs.append(scope[inp])
+            else:
+                raise ShapeError(
+                    f"{node.op_type} node '{node_name}': its function body uses '{inp}' before "
+                    f"defining it (in {sub.op_type} node '{sub_name}')"
+                )
+        while sub_inputs and sub_inputs[-1] is None:
+            sub_inputs.pop()
+        outs = _convert_node(b, sub, sub_name, sub_inputs, dict(exp.opsets), expanded, depth + 1)
+        for out_name, v in zip(sub.output, outs, strict=False):
+            if out_name:
+                scope[out_name] = v
+    results: list[Value | None] = []
+    for name, wanted in zip(exp.outputs, node.output, strict=False):
+        if name in scope:
+            results.append(scope[name])
+        elif not wanted:
+            results.append(None)  # an output the node omits, which the body need not compute
+        else:
+            break  # the caller reports the named outputs that were not produced
+    return results
