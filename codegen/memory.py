@@ -287,11 +287,12 @@ def validate_memory_plan(plan: KernelPlan, memory: MemoryPlan) -> list[str]:
         bad = np.triu(overlap_bytes & overlap_time, k=1)
         for i, j in zip(*np.nonzero(bad), strict=True):
             a, b = ps[i], ps[j]
-            if (a.name, b.name) in handover or (b.name, a.name) in handover:
-                if a.last == b.first or b.last == a.first:
-                    continue
+            is_handover = (a.name, b.name) in handover or (b.name, a.name) in handover
+            if is_handover and (a.last == b.first or b.last == a.first):
+                continue
             problems.append(
-                f"tensors '{a.name}' (steps {a.first}..{a.last}, bytes {a.offset}..{a.offset + a.nbytes}) and "
+                f"tensors '{a.name}' (steps {a.first}..{a.last}, bytes {a.offset}..{a.offset + a.nbytes}) "
+                f"and "
                 f"'{b.name}' (steps {b.first}..{b.last}, bytes {b.offset}..{b.offset + b.nbytes}) overlap"
             )
             if len(problems) > 20:

@@ -83,9 +83,7 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
     graph = bind_shapes(graph, opts.shapes)
     phase("bind_shapes", t0)
     t0 = time.perf_counter()
-    result = optimize(
-        graph, OptimizeOptions(opt_level=opts.opt_level, verify=opts.verify, dump_ir=opts.dump_ir)
-    )
+    result = optimize(graph, OptimizeOptions(opt_level=opts.opt_level, verify=opts.verify, dump_ir=opts.dump_ir))
     optimized = result.graph
     phase("optimize", t0)
     if opts.precision != "fp32":
