@@ -8,6 +8,12 @@ import math
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper
+
+import graphc
+from graphc.errors import ShapeError
+from graphc.ir.types import DType, TensorType
+from graphc.ops.registry import InferContext, get_op
 from helpers import (
     ONNX_OPSET,
     assert_close,
@@ -17,12 +23,6 @@ from helpers import (
     rand,
     run_graphc,
 )
-from onnx import TensorProto, helper
-
-import graphc
-from graphc.errors import ShapeError
-from graphc.ir.types import DType, TensorType
-from graphc.ops.registry import InferContext, get_op
 
 # ---- the independent formula ---------------------------------------------------------------------
 
