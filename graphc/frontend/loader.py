@@ -44,9 +44,9 @@ def read_model(source: ModelSource) -> tuple[onnx.ModelProto, Path | None]:
     try:
         # full_check=False: graphc does its own type inference; the checker catches malformed
         # protos, unknown ops of the standard domain, and broken references.
-        has_external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
-        if has_external and path is not None:
-            # The checker resolves external data files relative to the model's own path.
+        if path is not None:
+            # From the path, the checker reads the file in C++ (no Python re-serialization of a
+            # large model) and resolves external data files relative to it.
             onnx.checker.check_model(str(path), full_check=False)
         else:
             onnx.checker.check_model(model, full_check=False)
