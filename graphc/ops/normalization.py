@@ -13,7 +13,7 @@ import numpy as np
 import onnx.defs
 
 from graphc.ir.types import DType, Shape, TensorType
-from graphc.ops.registry import Category, InferContext, broadcast_shapes, register_op
+from graphc.ops.registry import Category, InferContext, register_op
 
 
 def compute_dtype(*arrays: np.ndarray | None, stash_type: int | None = None) -> np.dtype:
@@ -55,11 +55,9 @@ def _check_unidirectional(ctx: InferContext, x: TensorType, i: int, name: str) -
         return
     if len(t.shape) > len(x.shape):
         ctx.fail(f"{name} {t} has a higher rank than the input {x}")
-    out = broadcast_shapes(ctx, x.shape, t.shape)
-    if out is not None and any(
-        isinstance(o, int) and isinstance(d, int) and o != d for o, d in zip(out, x.shape, strict=True)
-    ):
-        ctx.fail(f"{name} {t} does not broadcast to the input {x}")
+    for d_in, d_x in zip(reversed(t.shape), reversed(x.shape), strict=False):
+        if isinstance(d_in, int) and d_in != 1 and isinstance(d_x, int) and d_in != d_x:
+            ctx.fail(f"{name} {t} does not broadcast to the input {x}")
 
 
 def _channel_view(v: np.ndarray, ndim: int, cd: np.dtype) -> np.ndarray:
@@ -308,6 +306,4 @@ def _mvn_compute(ins: list, attrs, n: int) -> list[np.ndarray]:
     return [(d / (std + xc.dtype.type(MVN_EPSILON))).astype(x.dtype)]
 
 
-register_op(
-    "MeanVarianceNormalization", category=Category.NORMALIZATION, infer=_mvn_infer, compute=_mvn_compute
-)
+register_op("MeanVarianceNormalization", category=Category.NORMALIZATION, infer=_mvn_infer, compute=_mvn_compute)
