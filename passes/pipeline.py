@@ -5,8 +5,16 @@ from __future__ import annotations
 from graphc.passes.constant_folding import fold_constants
 from graphc.passes.cse import eliminate_common_subexpressions
 from graphc.passes.dce import eliminate_dead_code
+from graphc.passes.fold_affine import fold_affine
+from graphc.passes.fold_batchnorm import fold_batchnorm
+from graphc.passes.fuse_attention import fuse_attention
+from graphc.passes.fuse_elementwise import fuse_elementwise
+from graphc.passes.fuse_epilogue import fuse_epilogues
+from graphc.passes.fuse_gelu import fuse_gelu
+from graphc.passes.fuse_layernorm import fuse_layernorm
 from graphc.passes.manager import FixedPoint, Pass, Stage
 from graphc.passes.simplify import simplify
+from graphc.passes.transpose import eliminate_transposes
 
 
 def cleanup() -> FixedPoint:
@@ -22,4 +30,29 @@ def cleanup() -> FixedPoint:
 
 
 def stages() -> list[Stage]:
-    return [cleanup()]
+    return [
+        cleanup(),
+        # Level 2: the algebraic rewrites and fusions, each stage followed by cleanup.
+        FixedPoint(
+            "patterns",
+            (
+                Pass("fuse_layernorm", fuse_layernorm, min_level=2),
+                Pass("fuse_gelu", fuse_gelu, min_level=2),
+                Pass("eliminate_transposes", eliminate_transposes, min_level=2),
+                *cleanup().passes,
+            ),
+        ),
+        FixedPoint(
+            "folding",
+            (
+                Pass("fold_batchnorm", fold_batchnorm, min_level=2),
+                Pass("fold_affine", fold_affine, min_level=2),
+                *cleanup().passes,
+            ),
+        ),
+        Pass("fuse_attention", fuse_attention, min_level=2),
+        cleanup(),
+        Pass("fuse_epilogues", fuse_epilogues, min_level=2),
+        Pass("fuse_elementwise", fuse_elementwise, min_level=2),
+        Pass("dce", eliminate_dead_code),
+    ]

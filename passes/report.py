@@ -49,8 +49,7 @@ def optimizer_report(before: Graph, after: Graph, records: Sequence[PassRecord])
 def summarize(report: dict[str, Any], *, max_lines: int = 12) -> str:
     """A readable summary of an optimizer report."""
     lines = [
-        f"optimizer: {report['nodes_before']} -> {report['nodes_after']} nodes "
-        f"in {report['optimize_seconds']:.2f} s"
+        f"optimizer: {report['nodes_before']} -> {report['nodes_after']} nodes in {report['optimize_seconds']:.2f} s"
     ]
     per_pass: dict[str, list[float]] = {}
     for p in report["passes"]:

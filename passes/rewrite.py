@@ -146,10 +146,7 @@ def _match_value(graph: Graph, pat: Pattern, v: Value | None, m: Match, parent: 
             users = graph.users(v.name)
             if graph.is_output(v.name) or any(u is not parent for u in users):
                 return False
-            if any(
-                o.name != v.name and (graph.users(o.name) or graph.is_output(o.name))
-                for o in producer.outputs
-            ):
+            if any(o.name != v.name and (graph.users(o.name) or graph.is_output(o.name)) for o in producer.outputs):
                 return False
         return _match_op(graph, pat, producer, m, is_root=False)
     raise TypeError(f"not a pattern: {pat!r}")

@@ -18,12 +18,7 @@ from graphc.passes.rewrite import Const, Op, Rule, Var, apply_rules
 
 def _same_type(node: Node, i: int = 0) -> bool:
     v = node.inputs[i]
-    return (
-        v is not None
-        and v.type == node.outputs[0].type
-        and isinstance(v.type, TensorType)
-        and v.type.is_static
-    )
+    return v is not None and v.type == node.outputs[0].type and isinstance(v.type, TensorType) and v.type.is_static
 
 
 def _passthrough(name: str) -> callable:
@@ -98,9 +93,7 @@ RULES: list[Rule] = [
         Op(
             "Transpose",
             Var("x"),
-            pred=lambda n: (
-                n.attrs.perm is not None and tuple(n.attrs.perm) == tuple(range(len(n.attrs.perm)))
-            ),
+            pred=lambda n: n.attrs.perm is not None and tuple(n.attrs.perm) == tuple(range(len(n.attrs.perm))),
         ),
         _passthrough("x"),
     ),

@@ -50,6 +50,7 @@ class Attrs:
     """Base of every attrs class. Fields hold ints, floats, strs, tuples of those, or TensorAttr."""
 
     op_type: ClassVar[str] = ""
+    domain: ClassVar[str] = ""
 
     def replace(self, **changes: Any) -> Attrs:
         return dataclasses.replace(self, **changes)
@@ -119,10 +120,14 @@ def _onnx_attr_field(attr: Any) -> tuple[type, Any]:
     return py_t, None
 
 
-@functools.cache
 def onnx_attrs_class(op_type: str, domain: str = "", max_version: int | None = None) -> type[Attrs]:
     """The attrs dataclass of an ONNX op, generated from its newest schema (or the newest at or
-    below `max_version`)."""
+    below `max_version`). One class per (op, domain, version), however it is asked for."""
+    return _onnx_attrs_class(op_type, domain, max_version)
+
+
+@functools.cache
+def _onnx_attrs_class(op_type: str, domain: str, max_version: int | None) -> type[Attrs]:
     import onnx.defs
 
     if max_version is None:
@@ -164,7 +169,8 @@ def _value_to_json(v: Any) -> Any:
     if isinstance(v, Attrs):
         return {
             "__attrs__": type(v).__name__,
-            "op_type": getattr(v, "op_type", ""),
+            "op_type": type(v).op_type,
+            "domain": type(v).domain,
             "fields": attrs_to_json(v),
         }
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
@@ -191,7 +197,7 @@ def _value_from_json(v: Any, field_type: Any = None) -> Any:
         from graphc.ops.registry import get_op
 
         op = v.get("op_type") or ""
-        cls = get_op(op).attrs if op else None
+        cls = get_op(op, v.get("domain", "")).attrs if op else None
         if cls is None:
             raise ValueError(f"cannot rebuild attrs {v['__attrs__']}")
         return attrs_from_json(cls, v["fields"])

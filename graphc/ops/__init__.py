@@ -8,6 +8,7 @@ from graphc.ops import (  # noqa: F401  (each module registers its ops on import
     data_movement,
     elementwise,
     fused,
+    internal,
     linalg,
     losses,
     nn,

@@ -61,6 +61,7 @@ class EpilogueOp:
 @dataclass(frozen=True, kw_only=True)
 class FusedAttrs(Attrs):
     anchor_op: str | None = None
+    anchor_domain: str = ""
     anchor_attrs: Attrs | None = None
     anchor_inputs: int = 0
     epilogue: tuple[EpilogueOp, ...] = ()
@@ -74,7 +75,8 @@ class FusedAttrs(Attrs):
         if self.anchor_op:
             items = self.anchor_attrs.non_default_items() if self.anchor_attrs else []
             a = ", ".join(f"{k}={format_attr(v)}" for k, v in items)
-            parts.append(f"anchor={self.anchor_op}(in0..in{self.anchor_inputs - 1}){{{a}}}")
+            op = f"{self.anchor_domain}.{self.anchor_op}" if self.anchor_domain else self.anchor_op
+            parts.append(f"anchor={op}(in0..in{self.anchor_inputs - 1}){{{a}}}")
         parts += [f"op{j}={e}" for j, e in enumerate(self.epilogue)]
         parts.append("out=" + ",".join(str(r) for r in self.outputs))
         return "; ".join(parts)
@@ -103,7 +105,7 @@ def _fused_infer(ctx: InferContext):
     a: FusedAttrs = ctx.attrs
     acc_t = None
     if a.anchor_op is not None:
-        anchor = get_op(a.anchor_op)
+        anchor = get_op(a.anchor_op, a.anchor_domain)
         sub = InferContext(
             op=a.anchor_op,
             node_name=ctx.node_name,
@@ -132,7 +134,7 @@ def _fused_infer(ctx: InferContext):
 def _fused_compute(inputs, a: FusedAttrs, n):
     acc = None
     if a.anchor_op is not None:
-        acc = get_op(a.anchor_op).compute(list(inputs[: a.anchor_inputs]), a.anchor_attrs, 1)[0]
+        acc = get_op(a.anchor_op, a.anchor_domain).compute(list(inputs[: a.anchor_inputs]), a.anchor_attrs, 1)[0]
     results: list = []
     for e in a.epilogue:
         args = [_resolve(r, acc, inputs, results) for r in e.args]
