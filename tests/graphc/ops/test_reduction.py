@@ -179,9 +179,7 @@ EMPTY_EXPECTED = {
 @pytest.mark.parametrize("keepdims", [0, 1])
 def test_reduce_empty_set(op, keepdims):
     x = np.zeros((2, 0, 3), dtype=np.float32)
-    model = make_node_model(
-        op, {"x": x}, {"keepdims": keepdims}, initializers={"axes": np.array([1], dtype=np.int64)}
-    )
+    model = make_node_model(op, {"x": x}, {"keepdims": keepdims}, initializers={"axes": np.array([1], dtype=np.int64)})
     got = run_graphc(model, {"x": x})["y"]
     shape = (2, 1, 3) if keepdims else (2, 3)
     assert_close(got, np.full(shape, EMPTY_EXPECTED[op], dtype=np.float32), what=op)
@@ -235,9 +233,7 @@ def test_reduce_bfloat16_matches_float32_reference():
 
     x32 = rand((5, 33), np.float32, seed=9)
     x = x32.astype(ml_dtypes.bfloat16)
-    model = make_node_model(
-        "ReduceSum", {"x": x32}, {"keepdims": 0}, initializers={"axes": np.array([1], np.int64)}
-    )
+    model = make_node_model("ReduceSum", {"x": x32}, {"keepdims": 0}, initializers={"axes": np.array([1], np.int64)})
     # make_node_model typed x as float32; rebuild with the bf16 input type.
     model.graph.input[0].type.tensor_type.elem_type = TensorProto.BFLOAT16
     got = run_graphc(model, {"x": x})["y"]
@@ -250,9 +246,7 @@ def test_reduce_bfloat16_matches_float32_reference():
 def test_reduce_axes_known_only_at_run_time(keepdims):
     x = rand((3, 4, 5), seed=7)
     axes = np.array([2, 0], dtype=np.int64)
-    model = _raw_model(
-        "ReduceMax", {"x": x, "axes": axes}, {"keepdims": keepdims}, out_rank=3 if keepdims else 1
-    )
+    model = _raw_model("ReduceMax", {"x": x, "axes": axes}, {"keepdims": keepdims}, out_rank=3 if keepdims else 1)
     import graphc
 
     g = graphc.load_onnx(model)
@@ -311,9 +305,7 @@ SOFTMAX_OPS = ["Softmax", "LogSoftmax", "Hardmax"]
 
 
 @pytest.mark.parametrize("op", SOFTMAX_OPS)
-@pytest.mark.parametrize(
-    "shape,axis", [((3, 4, 5), 0), ((3, 4, 5), 1), ((3, 4, 5), -1), ((7,), 0), ((2, 1, 9), -2)]
-)
+@pytest.mark.parametrize("shape,axis", [((3, 4, 5), 0), ((3, 4, 5), 1), ((3, 4, 5), -1), ((7,), 0), ((2, 1, 9), -2)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
 def test_softmax_family(op, shape, axis, dtype):
     x = rand(shape, dtype, seed=13, low=-4, high=4)
