@@ -397,3 +397,105 @@ register_op(
     compute=_rotary_compute,
     doc="Rotary positional embedding (RoPE), half-split or interleaved, full or partial.",
 )
+
+# ---- LinearAttention ---------------------------------------------------------------------------
+
+_UPDATE_RULES = ("linear", "gated", "delta", "gated_delta")
+_LOW_FLOATS = (DType.float16, DType.bfloat16, DType.float32)
+
+
+def _linear_attention_infer(ctx: InferContext) -> list[TensorType]:
+    a = ctx.attrs
+    if a.update_rule not in _UPDATE_RULES:
+        ctx.fail(f"update_rule must be one of {_UPDATE_RULES}, got {a.update_rule!r}")
+    qh, kvh = a.q_num_heads, a.kv_num_heads
+    if qh <= 0 or kvh <= 0 or qh % kvh:
+        ctx.fail(f"q_num_heads {qh} must be a positive multiple of kv_num_heads {kvh}")
+    qt, kt, vt = ctx.type(0), ctx.type(1), ctx.type(2)
+    if qt.dtype not in _LOW_FLOATS or kt.dtype != qt.dtype or vt.dtype != qt.dtype:
+        ctx.fail(f"query, key and value must share one of float16/bfloat16/float32, got {qt}, {kt}, {vt}")
+    for i in range(3):
+        if ctx.rank(i) != 3:
+            ctx.fail(f"input {i} must be 3-D (batch, seq, heads * size), got {ctx.type(i)}")
+    batch = _merge(ctx, "batch sizes of query, key and value", qt.shape[0], kt.shape[0], vt.shape[0])
+    seq = _merge(ctx, "sequence lengths of query, key and value", qt.shape[1], kt.shape[1], vt.shape[1])
+    dk = _merge(
+        ctx,
+        "query and key head sizes",
+        _div(ctx, qt.shape[2], qh, "query hidden size"),
+        _div(ctx, kt.shape[2], kvh, "key hidden size"),
+    )
+    dv = _div(ctx, vt.shape[2], kvh, "value hidden size")
+    state_dtype = qt.dtype
+    if ctx.has_input(3):
+        st = ctx.type(3)
+        if st.dtype not in _LOW_FLOATS or ctx.rank(3) != 4:
+            ctx.fail(f"past_state must be a 4-D float tensor, got {st}")
+        for what, d, want in zip(("batch", "kv heads", "d_k", "d_v"), st.shape, (batch, kvh, dk, dv), strict=True):
+            _merge(ctx, f"past_state's {what} and the inputs'", d, want)
+        state_dtype = st.dtype
+    gating = a.update_rule in ("gated", "gated_delta")
+    delta = a.update_rule in ("delta", "gated_delta")
+    for i, name, needed, lasts in (
+        (4, "decay", gating, (kvh, _mul(kvh, dk))),
+        (5, "beta", delta, (kvh, 1)),
+    ):
+        if ctx.has_input(i) != needed:
+            ctx.fail(f"update_rule {a.update_rule!r} {'requires' if needed else 'forbids'} the {name} input")
+        if needed:
+            t = ctx.type(i)
+            if t.dtype != qt.dtype or ctx.rank(i) != 3:
+                ctx.fail(f"{name} must be a 3-D tensor of the query's dtype, got {t}")
+            _merge(ctx, f"batch sizes of {name} and query", t.shape[0], batch)
+            _merge(ctx, f"sequence lengths of {name} and query", t.shape[1], seq)
+            last = t.shape[2]
+            if isinstance(last, int) and all(isinstance(x, int) for x in lasts) and last not in lasts:
+                ctx.fail(f"{name}'s last dim {last} must be one of {sorted(set(lasts))}")
+    return [
+        TensorType(qt.dtype, (batch, seq, _mul(qh, dv))),
+        TensorType(state_dtype, (batch, kvh, dk, dv)),
+    ][: max(ctx.num_outputs, 1)]
+
+
+def _linear_attention_compute(ins, attrs, n):
+    query, key, value = ins[0], ins[1], ins[2]
+    past, decay, beta = (ins[i] if i < len(ins) else None for i in (3, 4, 5))
+    qh, kvh = attrs.q_num_heads, attrs.kv_num_heads
+    f32 = np.float32
+    q = _split_heads(query, qh).astype(f32)  # (B, Hq, T, dk)
+    k = _split_heads(key, kvh).astype(f32)  # (B, Hkv, T, dk)
+    v = _split_heads(value, kvh).astype(f32)  # (B, Hkv, T, dv)
+    b, _, t, dk = k.shape
+    dv = v.shape[3]
+    # decay/beta per (B, Hkv, T, dk or 1); a per-head decay broadcasts over dk.
+    g = None if decay is None else _split_heads(decay, kvh).astype(f32)
+    beta4 = None if beta is None else beta.reshape(b, t, beta.shape[2], 1).transpose(0, 2, 1, 3).astype(f32)
+    state = np.zeros((b, kvh, dk, dv), f32) if past is None else past.astype(f32)
+    scale = attrs.scale if attrs.scale else 1.0 / math.sqrt(dk)
+    group = qh // kvh
+    # Query head h reads kv head h // group: view queries as (B, Hkv, group, T, dk).
+    qg = q.reshape(b, kvh, group, t, dk)
+    out = np.empty((b, kvh, group, t, dv), f32)
+    # The recurrence is sequential in time (each state depends on the previous one).
+    for i in range(t):
+        if g is not None:
+            state = state * np.exp(g[:, :, i, :])[..., None]
+        k_t, v_t = k[:, :, i, :], v[:, :, i, :]
+        if beta4 is not None:
+            retrieved = np.einsum("bhdm,bhd->bhm", state, k_t)
+            v_t = beta4[:, :, i, :] * (v_t - retrieved)
+        state = state + k_t[..., :, None] * v_t[..., None, :]
+        out[:, :, :, i, :] = np.einsum("bhgd,bhdm->bhgm", qg[:, :, :, i, :], state)
+    out *= f32(scale)
+    y = out.reshape(b, qh, t, dv).transpose(0, 2, 1, 3).reshape(b, t, qh * dv)
+    state_dtype = query.dtype if past is None else past.dtype
+    return [y.astype(query.dtype), state.astype(state_dtype)][: max(n, 1)]
+
+
+register_op(
+    "LinearAttention",
+    category=Category.OTHER,
+    infer=_linear_attention_infer,
+    compute=_linear_attention_compute,
+    doc="Recurrent linear attention (linear, gated, delta, gated_delta rules) with a state cache.",
+)

@@ -445,3 +445,131 @@ def test_rotary_infer_symbolic():
     types.append(T("b", "s", 2, dt=DType.float16))
     out = _infer("RotaryEmbedding", types, {"num_heads": 3, "rotary_embedding_dim": 4})
     assert out == [T("b", "s", 24, dt=DType.float16)]
+
+
+# ---- LinearAttention -----------------------------------------------------------------------------
+
+
+def ref_linear_attention(q, k, v, past=None, decay=None, beta=None, *, qh, kvh, rule, scale=0.0):
+    """Per (batch, query head): the closed form sum over s <= t for the linear and gated rules, the
+    spec's recurrence for the delta rules; float64."""
+    b, t, _ = q.shape
+    dk, dv = q.shape[2] // qh, v.shape[2] // kvh
+    scale = scale or 1 / math.sqrt(dk)
+    f = np.float64
+    y = np.zeros((b, t, qh, dv))
+    states = np.zeros((b, kvh, dk, dv))
+    for bi in range(b):
+        for h in range(qh):
+            g = h // (qh // kvh)
+            qs = q[bi, :, h * dk : (h + 1) * dk].astype(f)
+            ks = k[bi, :, g * dk : (g + 1) * dk].astype(f)
+            vs = v[bi, :, g * dv : (g + 1) * dv].astype(f)
+            s0 = np.zeros((dk, dv)) if past is None else past[bi, g].astype(f)
+            if decay is None:
+                gam = np.zeros((t, dk))
+            elif decay.shape[2] == kvh:
+                gam = np.repeat(decay[bi, :, g : g + 1].astype(f), dk, axis=1)
+            else:
+                gam = decay[bi, :, g * dk : (g + 1) * dk].astype(f)
+            if rule in ("linear", "gated"):
+                cum = np.cumsum(gam, axis=0)  # log of the decay from step 0 through step t
+                for ti in range(t):
+                    acc = (qs[ti] * np.exp(cum[ti])) @ s0
+                    for si in range(ti + 1):
+                        acc += (qs[ti] * np.exp(cum[ti] - cum[si])) @ np.outer(ks[si], vs[si])
+                    y[bi, ti, h] = scale * acc
+                state = s0 * np.exp(cum[-1])[:, None]
+                for si in range(t):
+                    state += np.exp(cum[-1] - cum[si])[:, None] * np.outer(ks[si], vs[si])
+            else:
+                state = s0
+                for ti in range(t):
+                    bt = beta[bi, ti, g if beta.shape[2] == kvh else 0]
+                    state = state * np.exp(gam[ti])[:, None]
+                    state = state + bt * np.outer(ks[ti], vs[ti] - state.T @ ks[ti])
+                    y[bi, ti, h] = scale * (qs[ti] @ state)
+            states[bi, g] = state
+    return y.reshape(b, t, qh * dv).astype(q.dtype), states
+
+
+@pytest.mark.parametrize(
+    "rule, qh, kvh, per_head_decay, beta_last, with_past",
+    [
+        ("linear", 2, 2, False, None, False),
+        ("linear", 4, 2, False, None, True),
+        ("gated", 3, 1, True, None, True),
+        ("gated", 2, 2, False, None, False),
+        ("delta", 2, 2, False, "heads", True),
+        ("delta", 4, 2, False, "one", False),
+        ("gated_delta", 2, 1, True, "one", True),
+        ("gated_delta", 4, 2, False, "heads", False),
+    ],
+)
+def test_linear_attention(rule, qh, kvh, per_head_decay, beta_last, with_past):
+    b, t, dk, dv = 2, 5, 3, 4
+    q = rand((b, t, qh * dk), seed=1, low=-1, high=1)
+    k = rand((b, t, kvh * dk), seed=2, low=-1, high=1)
+    k /= np.linalg.norm(k.reshape(b, t, kvh, dk), axis=-1).repeat(dk, axis=-1)  # L2-normalized keys
+    v = rand((b, t, kvh * dv), seed=3, low=-1, high=1)
+    feeds = {"query": q, "key": k, "value": v}
+    order = ["query", "key", "value", "", "", ""]
+    past = decay = beta = None
+    if with_past:
+        past = feeds["past_state"] = rand((b, kvh, dk, dv), seed=4, low=-1, high=1)
+        order[3] = "past_state"
+    if rule in ("gated", "gated_delta"):
+        decay = feeds["decay"] = rand((b, t, kvh if per_head_decay else kvh * dk), seed=5, low=-0.5, high=0)
+        order[4] = "decay"
+    if beta_last:
+        beta = feeds["beta"] = rand((b, t, kvh if beta_last == "heads" else 1), seed=6, low=0.1, high=0.9)
+        order[5] = "beta"
+    while not order[-1]:
+        order.pop()
+    attrs = {"update_rule": rule, "q_num_heads": qh, "kv_num_heads": kvh, "chunk_size": 2}
+    model = make_node_model("LinearAttention", feeds, attrs, outputs=("y", "state"), input_order=order)
+    out = run_graphc(model, feeds)
+    want_y, want_state = ref_linear_attention(q, k, v, past, decay, beta, qh=qh, kvh=kvh, rule=rule)
+    assert_close(out["y"], want_y, rtol=1e-5, atol=1e-5)
+    assert_close(out["state"], want_state.astype(np.float32), rtol=1e-5, atol=1e-5)
+
+
+def test_linear_attention_float16_state_dtype_follows_past():
+    q = rand((1, 3, 4), np.float16, seed=1, low=-1, high=1)
+    past = rand((1, 2, 2, 2), np.float32, seed=2, low=-1, high=1)
+    feeds = {"query": q, "key": q, "value": q, "past_state": past}
+    attrs = {"update_rule": "linear", "q_num_heads": 2, "kv_num_heads": 2, "scale": 0.5}
+    model = make_node_model("LinearAttention", feeds, attrs, outputs=("y", "state"))
+    out = run_graphc(model, feeds)
+    want_y, want_state = ref_linear_attention(q, q, q, past, qh=2, kvh=2, rule="linear", scale=0.5)
+    assert out["state"].dtype == np.float32
+    assert_close(out["y"], want_y)
+    assert_close(out["state"], want_state.astype(np.float32), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "types, attrs, message",
+    [
+        ([T(1, 3, 6), T(1, 3, 4), T(1, 3, 4)], {"q_num_heads": 3, "kv_num_heads": 2}, "multiple"),
+        ([T(1, 3, 4), T(1, 3, 4), T(1, 3, 4)], {"q_num_heads": 2, "kv_num_heads": 2}, "requires the decay"),
+        (
+            [T(1, 3, 4), T(1, 3, 4), T(1, 3, 4), None, T(1, 3, 2)],
+            {"q_num_heads": 2, "kv_num_heads": 2, "update_rule": "linear"},
+            "forbids the decay",
+        ),
+        (
+            [T(1, 3, 4), T(1, 3, 4), T(1, 3, 4), None, T(1, 3, 3)],
+            {"q_num_heads": 2, "kv_num_heads": 2, "update_rule": "gated"},
+            "last dim",
+        ),
+    ],
+)
+def test_linear_attention_infer_errors(types, attrs, message):
+    with pytest.raises(ShapeError, match=message):
+        _infer("LinearAttention", types, attrs)
+
+
+def test_linear_attention_infer_symbolic():
+    types = [T("b", "t", 12), T("b", "t", 6), T("b", "t", 10), None, T("b", "t", 2)]
+    attrs = {"q_num_heads": 4, "kv_num_heads": 2, "update_rule": "gated"}
+    assert _infer("LinearAttention", types, attrs, num_outputs=2) == [T("b", "t", 20), T("b", 2, 3, 5)]
