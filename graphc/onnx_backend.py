@@ -11,6 +11,7 @@ interpreter. A CUDA runner (compile, then run the engine) plugs in through `_RUN
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -41,9 +42,7 @@ def _device_type(device: str) -> Any:
     try:
         return Device(device).type
     except (AttributeError, ValueError):
-        raise GraphcError(
-            f"unknown device {device!r} (devices look like 'CPU', 'CUDA' or 'CUDA:1')"
-        ) from None
+        raise GraphcError(f"unknown device {device!r} (devices look like 'CPU', 'CUDA' or 'CUDA:1')") from None
 
 
 class GraphcRep(BackendRep):
@@ -75,9 +74,7 @@ class GraphcRep(BackendRep):
                 )
             return {n: _as_feed(v) for n, v in zip(self.input_names, inputs, strict=True)}
         if len(self.input_names) != 1:
-            raise InputError(
-                f"a single input given, the graph takes {len(self.input_names)}: {self.input_names}"
-            )
+            raise InputError(f"a single input given, the graph takes {len(self.input_names)}: {self.input_names}")
         return {self.input_names[0]: _as_feed(inputs)}
 
 
@@ -107,8 +104,7 @@ class GraphcBackend(Backend):
 
         if not cls.supports_device(device):
             raise GraphcError(
-                f"graphc's ONNX backend cannot run on device {device!r} (supported: "
-                f"{', '.join(_device_names())})"
+                f"graphc's ONNX backend cannot run on device {device!r} (supported: {', '.join(_device_names())})"
             )
         graph = load_onnx(model)
         return GraphcRep(graph, device)
@@ -174,14 +170,19 @@ def node_model(
             elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
             graph_outputs.append(helper.make_tensor_value_info(name, elem, list(shape)))
         else:
-            graph_outputs.append(helper.make_empty_tensor_value_info(name))
+            graph_outputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.UNDEFINED, None))
     graph = helper.make_graph([node], f"{node.op_type}_node", graph_inputs, graph_outputs)
     domain = node.domain if node.domain != "ai.onnx" else ""
     version = opset_version or (onnx.defs.onnx_opset_version() if domain == "" else 1)
     opsets = [helper.make_opsetid(domain, version)]
     if domain != "":
         opsets.append(helper.make_opsetid("", onnx.defs.onnx_opset_version()))
-    return helper.make_model(graph, opset_imports=opsets)
+    model = helper.make_model(graph, opset_imports=opsets)
+    # The checker wants typed graph outputs: let ONNX infer those not given. A failure is left
+    # to the loader, which reports the model's problem.
+    with contextlib.suppress(Exception):
+        model = onnx.shape_inference.infer_shapes(model)
+    return model
 
 
 def _value_info(name: str, x: Any) -> onnx.ValueInfoProto:
