@@ -28,10 +28,24 @@ RESIDUAL_GAMMA = 0.35
 
 
 def conv_bn(
-    w: GraphWriter, x: str, c_in: int, c_out: int, k: int, stride: int, conv: str, bn: str, gamma: float = 1.0
+    w: GraphWriter,
+    x: str,
+    c_in: int,
+    c_out: int,
+    k: int,
+    stride: int,
+    conv: str,
+    bn: str,
+    gamma: float = 1.0,
+    relu: bool = True,
 ) -> str:
-    """Conv (no bias, He init) + BatchNormalization with running statistics near identity."""
-    weight = w.normal(f"{conv}.weight", (c_out, c_in, k, k), math.sqrt(2.0 / (c_in * k * k)))
+    """Conv (no bias) + BatchNormalization with running statistics near identity.
+
+    The conv's init keeps the second moment of its input: He (2 / fan_in) where a ReLU follows
+    (the downsample branch counts: a ReLU follows the residual Add), 1 / fan_in for conv3, whose
+    output, scaled down by RESIDUAL_GAMMA, is added to the shortcut before any ReLU."""
+    gain = 2.0 if relu else 1.0
+    weight = w.normal(f"{conv}.weight", (c_out, c_in, k, k), math.sqrt(gain / (c_in * k * k)))
     p = k // 2
     y = w.op(
         "Conv",
@@ -60,10 +74,11 @@ def bottleneck(w: GraphWriter, x: str, c_in: int, width: int, stride: int, prefi
     y = w.op("Relu", [y], f"{prefix}/Relu")
     y = conv_bn(w, y, width, width, 3, stride, f"{prefix}.conv2", f"{prefix}.bn2")
     y = w.op("Relu", [y], f"{prefix}/Relu_1")
-    y = conv_bn(w, y, width, c_out, 1, 1, f"{prefix}.conv3", f"{prefix}.bn3", RESIDUAL_GAMMA)
+    y = conv_bn(w, y, width, c_out, 1, 1, f"{prefix}.conv3", f"{prefix}.bn3", RESIDUAL_GAMMA, relu=False)
     shortcut = x
     if stride != 1 or c_in != c_out:
-        shortcut = conv_bn(w, x, c_in, c_out, 1, stride, f"{prefix}.downsample.0", f"{prefix}.downsample.1")
+        ds = f"{prefix}.downsample"
+        shortcut = conv_bn(w, x, c_in, c_out, 1, stride, f"{ds}.0", f"{ds}.1")
     y = w.op("Add", [y, shortcut], f"{prefix}/Add")
     return w.op("Relu", [y], f"{prefix}/Relu_2")
 
@@ -112,7 +127,5 @@ def build(
     return w.model(config, f"ResNet {list(depths)} base width {base_width} at {image_size}x{image_size}")
 
 
-def sample_inputs(
-    config: dict, shapes: dict[str, list[int]], rng: np.random.Generator
-) -> dict[str, np.ndarray]:
+def sample_inputs(config: dict, shapes: dict[str, list[int]], rng: np.random.Generator) -> dict[str, np.ndarray]:
     return {"pixel_values": rng.standard_normal(shapes["pixel_values"]).astype(np.float32)}
