@@ -90,8 +90,7 @@ def collect_cases(pattern: str | None = None) -> list[Case]:
         if rx is not None and not rx.search(c.name):
             continue
         data_sets = [
-            ([_normalize(x) for x in inputs], [_normalize(x) for x in outputs])
-            for inputs, outputs in c.data_sets
+            ([_normalize(x) for x in inputs], [_normalize(x) for x in outputs]) for inputs, outputs in c.data_sets
         ]
         cases.append(
             Case(
@@ -374,9 +373,7 @@ def run_cases(
                         result = Result(case.name, case.op, "failed", f"worker died (exit code {code})")
                         s.restart()
                 elif time.monotonic() - s.started > timeout_s:
-                    result = Result(
-                        case.name, case.op, "failed", f"timed out after {timeout_s:g} s", timeout_s
-                    )
+                    result = Result(case.name, case.op, "failed", f"timed out after {timeout_s:g} s", timeout_s)
                     s.restart()
                 else:
                     continue
@@ -526,9 +523,7 @@ def write_reports(results: Sequence[Result], md_path: Path, json_path: Path, pat
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
-    )
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--filter", metavar="REGEX", help="only cases whose name matches (re.search)")
     p.add_argument("--jobs", "-j", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
     p.add_argument(

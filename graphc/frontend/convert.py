@@ -58,9 +58,7 @@ def type_from_proto(tp: onnx.TypeProto, what: str) -> ValueType:
 
 def model_opsets(model: onnx.ModelProto) -> dict[str, int]:
     """The opset version of each domain the model imports ("" for the standard one)."""
-    return {
-        ("" if imp.domain in STANDARD_DOMAINS else imp.domain): int(imp.version) for imp in model.opset_import
-    }
+    return {("" if imp.domain in STANDARD_DOMAINS else imp.domain): int(imp.version) for imp in model.opset_import}
 
 
 def find_unsupported(model: onnx.ModelProto) -> list[tuple[str, str, int, list[str]]]:
@@ -133,9 +131,7 @@ def _expandable(node: onnx.NodeProto, types: _DeclaredTypes) -> bool:
 def unsupported_message(unsupported: list[tuple[str, str, int, list[str]]]) -> str:
     parts = []
     for op, dom, opset, names in unsupported:
-        shown = ", ".join(f"'{n}'" for n in names[:5]) + (
-            f" and {len(names) - 5} more" if len(names) > 5 else ""
-        )
+        shown = ", ".join(f"'{n}'" for n in names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
         parts.append(f"{dom + '.' if dom else ''}{op} (opset {opset}; nodes {shown})")
     return f"{len(unsupported)} unsupported op type(s): " + "; ".join(parts)
 

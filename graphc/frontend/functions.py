@@ -181,9 +181,7 @@ def _body_names(fn: FunctionProto) -> set[str]:
     return names
 
 
-def _bind_node(
-    body_node: NodeProto, name_of: Callable[[str], str], attrs: Mapping[str, AttributeProto]
-) -> NodeProto:
+def _bind_node(body_node: NodeProto, name_of: Callable[[str], str], attrs: Mapping[str, AttributeProto]) -> NodeProto:
     new = NodeProto()
     new.CopyFrom(body_node)
     del new.input[:]
@@ -285,9 +283,7 @@ def body_value_types(exp: Expansion, input_types: Sequence[TypeProto | None]) ->
         graph_inputs,
         [onnx.helper.make_value_info(o, TypeProto()) for o in exp.outputs if o],
     )
-    model = onnx.helper.make_model(
-        graph, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in exp.opsets.items()]
-    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in exp.opsets.items()])
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception:
