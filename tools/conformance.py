@@ -476,6 +476,11 @@ def to_markdown(results: Sequence[Result], env: dict[str, str], pattern: str | N
         lines += ["| op | cases |", "| --- | ---: |"]
         lines += [f"| {op} | {n} |" for op, n in missing.most_common()]
         lines.append("")
+    slowest = [r for r in sorted(results, key=lambda r: r.seconds, reverse=True)[:10] if r.seconds >= 1.0]
+    if slowest:
+        lines += ["## Slowest cases", "", "| case | seconds | status |", "| --- | ---: | --- |"]
+        lines += [f"| {r.name} | {r.seconds:.1f} | {r.status} |" for r in slowest]
+        lines.append("")
     lines += [
         "## By op",
         "",
