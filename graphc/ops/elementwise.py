@@ -30,9 +30,7 @@ from graphc.ops.registry import Category, InferContext, broadcast_shapes, regist
 
 # ---- dtype helpers -----------------------------------------------------------------------------
 
-_NARROW_FLOATS = frozenset(
-    dt.numpy for dt in DType if dt.is_float and dt not in (DType.float32, DType.float64)
-)
+_NARROW_FLOATS = frozenset(dt.numpy for dt in DType if dt.is_float and dt not in (DType.float32, DType.float64))
 _FLOAT8 = frozenset({DType.float8e4m3fn, DType.float8e4m3fnuz, DType.float8e5m2, DType.float8e5m2fnuz})
 _FOUR_BIT = frozenset({DType.int4, DType.uint4, DType.float4e2m1})
 
@@ -79,12 +77,18 @@ def _type_rules(op: str) -> tuple[tuple[str, ...], bool, dict[str, frozenset[DTy
     params = tuple(p.type_str for p in schema.inputs)
     variadic = bool(schema.inputs) and schema.inputs[-1].option == OpSchema.FormalParameterOption.Variadic
     allowed = {
-        tc.type_param_str: frozenset(
-            d for d in (_dtype_of_type_str(s) for s in tc.allowed_type_strs) if d is not None
-        )
+        tc.type_param_str: frozenset(d for d in (_dtype_of_type_str(s) for s in tc.allowed_type_strs) if d is not None)
         for tc in schema.type_constraints
     }
     return params, variadic, allowed, schema.min_input, schema.max_input, schema.max_output
+
+
+# Attributes with a closed set of values, checked at build time.
+_ATTR_CHOICES: dict[str, tuple[str, tuple[Any, ...]]] = {
+    "Gelu": ("approximate", ("none", "tanh")),
+    "Mod": ("fmod", (0, 1)),
+    "BitShift": ("direction", ("LEFT", "RIGHT")),
+}
 
 
 def check_types(ctx: InferContext) -> dict[str, DType]:
@@ -102,6 +106,9 @@ def check_types(ctx: InferContext) -> dict[str, DType]:
         ctx.fail(f"needs at least {min_in} input(s)")
     if ctx.num_outputs > max_out:
         ctx.fail(f"gives at most {max_out} output(s), {ctx.num_outputs} asked")
+    choice = _ATTR_CHOICES.get(ctx.op)
+    if choice is not None and getattr(ctx.attrs, choice[0]) not in choice[1]:
+        ctx.fail(f"{choice[0]}={getattr(ctx.attrs, choice[0])!r}; the spec allows {', '.join(map(repr, choice[1]))}")
     bound: dict[str, DType] = {}
     for i in present:
         p = params[min(i, len(params) - 1)] if variadic else params[i]
@@ -638,16 +645,19 @@ def _parse_strings(x: np.ndarray, dtype: DType) -> np.ndarray:
     """Strings to numbers. numpy parses plain and scientific forms and 'inf', '+INF', 'NaN' in any
     case, as the spec asks. Integers parse as integers (exact for int64); a string holding a
     fraction, cast to an integer type (undefined in the spec), is truncated as C's cast does."""
-    s = _strings_to_str_array(x)
+    s = np.char.strip(_strings_to_str_array(x))
     try:
         if dtype.is_int:
-            try:
-                wide = s.astype(np.uint64 if dtype is DType.uint64 else np.int64)
-            except (ValueError, OverflowError):
-                wide = np.trunc(s.astype(np.float64))
+            wide_t = np.uint64 if dtype is DType.uint64 else np.int64
+            integral = np.char.isdigit(np.char.lstrip(s, "+-")) & (np.char.str_len(s) > 0)
+            wide = np.zeros(s.shape, wide_t)
+            wide[integral] = s[integral].astype(wide_t)
+            rest = ~integral
+            if rest.any():
+                wide[rest] = cast_to(np.trunc(s[rest].astype(np.float64)), DType.from_numpy(wide_t))
             return cast_to(wide, dtype)
         f = s.astype(np.float64)
-    except ValueError as e:
+    except (ValueError, OverflowError) as e:
         raise ValueError(f"Cast from string to {dtype.name}: {e}") from None
     if dtype is DType.bool:
         return f != 0
