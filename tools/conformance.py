@@ -432,11 +432,20 @@ def to_json(results: Sequence[Result], env: dict[str, str], pattern: str | None)
         "filter": pattern,
         "totals": totals(results),
         "cases": {
-            r.name: {"op": r.op, "status": r.status, "reason": r.reason, "seconds": round(r.seconds, 3)}
+            r.name: {"op": r.op, "status": r.status, "seconds": round(r.seconds, 1)}
+            | ({"reason": r.reason} if r.reason else {})
             | ({"missing": r.missing} if r.missing else {})
             for r in sorted(results, key=lambda r: r.name)
         },
     }
+
+
+def dump_json(data: dict[str, Any]) -> str:
+    """JSON with one line per case, so that a change of one case is a one-line diff."""
+    head = {k: v for k, v in data.items() if k != "cases"}
+    text = json.dumps(head, indent=1)[:-2]  # drop the closing "\n}"
+    cases = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in data["cases"].items())
+    return text + ',\n "cases": {\n' + cases + "\n }\n}\n"
 
 
 def to_markdown(results: Sequence[Result], env: dict[str, str], pattern: str | None) -> str:
@@ -521,7 +530,7 @@ def write_reports(results: Sequence[Result], md_path: Path, json_path: Path, pat
     md_path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text(to_markdown(results, env, pattern))
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(to_json(results, env, pattern), indent=1, sort_keys=False) + "\n")
+    json_path.write_text(dump_json(to_json(results, env, pattern)))
 
 
 # ---- command line ---------------------------------------------------------------------------
@@ -571,7 +580,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_reports(results, out, json_path, args.filter)
         print(f"wrote {out} and {json_path}")
     elif args.json is not None:
-        args.json.write_text(json.dumps(to_json(results, environment(), args.filter), indent=1) + "\n")
+        args.json.write_text(dump_json(to_json(results, environment(), args.filter)))
 
     if expected is not None:
         bad = regressions(results, expected)
