@@ -435,18 +435,24 @@ def summary_markdown(records: list[dict]) -> str:
             "",
         ]
     lines += [
-        "| file | ok | size (MB) | opset | nodes | max abs diff vs torch |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| file | ok | size (MB) | opset | nodes | output std | max abs diff ORT vs torch |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for rec in records:
+        std = ", ".join(f"{o['name']} {o['std']:.2f}" for o in rec["outputs"] if "std" in o)
         for exporter, res in rec["exports"].items():
             name = f"{rec['model']}.{exporter}.onnx"
             if res["ok"]:
                 diff = ", ".join(f"{k} {v:.2e}" for k, v in res["max_abs_diff_vs_torch"].items())
                 opset = res["opset_import"].get("ai.onnx")
-                lines.append(f"| {name} | yes | {res['bytes'] / 1e6:.1f} | {opset} | {res['nodes']} | {diff} |")
+                row = f"| {name} | yes | {res['bytes'] / 1e6:.1f} | {opset} | {res['nodes']} | {std} | {diff} |"
             else:
-                lines.append(f"| {name} | NO: {res['error'].splitlines()[0][:120]} | | | | |")
+                row = f"| {name} | NO: {res['error'].splitlines()[0][:120]} | | | | | |"
+            lines.append(row)
+    two_shapes = all(len(res.get("checked_shapes", [])) > 1 for r in records for res in r["exports"].values())
+    if two_shapes:
+        lines += ["", "ONNX Runtime ran each file at two input shapes (the example dims, then batch + 2 and a",
+                  "shorter sequence) and was compared with PyTorch at both."]  # fmt: skip
     for rec in records:
         for exporter, res in rec["exports"].items():
             if not res["ok"]:

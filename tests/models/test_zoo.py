@@ -1,4 +1,8 @@
-"""The model zoo: every tiny model builds, passes the full checker and runs in ONNX Runtime."""
+"""The model zoo: every tiny model builds, passes the full checker and runs in ONNX Runtime.
+
+tests/models/ has no __init__.py on purpose: pytest puts tests/ on sys.path before the repo root,
+and a regular package here would shadow the `models` package that these tests import.
+"""
 
 from __future__ import annotations
 
