@@ -98,6 +98,7 @@ class _DeclaredTypes:
             if vi.type.WhichOneof("value") is not None:
                 self.types.setdefault(vi.name, vi.type)
         self.inferred = False
+        self.reported: set[str] = set()  # function ops whose missing body ops were logged
 
     def of(self, names: list[str]) -> list[onnx.TypeProto | None]:
         return [self.types.get(n) if n else None for n in names]
@@ -125,6 +126,14 @@ def _expandable(node: onnx.NodeProto, types: _DeclaredTypes) -> bool:
     untyped = any(t is None for n, t in zip(names, types.of(names), strict=True) if n)
     if (miss is None or miss) and untyped and types.infer():
         miss = functions.missing_ops(node, types.opsets, types.of(names), _has_converter)
+    if miss and node.op_type not in types.reported:
+        # The error names the model's op; say what its body lacks, once per op type.
+        types.reported.add(node.op_type)
+        log.info(
+            "%s has an ONNX function body, but graphc cannot convert its op(s) %s",
+            node.op_type,
+            ", ".join(f"{d + '.' if d else ''}{op} (opset {v})" for op, d, v in miss),
+        )
     return miss is not None and not miss
 
 
