@@ -120,6 +120,7 @@ def save(model: onnx.ModelProto, path: str | Path) -> list[Path]:
     """Write `model` to `path`; over EXTERNAL_DATA_THRESHOLD the weights go to PATH.data beside it.
     Returns the files written."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     data = path.with_name(path.name + ".data")
     data.unlink(missing_ok=True)  # save_model appends to an existing data file
     if model.ByteSize() > EXTERNAL_DATA_THRESHOLD:

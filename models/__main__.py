@@ -9,6 +9,7 @@ import collections
 import sys
 
 import numpy as np
+import onnx
 
 import models
 
@@ -29,9 +30,7 @@ def _list() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m models", description="Build a model of the graphc zoo as ONNX."
-    )
+    p = argparse.ArgumentParser(prog="python -m models", description="Build a model of the graphc zoo as ONNX.")
     p.add_argument("name", nargs="?", help=f"one of {', '.join(models.FAMILIES)}")
     p.add_argument("--list", action="store_true", help="list the models and their size presets")
     p.add_argument("--size", choices=models.SIZES, default="tiny")
@@ -69,9 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     out = a.output or f"{a.name}-{a.size}.onnx"
     files = models.save(model, out)
     ops = collections.Counter(n.op_type for n in model.graph.node)
-    params = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
+    params = sum(int(np.prod(t.dims)) for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT)
     print(
-        f"wrote {', '.join(map(str, files))}: {len(model.graph.node)} nodes, {params:,} parameters, "
+        f"wrote {', '.join(map(str, files))}: {len(model.graph.node)} nodes, {params:,} float weights, "
         f"opset {model.opset_import[0].version}"
     )
     print("ops: " + ", ".join(f"{k} {v}" for k, v in sorted(ops.items())))

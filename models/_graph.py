@@ -63,10 +63,19 @@ class GraphWriter:
         return name
 
     def output(self, value: str, name: str, elem_type: int, shape: Sequence[Dim]) -> str:
-        """Expose `value` as graph output `name` (through an Identity when the names differ)."""
-        if value != name:
-            self._used.add(name)
-            self.nodes.append(helper.make_node("Identity", [value], [name], name=f"{name}_identity"))
+        """Expose node output `value` as graph output `name`: the value is renamed (in the node that
+        makes it and in every later use), so no Identity node stands in between."""
+        if name in self._used and name != value:
+            raise ValueError(f"graph output name {name!r} is taken")
+        producer = next((n for n in self.nodes if value in n.output), None)
+        if producer is None:
+            raise ValueError(f"{value!r} is not a node output")
+        self._used.add(name)
+        for node in self.nodes:
+            for field in (node.input, node.output):
+                for i, v in enumerate(field):
+                    if v == value:
+                        field[i] = name
         self.outputs.append(helper.make_tensor_value_info(name, elem_type, list(shape)))
         return name
 
@@ -76,9 +85,7 @@ class GraphWriter:
         self.initializers.append(numpy_helper.from_array(np.require(array, requirements="C"), name))
         return name
 
-    def const(
-        self, value: float | int | Sequence, dtype: np.dtype | type | None = None, name: str = ""
-    ) -> str:
+    def const(self, value: float | int | Sequence, dtype: np.dtype | type | None = None, name: str = "") -> str:
         """A small constant (a scalar or a 1-D list) as an initializer, shared between uses."""
         arr = np.asarray(value, dtype=dtype if dtype is not None else self.dtype)
         key = (arr.dtype.str, arr.shape, arr.tobytes())
@@ -153,9 +160,7 @@ class GraphWriter:
         gamma = self.uniform(f"{prefix}.weight", (dim,), 0.8, 1.2)
         beta = self.normal(f"{prefix}.bias", (dim,), 0.05)
         if form == "fused":
-            return self.op(
-                "LayerNormalization", [x, gamma, beta], f"{prefix}/LayerNormalization", axis=-1, epsilon=eps
-            )
+            return self.op("LayerNormalization", [x, gamma, beta], f"{prefix}/LayerNormalization", axis=-1, epsilon=eps)
         mean = self.reduce_mean(x, [-1], f"{prefix}/ReduceMean")
         d = self.op("Sub", [x, mean], f"{prefix}/Sub")
         sq = self.op("Pow", [d, self.const(2.0)], f"{prefix}/Pow")

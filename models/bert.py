@@ -124,7 +124,7 @@ def build(
     mask = additive_mask(w, attention_mask)
     for i in range(num_layers):
         x = encoder_layer(w, x, mask, cfg, i, ln)
-    w.output(x, "last_hidden_state", TensorProto.FLOAT, [batch, seq, hidden_size])
+    x = w.output(x, "last_hidden_state", TensorProto.FLOAT, [batch, seq, hidden_size])
     if pooler:
         first = w.op("Gather", [x, w.i64(0)], "pooler/Gather", axis=1)  # [batch, hidden]
         pooled = w.gemm(first, hidden_size, hidden_size, "pooler.dense")
@@ -133,9 +133,7 @@ def build(
     return w.model(cfg, f"BERT {num_layers} layers, hidden {hidden_size}, {num_heads} heads, layernorm {ln}")
 
 
-def sample_inputs(
-    config: dict, shapes: dict[str, list[int]], rng: np.random.Generator
-) -> dict[str, np.ndarray]:
+def sample_inputs(config: dict, shapes: dict[str, list[int]], rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Token ids within the vocabulary; masks where every row after the first has padding."""
     b, s = shapes["input_ids"]
     ids = rng.integers(0, config["vocab_size"], size=(b, s), dtype=np.int64)

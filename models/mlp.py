@@ -58,7 +58,5 @@ def build(
     return w.model(config, f"MLP {in_features}-{'-'.join(map(str, hidden))}-{out_features} ({linear})")
 
 
-def sample_inputs(
-    config: dict, shapes: dict[str, list[int]], rng: np.random.Generator
-) -> dict[str, np.ndarray]:
+def sample_inputs(config: dict, shapes: dict[str, list[int]], rng: np.random.Generator) -> dict[str, np.ndarray]:
     return {"input": rng.standard_normal(shapes["input"]).astype(np.float32)}

@@ -63,9 +63,7 @@ def conv_bn_act(
 ) -> str:
     fan_in = (c_in // group) * k * k
     # He init before ReLU6; a linear (projection) conv keeps the variance with 1/fan_in.
-    weight = w.normal(
-        f"{prefix}.0.weight", (c_out, c_in // group, k, k), math.sqrt((2.0 if act else 1.0) / fan_in)
-    )
+    weight = w.normal(f"{prefix}.0.weight", (c_out, c_in // group, k, k), math.sqrt((2.0 if act else 1.0) / fan_in))
     p = (k - 1) // 2
     y = w.op(
         "Conv",
@@ -154,7 +152,5 @@ def build(
     return w.model(config, f"MobileNetV2 width {width_mult} at {image_size}x{image_size}")
 
 
-def sample_inputs(
-    config: dict, shapes: dict[str, list[int]], rng: np.random.Generator
-) -> dict[str, np.ndarray]:
+def sample_inputs(config: dict, shapes: dict[str, list[int]], rng: np.random.Generator) -> dict[str, np.ndarray]:
     return {"pixel_values": rng.standard_normal(shapes["pixel_values"]).astype(np.float32)}

@@ -82,9 +82,7 @@ def build(
     x = w.input("pixel_values", TensorProto.FLOAT, [batch, in_channels, image_size, image_size])
 
     fan_in = in_channels * patch_size * patch_size
-    pw = w.normal(
-        "patch_embed.proj.weight", (hidden_size, in_channels, patch_size, patch_size), 1 / math.sqrt(fan_in)
-    )
+    pw = w.normal("patch_embed.proj.weight", (hidden_size, in_channels, patch_size, patch_size), 1 / math.sqrt(fan_in))
     pb = w.normal("patch_embed.proj.bias", (hidden_size,), 0.02)
     y = w.op(
         "Conv",
@@ -134,7 +132,5 @@ def build(
     return w.model(cfg, f"ViT patch {patch_size} at {image_size}, {num_layers} layers, hidden {hidden_size}")
 
 
-def sample_inputs(
-    config: dict, shapes: dict[str, list[int]], rng: np.random.Generator
-) -> dict[str, np.ndarray]:
+def sample_inputs(config: dict, shapes: dict[str, list[int]], rng: np.random.Generator) -> dict[str, np.ndarray]:
     return {"pixel_values": rng.standard_normal(shapes["pixel_values"]).astype(np.float32)}
