@@ -87,21 +87,29 @@ def _as_feed(x: Any) -> Any:
 
 class GraphcBackend(Backend):
     @classmethod
-    def is_compatible(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> bool:
-        """Whether graphc can run the model on `device` (every op supported)."""
-        from graphc.frontend import find_unsupported
+    def is_compatible(cls, model: Any, device: str = "CPU", **kwargs: Any) -> bool:
+        """Whether graphc can run the model on `device`: a valid model whose ops are all supported."""
+        from graphc.frontend import find_unsupported, read_model
 
-        return cls.supports_device(device) and not find_unsupported(model)
+        if not cls.supports_device(device):
+            return False
+        try:
+            proto, _ = read_model(model)
+            return not find_unsupported(proto)
+        except GraphcError:
+            return False
 
     @classmethod
     def prepare(cls, model: Any, device: str = "CPU", **kwargs: Any) -> GraphcRep:
-        """Load `model` (a ModelProto, bytes or path) for `device`.
+        """Load `model` (a ModelProto, bytes or path; a GraphcRep is returned as it is) for `device`.
 
         Raises UnsupportedOpError (listing every unsupported op), ModelLoadError or ShapeError
         as `graphc.load_onnx` does; GraphcError for a device graphc cannot run on.
         """
         from graphc.frontend import load_onnx
 
+        if isinstance(model, GraphcRep) and model.device == device:
+            return model
         if not cls.supports_device(device):
             raise GraphcError(
                 f"graphc's ONNX backend cannot run on device {device!r} (supported: {', '.join(_device_names())})"

@@ -71,8 +71,10 @@ def test_run_model_and_a_single_array_input():
     (y,) = backend.run_model(model, [x])
     np.testing.assert_array_equal(y, np.maximum(x, 0))
     np.testing.assert_array_equal(backend.prepare(model).run(x)[0], np.maximum(x, 0))
-    # bytes work as a model source too
+    # bytes work as a model source too, and a prepared rep is taken as it is
     np.testing.assert_array_equal(backend.run_model(model.SerializeToString(), [x])[0], np.maximum(x, 0))
+    rep = backend.prepare(model)
+    assert backend.prepare(rep) is rep
 
 
 def test_numpy_scalar_inputs_become_arrays():
@@ -128,6 +130,7 @@ def test_unsupported_op_raises_at_prepare():
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
     assert not backend.is_compatible(model)
+    assert not backend.is_compatible(b"not a model")
     with pytest.raises(UnsupportedOpError, match="Frobnicate"):
         backend.prepare(model)
 
