@@ -2,6 +2,10 @@
 transformation mode, roi for tf_crop_and_resize, scales or sizes, axes, keep_aspect_ratio_policy
 and antialias.
 
+Where the ONNX reference implementation and ONNX Runtime disagree, graphc follows the spec's text
+and ONNX Runtime: `length_resized` is the integer output length (see `source_coords`), and
+pytorch_half_pixel maps a length-1 output to coordinate 0 (the reference uses -0.5).
+
 Interpolation is separable, so the reference resizes one axis at a time: per axis it computes, for
 every output coordinate, the source coordinate, a window of taps and their weights, and sums the
 taps (a loop over a few taps, vectorized over the whole tensor). Coordinates and weights follow the
@@ -91,7 +95,7 @@ def resize_plan(
             for a, v in zip(axes, z, strict=True):
                 d = in_shape[a]
                 out[a] = v
-                scl[a] = v / d if isinstance(d, int) and d > 0 else None
+                scl[a] = float(np.float32(v) / np.float32(d)) if isinstance(d, int) and d > 0 else None
         else:
             dims = [in_shape[a] for a in axes]
             if all(isinstance(d, int) and d > 0 for d in dims):
@@ -152,33 +156,43 @@ def _resize_infer(ctx: InferContext):
 def source_coords(
     mode: str, out_len: int, in_len: int, scale: float, roi: tuple[float, float]
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """Source coordinate of each output index along one axis (float64), and for
-    tf_crop_and_resize the mask of coordinates outside the input."""
-    y = np.arange(out_len, dtype=np.float64)
-    out_w = scale * in_len  # the (possibly fractional) target length, as the spec defines it
+    """Source coordinate of each output index along one axis, and for tf_crop_and_resize the
+    mask of coordinates outside the input.
+
+    Coordinates are computed in float32 in ONNX Runtime's order of operations, so that nearest
+    rounding at exact half-way points (e.g. 1.5 / 0.6 - 0.5) lands on the same side.
+    `length_resized` in the spec's formulas is the integer length of the resized axis (as in ONNX
+    Runtime and PyTorch); only half_pixel_symmetric uses the fractional target length
+    in_len * scale. (The ONNX reference uses the fractional length everywhere, which differs
+    when in_len * scale is not an integer.)"""
+    f = np.float32
+    y = np.arange(out_len, dtype=f)
+    s, n_in, n_out = f(scale), f(in_len), f(out_len)
+    half = f(0.5)
     extrapolated = None
     if mode == "align_corners":
-        x = np.zeros(out_len) if out_w == 1 else y * (in_len - 1) / (out_w - 1)
+        x = np.zeros(out_len, f) if out_len == 1 else y * (n_in - 1) / (n_out - 1)
     elif mode == "asymmetric":
-        x = y / scale
+        x = y / s
     elif mode == "tf_crop_and_resize":
-        start, end = roi
-        if out_w == 1:
-            x = np.full(out_len, (end - start) * (in_len - 1) / 2)
+        start, end = f(roi[0]), f(roi[1])
+        if out_len == 1:
+            x = np.full(out_len, 0.5 * float(start + end) * float(n_in - 1), dtype=f)
         else:
-            x = y * (end - start) * (in_len - 1) / (out_w - 1)
-        x = x + start * (in_len - 1)
-        extrapolated = (x < 0) | (x > in_len - 1)
+            x = start * (n_in - 1) + (y * (end - start) * (n_in - 1)) / (n_out - 1)
+        extrapolated = (x < 0) | (x > n_in - 1)
     elif mode == "pytorch_half_pixel":
-        x = np.full(out_len, -0.5) if out_w == 1 else (y + 0.5) / scale - 0.5
+        x = (y + half) / s - half if out_len > 1 else np.zeros(out_len, f)
     elif mode == "half_pixel":
-        x = (y + 0.5) / scale - 0.5
+        x = (y + half) / s - half
     elif mode == "half_pixel_symmetric":
-        offset = in_len / 2 * (1 - out_len / out_w)
-        x = offset + (y + 0.5) / scale - 0.5
+        adjustment = n_out / (s * n_in)
+        offset = n_in / f(2) * (f(1) - adjustment)
+        # ONNX Runtime finishes this one in double precision before rounding to float.
+        x = (float(offset) + (y.astype(np.float64) + 0.5) / float(s) - 0.5).astype(f)
     else:
         raise ValueError(f"unknown coordinate_transformation_mode {mode!r}")
-    return x, extrapolated
+    return x.astype(np.float64), extrapolated
 
 
 def nearest_index(x: np.ndarray, mode: str, in_len: int) -> np.ndarray:
