@@ -11,6 +11,7 @@ import re
 import numpy as np
 
 from graphc.ir.types import Dim, DType, TensorType
+from graphc.ops.nn import acc_dtype
 from graphc.ops.registry import Category, InferContext, broadcast_shapes, register_op
 
 _FLOATS = frozenset({DType.float16, DType.bfloat16, DType.float32, DType.float64})
@@ -26,12 +27,6 @@ _EINSUM_TYPES = _FLOATS | {
     DType.uint64,
 }
 _INT8S = frozenset({DType.int8, DType.uint8})
-
-
-def _acc(dtype: np.dtype) -> np.dtype:
-    """float32 for 16-bit floats, else the dtype itself."""
-    dt = np.dtype(dtype)
-    return np.dtype(np.float32) if dt.itemsize < 4 and dt.kind not in "iub" else dt
 
 
 def _same_dims(ctx: InferContext, a: Dim, b: Dim, what: str) -> Dim:
@@ -62,9 +57,7 @@ def _gemm_infer(ctx: InferContext):
             ctx.fail(f"input {i} must be a matrix, got {t}")
     m, ka = (None, None) if a.shape is None else (a.shape[::-1] if ctx.attrs.transA else a.shape)
     kb, n = (None, None) if b.shape is None else (b.shape[::-1] if ctx.attrs.transB else b.shape)
-    _same_dims(
-        ctx, ka, kb, f"inner dims of {a} and {b} (transA={ctx.attrs.transA}, transB={ctx.attrs.transB})"
-    )
+    _same_dims(ctx, ka, kb, f"inner dims of {a} and {b} (transA={ctx.attrs.transA}, transB={ctx.attrs.transB})")
     if ctx.has_input(2):
         c = ctx.type(2)
         if c.dtype != dt:
@@ -94,7 +87,7 @@ def _gemm_compute(ins, attrs, n):
         if c is not None and beta != 0:
             y = y + beta * c.astype(np.float64)
         return [np.trunc(y).astype(dt)]
-    acc = _acc(dt)
+    acc = acc_dtype(dt)
     y = np.matmul(a.astype(acc, copy=False), b.astype(acc, copy=False))
     scalar = acc.type
     if alpha != 1:
@@ -138,7 +131,7 @@ def _matmul_infer(ctx: InferContext):
 
 def _matmul_compute(ins, attrs, n):
     a, b = ins
-    acc = _acc(a.dtype)
+    acc = acc_dtype(a.dtype)
     y = np.matmul(a.astype(acc, copy=False), b.astype(acc, copy=False))
     return [np.asarray(y).astype(a.dtype, copy=False)]
 
@@ -245,7 +238,7 @@ def _einsum_infer(ctx: InferContext):
 
 def _einsum_compute(ins, attrs, n):
     dt = ins[0].dtype
-    acc = _acc(dt)
+    acc = acc_dtype(dt)
     terms, out = parse_einsum(attrs.equation, len(ins))
     eq = ",".join(terms) + "->" + out
     y = np.einsum(eq, *(x.astype(acc, copy=False) for x in ins), optimize=True)
@@ -271,7 +264,7 @@ def _det_infer(ctx: InferContext):
 def _det_compute(ins, attrs, n):
     x = ins[0]
     # numpy.linalg has no 16-bit float kernels.
-    y = np.linalg.det(x.astype(np.promote_types(_acc(x.dtype), np.float32), copy=False))
+    y = np.linalg.det(x.astype(np.promote_types(acc_dtype(x.dtype), np.float32), copy=False))
     return [np.asarray(y).astype(x.dtype, copy=False)]
 
 

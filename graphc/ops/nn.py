@@ -42,7 +42,7 @@ def _fail_compute(message: str) -> NoReturn:
 def acc_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype a float reference computes in: float32 for 16-bit floats, else the dtype."""
     dt = np.dtype(dtype)
-    return np.dtype(np.float32) if dt.itemsize < 4 and dt.kind != "i" and dt.kind != "u" else dt
+    return np.dtype(np.float32) if dt.itemsize < 4 and dt.kind not in "iub" else dt
 
 
 # ---- window geometry ---------------------------------------------------------------------------
@@ -101,17 +101,14 @@ def window_geometry(
     fail: Fail,
     *,
     ceil_mode: bool = False,
-    dilations: Sequence[int] | None = None,
 ) -> Geometry:
-    """Resolve strides, dilations, pads and auto_pad of a Conv/pool node over `in_spatial`.
-
-    `dilations` overrides the attribute (for ops that have none)."""
+    """Resolve strides, dilations, pads and auto_pad of a Conv/pool node over `in_spatial`."""
     n = len(in_spatial)
     kernel = tuple(int(k) for k in kernel)
     if len(kernel) != n:
         fail(f"kernel_shape {list(kernel)} has {len(kernel)} dims, the input has {n} spatial axes")
     strides = _ints(attrs.strides, n, 1, "strides", fail)
-    dil = _ints(attrs.dilations if dilations is None else dilations, n, 1, "dilations", fail)
+    dil = _ints(attrs.dilations, n, 1, "dilations", fail)
     if min(kernel, default=1) < 1 or min(strides, default=1) < 1 or min(dil, default=1) < 1:
         fail(f"kernel {list(kernel)}, strides {list(strides)}, dilations {list(dil)} must be >= 1")
     ext = [(k - 1) * d + 1 for k, d in zip(kernel, dil, strict=True)]
@@ -170,9 +167,7 @@ def _padded_for(x: np.ndarray, geom: Geometry, value: Any) -> np.ndarray:
     """x padded just enough for every window of `geom` (a ceil-mode overhang included)."""
     ends = [
         (o - 1) * s + e - sz - b  # type: ignore[operator]
-        for o, s, e, sz, b in zip(
-            geom.out, geom.strides, geom.extent, x.shape[2:], geom.pads_begin, strict=True
-        )
+        for o, s, e, sz, b in zip(geom.out, geom.strides, geom.extent, x.shape[2:], geom.pads_begin, strict=True)
     ]
     return pad_spatial(x, geom.pads_begin, ends, value)  # type: ignore[arg-type]
 
@@ -471,9 +466,7 @@ def _conv_transpose_compute(ins, attrs, n):
     return [y.astype(x.dtype, copy=False)]
 
 
-register_op(
-    "ConvTranspose", category=Category.CONV, infer=_conv_transpose_infer, compute=_conv_transpose_compute
-)
+register_op("ConvTranspose", category=Category.CONV, infer=_conv_transpose_infer, compute=_conv_transpose_compute)
 
 # ---- MaxPool, AveragePool, LpPool --------------------------------------------------------------
 
@@ -496,16 +489,14 @@ def _pool_infer_geometry(ctx: InferContext, types: frozenset[DType]) -> tuple[Te
 
 
 def _pool_geometry(x: np.ndarray, attrs: Any) -> Geometry:
-    return window_geometry(
-        attrs, x.shape[2:], attrs.kernel_shape, _fail_compute, ceil_mode=bool(attrs.ceil_mode)
-    )
+    return window_geometry(attrs, x.shape[2:], attrs.kernel_shape, _fail_compute, ceil_mode=bool(attrs.ceil_mode))
 
 
 def _lowest(dtype: np.dtype) -> Any:
     return np.iinfo(dtype).min if dtype.kind in "iu" else -np.inf
 
 
-def _axis_valid(size: int, geom: Geometry, axis: int, kidx: int, lo: int, hi: int) -> np.ndarray:
+def _axis_valid(geom: Geometry, axis: int, kidx: int, lo: int, hi: int) -> np.ndarray:
     """For kernel tap `kidx` along `axis`: whether each output position reads a padded-input
     position in [lo, hi) (padded coordinates)."""
     o = np.arange(int(geom.out[axis]))  # type: ignore[arg-type]
@@ -546,7 +537,7 @@ def _maxpool_with_indices(x: np.ndarray, xp: np.ndarray, geom: Geometry, storage
         # Which output positions this tap reads inside the input, not in the padding.
         valid = np.ones((1,) * nsp, dtype=bool)
         for a in range(nsp):
-            va = _axis_valid(spatial[a], geom, a, off[a], geom.pads_begin[a], geom.pads_begin[a] + spatial[a])  # type: ignore[operator]
+            va = _axis_valid(geom, a, off[a], geom.pads_begin[a], geom.pads_begin[a] + spatial[a])  # type: ignore[operator]
             valid = valid & va.reshape((1,) * a + (-1,) + (1,) * (nsp - a - 1))
         if best is None:
             best = v.copy()
@@ -581,7 +572,7 @@ def _window_counts(spatial: Sequence[int], geom: Geometry, include_pad: bool) ->
     for a, size in enumerate(spatial):
         b = geom.pads_begin[a]
         lo, hi = (0, size + b + geom.pads_end[a]) if include_pad else (b, b + size)  # type: ignore[operator]
-        c = sum(_axis_valid(size, geom, a, k, lo, hi).astype(np.int64) for k in range(geom.kernel[a]))
+        c = sum(_axis_valid(geom, a, k, lo, hi).astype(np.int64) for k in range(geom.kernel[a]))
         count = count * np.asarray(c).reshape((-1,) + (1,) * (len(spatial) - a - 1))
     return count
 
@@ -728,9 +719,7 @@ def _unpool_default_shape(attrs: Any, x_shape: Sequence[Dim], fail: Fail) -> tup
     pads = _ints(attrs.pads, 2 * n, 0, "pads", fail)
     out: list[Dim] = []
     for i, size in enumerate(x_shape[2:]):
-        out.append(
-            (size - 1) * strides[i] + kernel[i] - pads[i] - pads[n + i] if isinstance(size, int) else None
-        )
+        out.append((size - 1) * strides[i] + kernel[i] - pads[i] - pads[n + i] if isinstance(size, int) else None)
     return (*x_shape[:2], *out)
 
 
