@@ -257,7 +257,7 @@ def _dynamic_shapes(case: ModelCase) -> tuple:
     return tuple({i: dims[d] for i, d in enumerate(s.shape) if isinstance(d, str)} or None for s in case.inputs)
 
 
-def _export_torchscript(module: Any, case: ModelCase, args: tuple, path: Path, static: bool) -> None:
+def _export_torchscript(module: Any, case: ModelCase, args: tuple, path: Path, static: bool, opset: int) -> None:
     import torch
 
     torch.onnx.export(
@@ -265,7 +265,7 @@ def _export_torchscript(module: Any, case: ModelCase, args: tuple, path: Path, s
         args,
         str(path),
         dynamo=False,
-        opset_version=TORCHSCRIPT_OPSET,
+        opset_version=opset,
         input_names=[s.name for s in case.inputs],
         output_names=case.outputs,
         dynamic_axes=None if static else _dynamic_axes(case),
@@ -372,7 +372,7 @@ def _check(path: Path, case: ModelCase, runs: list[tuple[dict, list[np.ndarray]]
 
 
 def export_case(case: ModelCase, out: Path, exporters: list[str], dims: dict[str, int], static: bool,
-                seed: int, dynamo_opset: int | None, init: str) -> dict:  # fmt: skip
+                seed: int, opsets: tuple[int, int | None], init: str) -> dict:  # fmt: skip
     import torch
 
     rng = np.random.default_rng(seed)
@@ -408,10 +408,10 @@ def export_case(case: ModelCase, out: Path, exporters: list[str], dims: dict[str
         try:
             with torch.no_grad():
                 if exporter == "torchscript":
-                    _export_torchscript(module, case, args, path, static)
+                    _export_torchscript(module, case, args, path, static, opsets[0])
                 else:
                     trace = args if static else _trace_args(case, args)
-                    _export_dynamo(module, case, trace, path, static, dynamo_opset)
+                    _export_dynamo(module, case, trace, path, static, opsets[1])
             result = _check(path, case, runs)
         except Exception as e:  # record and go on with the next export
             traceback.print_exc()
@@ -479,6 +479,12 @@ def main(argv: list[str] | None = None) -> int:
         default="scaled",
         help="scaled: variance-preserving weights, calibrated BN (default); config: the configs' init",
     )
+    p.add_argument(
+        "--torchscript-opset",
+        type=int,
+        default=TORCHSCRIPT_OPSET,
+        help=f"default {TORCHSCRIPT_OPSET}; below 17 LayerNorm comes out decomposed",
+    )
     p.add_argument("--dynamo-opset", type=int, default=None, help="default: the exporter's own")
     p.add_argument("--summary-md", type=Path, default=None, help="also write op counts as Markdown here")
     p.add_argument("--summarize-only", action="store_true", help="rebuild --summary-md from existing JSON")
@@ -498,7 +504,10 @@ def main(argv: list[str] | None = None) -> int:
         exporters = list(EXPORTERS) if a.exporter == "both" else [a.exporter]
         dims = {"batch": a.batch, "seq": a.seq}
         records = [
-            export_case(CASES[n], a.out, exporters, dims, a.static, a.seed, a.dynamo_opset, a.init) for n in names
+            export_case(
+                CASES[n], a.out, exporters, dims, a.static, a.seed, (a.torchscript_opset, a.dynamo_opset), a.init
+            )
+            for n in names
         ]
     if a.summary_md:
         a.summary_md.write_text(summary_markdown(records))
