@@ -30,9 +30,7 @@ from graphc.ops.registry import get_op
 # ---- ops whose every version (from `since`) is the IR op ---------------------------------------
 
 passthrough("Softplus", "Softsign", "Not", since=1)
-passthrough(
-    "Sqrt", "Exp", "Log", "Tanh", "Sigmoid", "Relu", "Neg", "Abs", "Reciprocal", "Floor", "Ceil", since=6
-)
+passthrough("Sqrt", "Exp", "Log", "Tanh", "Sigmoid", "Relu", "Neg", "Abs", "Reciprocal", "Floor", "Ceil", since=6)
 passthrough("LeakyRelu", "Elu", "Selu", "HardSigmoid", since=6)
 passthrough("Max", "Min", "Sum", "Mean", since=6)  # 6 needed equal shapes; 8 broadcasts
 passthrough("PRelu", since=6)  # 6: slope of X's shape or of size 1; 7 broadcasts unidirectionally

@@ -779,6 +779,7 @@ def test_cast_4bit(to, dt):
 def test_cast_strings():
     f = np.array([0.1, 1e10, np.nan, -np.inf, np.inf, 3.0, 1 / 3, -2.5e-7], F32)
     check("Cast", {"x": f}, {"to": TensorProto.STRING})  # ORT: '%.8g', 'NaN', 'INF', '-INF'
+    check("Cast", {"x": f.astype(F64) / 3}, {"to": TensorProto.STRING})
     check("Cast", {"x": np.array([5, -3, 0], np.int64)}, {"to": TensorProto.STRING})
     check("Cast", {"x": np.array([True, False])}, {"to": TensorProto.STRING})
     s = np.array(["1.5", "INF", "-inf", "NaN", "1e-5", "+INF", "-0.25"], dtype=object)
@@ -852,6 +853,10 @@ def test_cast_to_function_direct():
     np.testing.assert_array_equal(y.astype(F32), [448, -448])
     y = cast_to(np.array([1e6], F32), DType.float8e4m3fn, saturate=False)
     assert np.isnan(y.astype(F32)[0])
+    y = cast_to(np.array([b"1.5", b" -2 "], dtype=object), DType.float32)  # bytes, padded
+    np.testing.assert_array_equal(y, np.array([1.5, -2], F32))
+    y = cast_to(np.array([[b"7", b"-8"]], dtype=object), DType.int4)
+    np.testing.assert_array_equal(y.astype(np.int8), [[7, -8]])
 
 
 # ---- type checks, shape inference, converters --------------------------------------------------
