@@ -223,11 +223,23 @@ def _kernel_of(ctx: InferContext, w: TensorType, n: int) -> tuple[int, ...] | No
     return tuple(wk)  # type: ignore[arg-type]
 
 
+def _with_rank(ctx: InferContext, x: TensorType, w: TensorType) -> TensorType | None:
+    """x, with unknown dims of the rank the weight or kernel_shape implies where x's rank is
+    unknown; None if nothing tells the rank."""
+    if x.shape is not None:
+        return x
+    if w.shape is not None:
+        return x.with_shape((None,) * len(w.shape))
+    if ctx.attrs.kernel_shape:
+        return x.with_shape((None,) * (len(ctx.attrs.kernel_shape) + 2))
+    return None
+
+
 def _conv_common(
     ctx: InferContext, x: TensorType, w: TensorType, *, transposed: bool
 ) -> tuple[int, tuple[int, ...] | None, Dim]:
     """Checks shared by Conv, ConvInteger and ConvTranspose: (spatial rank, kernel, out channels)."""
-    rank = ctx.rank(0)
+    rank = len(x.shape)  # type: ignore[arg-type]
     if rank < 3:
         ctx.fail(f"the input must have rank >= 3 (N, C, spatial...), got {x}")
     if w.shape is not None and len(w.shape) != rank:
@@ -274,6 +286,10 @@ def _conv_infer(ctx: InferContext):
         ctx.fail(f"{x.dtype.name} is not a float type")
     if w.dtype != x.dtype:
         ctx.fail(f"the input is {x.dtype.name}, the weight {w.dtype.name}")
+    xr = _with_rank(ctx, x, w)
+    if xr is None:
+        return [TensorType(x.dtype, None)]
+    x = xr
     n, kernel, m = _conv_common(ctx, x, w, transposed=False)
     _check_bias(ctx, 2, m, x.dtype)
     spatial = x.shape[2:]  # type: ignore[index]
@@ -304,6 +320,10 @@ def _conv_integer_infer(ctx: InferContext):
     for i, ref in ((2, x), (3, w)):
         if ctx.has_input(i) and ctx.type(i).dtype != ref.dtype:
             ctx.fail(f"zero point {i} is {ctx.type(i).dtype.name}, its tensor {ref.dtype.name}")
+    xr = _with_rank(ctx, x, w)
+    if xr is None:
+        return [TensorType(DType.int32, None)]
+    x = xr
     n, kernel, m = _conv_common(ctx, x, w, transposed=False)
     spatial = x.shape[2:]  # type: ignore[index]
     out = (None,) * n if kernel is None else window_geometry(ctx.attrs, spatial, kernel, ctx.fail).out
@@ -445,6 +465,10 @@ def _conv_transpose_infer(ctx: InferContext):
         ctx.fail(f"{x.dtype.name} is not a float type")
     if w.dtype != x.dtype:
         ctx.fail(f"the input is {x.dtype.name}, the weight {w.dtype.name}")
+    xr = _with_rank(ctx, x, w)
+    if xr is None:
+        return [TensorType(x.dtype, None)]
+    x = xr
     n, kernel, m = _conv_common(ctx, x, w, transposed=True)
     _check_bias(ctx, 2, m, x.dtype)
     spatial = x.shape[2:]  # type: ignore[index]
@@ -475,8 +499,9 @@ def _pool_infer_geometry(ctx: InferContext, types: frozenset[DType]) -> tuple[Te
     x = ctx.type(0)
     if x.dtype not in types:
         ctx.fail(f"{x.dtype.name} is not supported (takes {sorted(t.name for t in types)})")
-    rank = ctx.rank(0)
-    if rank < 3:
+    if x.shape is None:  # the kernel gives the rank
+        x = x.with_shape((None,) * (len(ctx.attrs.kernel_shape) + 2))
+    if len(x.shape) < 3:  # type: ignore[arg-type]
         ctx.fail(f"the input must have rank >= 3 (N, C, spatial...), got {x}")
     geom = window_geometry(
         ctx.attrs,
@@ -636,10 +661,12 @@ def _global_infer(ctx: InferContext):
     x = ctx.type(0)
     if x.dtype not in _CONV_FLOATS:
         ctx.fail(f"{x.dtype.name} is not a float type")
-    rank = ctx.rank(0)
+    if x.shape is None:
+        return [x]
+    rank = len(x.shape)
     if rank < 3:
         ctx.fail(f"the input must have rank >= 3 (N, C, spatial...), got {x}")
-    return [TensorType(x.dtype, (*x.shape[:2], *([1] * (rank - 2))))]  # type: ignore[index]
+    return [TensorType(x.dtype, (*x.shape[:2], *([1] * (rank - 2))))]
 
 
 def _spatial_axes(x: np.ndarray) -> tuple[int, ...]:
@@ -680,7 +707,7 @@ def _lrn_infer(ctx: InferContext):
     x = ctx.type(0)
     if x.dtype not in _CONV_FLOATS:
         ctx.fail(f"{x.dtype.name} is not a float type")
-    if ctx.rank(0) < 3:
+    if x.shape is not None and len(x.shape) < 3:
         ctx.fail(f"the input must have rank >= 3 (N, C, spatial...), got {x}")
     if ctx.attrs.size < 1:
         ctx.fail(f"size {ctx.attrs.size} must be >= 1")
@@ -729,7 +756,9 @@ def _maxunpool_infer(ctx: InferContext):
         ctx.fail(f"{x.dtype.name} is not a float type")
     if idx.dtype != DType.int64:
         ctx.fail(f"the indices are {idx.dtype.name}, not int64")
-    rank = ctx.rank(0)
+    if x.shape is None:  # the kernel gives the rank
+        x = x.with_shape((None,) * (len(ctx.attrs.kernel_shape) + 2))
+    rank = len(x.shape)  # type: ignore[arg-type]
     if rank < 3:
         ctx.fail(f"the input must have rank >= 3 (N, C, spatial...), got {x}")
     if ctx.has_input(2):

@@ -494,6 +494,18 @@ def test_infer_symbolic_dims():
     assert t == TensorType(f32, (1, 6, 11, 11))
 
 
+def test_infer_unknown_rank():
+    f32, unknown = DType.float32, TensorType(DType.float32, None)
+    (t,) = _infer("Conv", [unknown, TensorType(f32, (8, 3, 3, 3))], {"pads": [1, 1, 1, 1]})
+    assert t == TensorType(f32, (None, 8, None, None))
+    (t,) = _infer("Conv", [unknown, TensorType(f32, None)])
+    assert t == TensorType(f32, None)
+    y, i = _infer("MaxPool", [unknown], {"kernel_shape": [3, 3, 3]}, 2)
+    assert y == TensorType(f32, (None,) * 5) and i == TensorType(DType.int64, (None,) * 5)
+    assert _infer("GlobalMaxPool", [unknown]) == [unknown]
+    assert _infer("LRN", [unknown], {"size": 3}) == [unknown]
+
+
 @pytest.mark.parametrize(
     "op, types, attrs, match",
     [
