@@ -21,7 +21,7 @@ lint: install
 	$(BIN)/ruff check .
 
 test: install lint
-	$(BIN)/python -m pytest
+	OPENBLAS_NUM_THREADS=1 $(BIN)/python -m pytest
 
 conformance: install
 	$(BIN)/python tools/conformance.py

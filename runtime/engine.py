@@ -30,6 +30,7 @@ class Engine:
     executor: Any
     report: dict[str, Any] = field(default_factory=dict)
     build_info: dict[str, Any] = field(default_factory=dict)
+    kernels: Any = None  # the CUDA target's KernelSet (sources and cubins)
 
     @property
     def inputs(self) -> list[IOSpec]:
@@ -68,6 +69,13 @@ class Engine:
         return out
 
     def run(self, feeds: Mapping[str, Any], **kwargs: Any) -> dict[str, Any]:
+        if self.executor is None:
+            from graphc.runtime.errors import EngineError
+
+            raise EngineError(
+                f"this {self.target} engine was built on a machine without a GPU; save it "
+                "(engine.save(path)) and load it where there is one"
+            )
         return self.executor.run(self.check_feeds(feeds), **kwargs)
 
     def __call__(self, **feeds: Any) -> dict[str, Any]:

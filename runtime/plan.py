@@ -44,6 +44,20 @@ class TensorSpec:
 
 
 @dataclass
+class Launch:
+    """One CUDA kernel launch of a step: which kernel (by source digest), geometry, arguments."""
+
+    kernel: str  # the extern "C" function name
+    digest: str  # SHA-256 of its CUDA source: the key of its cubin and source in the engine
+    grid: list[int]
+    block: list[int]
+    args: list[str]  # tensor names; "@workspace" for the workspace pointer
+    shared_bytes: int = 0
+    family: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class Step:
     """One kernel launch (or one view, for alias steps, which launch nothing)."""
 
@@ -59,6 +73,7 @@ class Step:
     origins: list[str] = field(default_factory=list)  # the original nodes it stands for
     inplace: list[int] = field(default_factory=list)  # inputs whose buffer the output may reuse
     workspace_bytes: int = 0
+    launches: list[Launch] = field(default_factory=list)  # CUDA target only
 
 
 @dataclass
@@ -106,11 +121,17 @@ class KernelPlan:
     def from_json(d: dict[str, Any]) -> KernelPlan:
         return KernelPlan(
             tensors={k: TensorSpec(**v) for k, v in d["tensors"].items()},
-            steps=[Step(**s) for s in d["steps"]],
+            steps=[_step_from_json(s) for s in d["steps"]],
             inputs=list(d["inputs"]),
             outputs=list(d["outputs"]),
             output_names=list(d["output_names"]),
         )
+
+
+def _step_from_json(d: dict[str, Any]) -> Step:
+    d = dict(d)
+    d["launches"] = [Launch(**x) for x in d.get("launches", [])]
+    return Step(**d)
 
 
 def memory_plan_to_json(m: MemoryPlan) -> dict[str, Any]:

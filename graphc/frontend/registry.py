@@ -80,5 +80,9 @@ _loaded = False
 def _ensure_loaded() -> None:
     global _loaded
     if not _loaded:
-        _loaded = True
-        import graphc.frontend.converters  # noqa: F401
+        _loaded = True  # set first: the modules being imported may look ops up themselves
+        try:
+            import graphc.frontend.converters  # noqa: F401
+        except BaseException:
+            _loaded = False  # a half-loaded registry must not hide the import error
+            raise

@@ -44,6 +44,9 @@ class DType(enum.Enum):
     uint4 = 21
     int4 = 22
     float4e2m1 = 23
+    float8e8m0 = 24
+    uint2 = 25
+    int2 = 26
 
     @property
     def numpy(self) -> np.dtype:
@@ -63,7 +66,7 @@ class DType(enum.Enum):
 
     @property
     def is_signed(self) -> bool:
-        return self in _FLOATS or self in (DType.int8, DType.int16, DType.int32, DType.int64, DType.int4)
+        return self in _FLOATS or self in (DType.int8, DType.int16, DType.int32, DType.int64, DType.int4, DType.int2)
 
     @property
     def short(self) -> str:
@@ -116,6 +119,9 @@ _TO_NUMPY: dict[DType, np.dtype] = {
     DType.uint4: np.dtype(ml_dtypes.uint4),
     DType.int4: np.dtype(ml_dtypes.int4),
     DType.float4e2m1: np.dtype(ml_dtypes.float4_e2m1fn),
+    DType.float8e8m0: np.dtype(ml_dtypes.float8_e8m0fnu),
+    DType.uint2: np.dtype(ml_dtypes.uint2),
+    DType.int2: np.dtype(ml_dtypes.int2),
 }
 _FROM_NUMPY = {v: k for k, v in _TO_NUMPY.items() if k is not DType.string}
 _FLOATS = frozenset(
@@ -129,6 +135,7 @@ _FLOATS = frozenset(
         DType.float8e5m2,
         DType.float8e5m2fnuz,
         DType.float4e2m1,
+        DType.float8e8m0,
     }
 )
 _INTS = frozenset(
@@ -143,6 +150,8 @@ _INTS = frozenset(
         DType.uint64,
         DType.uint4,
         DType.int4,
+        DType.uint2,
+        DType.int2,
     }
 )
 _SHORT = {
@@ -169,6 +178,9 @@ _SHORT = {
     DType.uint4: "u4",
     DType.int4: "i4",
     DType.float4e2m1: "f4e2m1",
+    DType.float8e8m0: "f8e8m0",
+    DType.uint2: "u2",
+    DType.int2: "i2",
 }
 _FROM_SHORT = {v: k for k, v in _SHORT.items()}
 

@@ -171,8 +171,12 @@ _loaded = False
 def _ensure_loaded() -> None:
     global _loaded
     if not _loaded:
-        _loaded = True
-        import graphc.ops  # noqa: F401  (registers every op family)
+        _loaded = True  # set first: the modules being imported may look ops up themselves
+        try:
+            import graphc.ops  # noqa: F401  (registers every op family)
+        except BaseException:
+            _loaded = False  # a half-loaded registry must not hide the import error
+            raise
 
 
 # ---------------------------------------------------------------------------------------------

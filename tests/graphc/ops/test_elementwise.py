@@ -804,10 +804,11 @@ def test_cast_opset1_string_target():
     assert_close(run_graphc(model, {"x": x})["y"], x.astype(F32))
 
 
-def test_cast_to_unsupported_type_fails_at_build():
-    x = rand((2,), F32)
-    with pytest.raises(ShapeError, match="FLOAT8E8M0"):
-        graphc.load_onnx(make_node_model("Cast", {"x": x}, {"to": TensorProto.FLOAT8E8M0}))
+def test_cast_to_float8e8m0_powers_of_two():
+    x = np.array([0.25, 1.0, 4.0, 64.0], F32)
+    out = run_graphc(make_node_model("Cast", {"x": x}, {"to": TensorProto.FLOAT8E8M0}), {"x": x})["y"]
+    assert out.dtype == ml_dtypes.float8_e8m0fnu
+    np.testing.assert_array_equal(out.astype(F32), x)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,150 @@
+"""Building a CUDA engine: a kernel per step from its family's template, NVRTC to cubin for each
+target arch (in parallel, cached), and a CUDA executor where a GPU is present."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from graphc.codegen.kernel import KernelSource, StepContext, family_for
+from graphc.codegen.nvrtc import DEFAULT_ARCHS, CompileJob, check_arch, compile_all, nvrtc_version
+from graphc.errors import CompileError
+from graphc.runtime.plan import KernelPlan, Launch, MemoryPlan, align
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class KernelSet:
+    """Every kernel of an engine: CUDA source by digest, cubin by arch and digest."""
+
+    sources: dict[str, str] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)  # digest -> function name
+    families: dict[str, str] = field(default_factory=dict)
+    cubins: dict[str, dict[str, bytes]] = field(default_factory=dict)  # arch -> digest -> cubin
+
+
+def generate_kernels(
+    plan: KernelPlan,
+    weights: dict[str, np.ndarray],
+    *,
+    precision: str = "fp32",
+    allow_tf32: bool = False,
+    choices: dict[str, dict[str, Any]] | None = None,
+) -> KernelSet:
+    """Fill each step's launches from its family; errors name the node and op, all at once."""
+    kernels = KernelSet()
+    errors: list[str] = []
+    for step in plan.steps:
+        step.launches = []
+        if step.alias:
+            continue
+        ctx = StepContext(step, plan.tensors, weights, precision, allow_tf32, params=(choices or {}).get(step.name))
+        try:
+            fam = family_for(ctx)
+            sources: list[KernelSource] = fam.generate(ctx)
+        except CompileError as e:
+            errors.append(str(e))
+            continue
+        step.workspace_bytes = max((s.workspace_bytes for s in sources), default=0)
+        for src in sources:
+            d = src.digest
+            kernels.sources[d] = src.source
+            kernels.names[d] = src.name
+            kernels.families[d] = src.family
+            step.launches.append(
+                Launch(
+                    src.name,
+                    d,
+                    list(src.grid),
+                    list(src.block),
+                    list(src.args),
+                    src.shared_bytes,
+                    src.family,
+                    dict(src.params),
+                )
+            )
+    if errors:
+        shown = "\n  ".join(errors[:20]) + (f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else "")
+        raise CompileError(f"{len(errors)} step(s) cannot be compiled for CUDA:\n  {shown}")
+    return kernels
+
+
+def compile_kernels(kernels: KernelSet, archs: list[str], cache_dir=None, progress=None) -> None:
+    jobs = [CompileJob(kernels.names[d], src, arch) for arch in archs for d, src in kernels.sources.items()]
+    cubins = compile_all(jobs, cache_dir=cache_dir, progress=progress)
+    for job, cubin in zip(jobs, cubins, strict=True):
+        kernels.cubins.setdefault(job.arch, {})[_digest_of(kernels, job)] = cubin
+
+
+def _digest_of(kernels: KernelSet, job: CompileJob) -> str:
+    import hashlib
+
+    return hashlib.sha256(job.source.encode()).hexdigest()
+
+
+def local_gpu_arch() -> str | None:
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return "sm_" + cupy.cuda.Device(0).compute_capability
+    except Exception:
+        return None
+    return None
+
+
+def build_cuda_engine(
+    optimized,
+    plan: KernelPlan,
+    memory: MemoryPlan,
+    weights: dict[str, np.ndarray],
+    opts,
+    report: dict[str, Any],
+    timings: dict[str, float],
+):
+    from graphc.runtime.engine import Engine
+
+    local = local_gpu_arch()
+    archs = [check_arch(a) for a in (opts.arch or ([local] if local else list(DEFAULT_ARCHS)))]
+    if local and local not in archs and not opts.arch:
+        archs.append(local)
+    t0 = time.perf_counter()
+    kernels = generate_kernels(plan, weights, precision=opts.precision, allow_tf32=opts.allow_tf32)
+    timings["codegen"] = round(time.perf_counter() - t0, 6)
+    ws = max((s.workspace_bytes for s in plan.steps), default=0)
+    memory.workspace_bytes = align(ws) if ws else 0
+    t0 = time.perf_counter()
+    compile_kernels(kernels, archs, cache_dir=opts.cache_dir)
+    timings["nvrtc"] = round(time.perf_counter() - t0, 6)
+    report["timings"] = timings
+    report["cuda"] = {
+        "archs": archs,
+        "kernels": len(kernels.sources),
+        "launches": sum(len(s.launches) for s in plan.steps),
+        "families": _count(kernels.families.values()),
+        "nvrtc": nvrtc_version(),
+    }
+    build_info = {"target": "cuda", "archs": archs, "nvrtc": nvrtc_version(), "precision": opts.precision}
+    executor = None
+    if local is not None:
+        from graphc.runtime.cuda import CUDAExecutor
+
+        cubins = kernels.cubins.get(local)
+        if cubins is None:
+            raise CompileError(f"no cubin for the local GPU ({local})")
+        executor = CUDAExecutor(plan, memory, weights, cubins, kernels.names)
+    engine = Engine("cuda", plan, memory, weights, executor, report, build_info)
+    engine.kernels = kernels
+    return engine
+
+
+def _count(values) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in values:
+        out[v] = out.get(v, 0) + 1
+    return dict(sorted(out.items()))

@@ -1,0 +1,59 @@
+"""How each IR dtype is stored, loaded and computed with in generated CUDA code.
+
+16-bit floats are stored as 16-bit integers (see templates/common.cuh) and computed in fp32, so
+every fused epilogue and elementwise DAG accumulates in fp32 whatever the storage precision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphc.errors import CompileError
+from graphc.ir.types import DType
+
+
+@dataclass(frozen=True)
+class CudaType:
+    storage: str  # C type of an element in memory
+    compute: str  # C type arithmetic happens in
+    load: str  # format string turning a stored value {} into the compute type
+    store: str  # format string turning a compute value {} into the stored type
+
+    def to_compute(self, expr: str) -> str:
+        return self.load.format(expr)
+
+    def to_storage(self, expr: str) -> str:
+        return self.store.format(expr)
+
+
+CUDA_TYPES: dict[DType, CudaType] = {
+    DType.float32: CudaType("float", "float", "{}", "{}"),
+    DType.float16: CudaType("gc_half", "float", "gc_h2f({})", "gc_f2h({})"),
+    DType.bfloat16: CudaType("gc_bf16", "float", "gc_bf2f({})", "gc_f2bf({})"),
+    DType.float64: CudaType("double", "double", "{}", "{}"),
+    DType.int8: CudaType("signed char", "int", "(int)({})", "(signed char)({})"),
+    DType.uint8: CudaType("unsigned char", "unsigned", "(unsigned)({})", "(unsigned char)({})"),
+    DType.int16: CudaType("short", "int", "(int)({})", "(short)({})"),
+    DType.uint16: CudaType("unsigned short", "unsigned", "(unsigned)({})", "(unsigned short)({})"),
+    DType.int32: CudaType("int", "int", "{}", "{}"),
+    DType.uint32: CudaType("unsigned", "unsigned", "{}", "{}"),
+    DType.int64: CudaType("long long", "long long", "{}", "{}"),
+    DType.uint64: CudaType("unsigned long long", "unsigned long long", "{}", "{}"),
+    DType.bool: CudaType("unsigned char", "bool", "({} != 0)", "(unsigned char)({})"),
+}
+
+
+def cuda_type(dtype: DType, where: str = "") -> CudaType:
+    try:
+        return CUDA_TYPES[dtype]
+    except KeyError:
+        raise CompileError(
+            f"{where}: dtype {dtype.name} has no CUDA kernels" if where else f"dtype {dtype.name} has no CUDA kernels"
+        ) from None
+
+
+def dtype_from_numpy_name(name: str) -> DType:
+    for d in DType:
+        if d is not DType.string and d.numpy.name == name:
+            return d
+    raise CompileError(f"unknown dtype {name}")

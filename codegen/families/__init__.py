@@ -1,0 +1,6 @@
+"""Kernel families; importing this package registers each with graphc.codegen.kernel.
+
+Order matters where several could match: the first match wins.
+"""
+
+from graphc.codegen.families import elementwise  # noqa: F401

@@ -1,0 +1,178 @@
+"""The CUDA executor: one arena, weights uploaded once, cubins loaded with cupy, and the whole
+launch sequence captured into a CUDA graph on the first run and replayed afterwards."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from graphc.runtime.errors import EngineError
+from graphc.runtime.plan import ALIAS, ARENA, INPUT, WEIGHT, KernelPlan, MemoryPlan
+
+log = logging.getLogger(__name__)
+
+
+def import_cupy():
+    try:
+        import cupy
+    except ImportError as e:
+        raise EngineError("running a cuda engine needs cupy: pip install graphc[cuda]") from e
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # no driver
+        raise EngineError(f"no usable CUDA device here: {e}") from None
+    if n == 0:
+        raise EngineError("no CUDA device here")
+    return cupy
+
+
+def device_arch(device: int = 0) -> str:
+    cupy = import_cupy()
+    return "sm_" + cupy.cuda.Device(device).compute_capability
+
+
+def _numpy_dtype(name: str):
+    try:
+        return np.dtype(name)
+    except TypeError:
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, name))
+
+
+class DeviceWeights:
+    """Weights on one device, uploaded once and shared by every execution context."""
+
+    def __init__(self, plan: KernelPlan, weights: Mapping[str, np.ndarray], device: int):
+        cupy = import_cupy()
+        self.arrays: dict[str, Any] = {}
+        with cupy.cuda.Device(device):
+            total = sum(int(np.asarray(weights[n]).nbytes) for n, t in plan.tensors.items() if t.kind == WEIGHT)
+            # One allocation for all weights, 256-byte aligned slots.
+            offsets, off = {}, 0
+            for n, t in plan.tensors.items():
+                if t.kind == WEIGHT:
+                    offsets[n] = off
+                    off += (int(t.nbytes) + 255) // 256 * 256
+            self.buffer = cupy.empty(max(off, 1), dtype=cupy.uint8)
+            for n, o in offsets.items():
+                w = np.ascontiguousarray(weights[n])
+                t = plan.tensors[n]
+                view = cupy.ndarray(tuple(t.shape), dtype=_numpy_dtype(t.dtype), memptr=self.buffer.data + o)
+                view.set(w.reshape(tuple(t.shape)))
+                self.arrays[n] = view
+            del total
+
+
+class CUDAContext:
+    """An execution context: its own arena, workspace, stream and CUDA graph; weights shared."""
+
+    def __init__(
+        self, plan: KernelPlan, memory: MemoryPlan, weights: DeviceWeights, functions: dict[str, Any], device: int
+    ):
+        cupy = import_cupy()
+        self.cupy = cupy
+        self.plan = plan
+        self.device = device
+        with cupy.cuda.Device(device):
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+            self.arena = cupy.empty(max(memory.arena_bytes, 1), dtype=cupy.uint8)
+            self.workspace = cupy.empty(max(memory.workspace_bytes, 1), dtype=cupy.uint8)
+            views: dict[str, Any] = dict(weights.arrays)
+            for name, t in plan.tensors.items():
+                if t.kind in (ARENA, INPUT):
+                    off = memory.placements[name].offset
+                    views[name] = cupy.ndarray(
+                        tuple(t.shape), dtype=_numpy_dtype(t.dtype), memptr=self.arena.data + off
+                    )
+            for name, t in plan.tensors.items():
+                if t.kind == ALIAS:
+                    root = memory.aliases[name]
+                    src = views[root]
+                    views[name] = cupy.ndarray(tuple(t.shape), dtype=_numpy_dtype(t.dtype), memptr=src.data)
+            self.views = views
+            self.launches = []
+            for step in plan.steps:
+                for ln in step.launches:
+                    fn = functions[ln.digest]
+                    args = tuple(self.workspace if a == "@workspace" else views[a] for a in ln.args)
+                    self.launches.append((fn, tuple(ln.grid), tuple(ln.block), args, ln.shared_bytes, step.name))
+        self.graph = None
+        self.lock = threading.Lock()
+
+    def launch_all(self) -> None:
+        for fn, grid, block, args, smem, _name in self.launches:
+            fn(grid, block, args, shared_mem=smem, stream=self.stream)
+
+    def run(
+        self, feeds: Mapping[str, Any], *, use_graph: bool = True, to_numpy: bool = False, sync: bool = True
+    ) -> dict[str, Any]:
+        cupy = self.cupy
+        with self.lock, cupy.cuda.Device(self.device), self.stream:
+            for name in self.plan.inputs:
+                x = feeds[name]
+                view = self.views[name]
+                if isinstance(x, np.ndarray):
+                    view.set(np.ascontiguousarray(x), stream=self.stream)
+                else:
+                    view[...] = cupy.asarray(x) if hasattr(x, "__cuda_array_interface__") else cupy.from_dlpack(x)
+            if use_graph:
+                if self.graph is None:
+                    self.stream.begin_capture()
+                    try:
+                        self.launch_all()
+                    finally:
+                        self.graph = self.stream.end_capture()
+                self.graph.launch(stream=self.stream)
+            else:
+                self.launch_all()
+            outs = {
+                public: self.views[name].copy()
+                for public, name in zip(self.plan.output_names, self.plan.outputs, strict=True)
+            }
+            if to_numpy:
+                return {k: cupy.asnumpy(v, stream=self.stream) for k, v in outs.items()}
+            if sync:
+                self.stream.synchronize()
+            return outs
+
+
+class CUDAExecutor:
+    """Loads the kernels for this GPU and runs through a default context."""
+
+    def __init__(
+        self,
+        plan: KernelPlan,
+        memory: MemoryPlan,
+        weights: Mapping[str, np.ndarray],
+        cubins: Mapping[str, bytes],
+        names: Mapping[str, str],
+        device: int = 0,
+    ):
+        cupy = import_cupy()
+        self.plan, self.memory, self.device = plan, memory, device
+        with cupy.cuda.Device(device):
+            self.functions: dict[str, Any] = {}
+            self.modules = []
+            for digest, cubin in cubins.items():
+                mod = cupy.cuda.function.Module()
+                mod.load(cubin)
+                self.modules.append(mod)
+                fn = mod.get_function(names[digest])
+                self.functions[digest] = fn
+            for step in plan.steps:
+                for ln in step.launches:
+                    if ln.shared_bytes > 48 * 1024:
+                        self.functions[ln.digest].max_dynamic_shared_size_bytes = ln.shared_bytes
+            self.weights = DeviceWeights(plan, weights, device)
+        self.default = CUDAContext(plan, memory, self.weights, self.functions, device)
+
+    def create_context(self) -> CUDAContext:
+        return CUDAContext(self.plan, self.memory, self.weights, self.functions, self.device)
+
+    def run(self, feeds: Mapping[str, Any], **kwargs: Any) -> dict[str, Any]:
+        return self.default.run(feeds, **kwargs)
