@@ -17,7 +17,6 @@ product ONNX Runtime and ONNX shape inference compute.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -328,12 +327,3 @@ register_op(
     compute=_resize_compute,
     static_inputs=(1, 2, 3),
 )
-
-
-def plan_for(shape: Sequence[int], attrs, roi=None, scales=None, sizes=None) -> ResizePlan:
-    """The plan of a Resize over a static input shape (for codegen and tests)."""
-
-    def fail(msg):
-        raise ValueError(msg)
-
-    return resize_plan(tuple(shape), attrs, roi, scales, sizes, fail)
