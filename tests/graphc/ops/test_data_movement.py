@@ -866,3 +866,19 @@ def test_resize_inference():
         infer("Resize", [T((1, 2)), None, np.ones(3, np.float32)])
     with pytest.raises(ShapeError, match="mode"):
         infer("Resize", [T((1, 2)), None, np.ones(2, np.float32)], {"mode": "bicubic"})
+
+
+def test_resize_where_ort_departs_from_the_spec():
+    # 1. tf_crop_and_resize crops an axis whose length does not change (ORT returns the input).
+    x = np.arange(20, dtype=np.float32).reshape(1, 1, 5, 4)  # x[i, j] = 4 i + j
+    attrs = {"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize"}
+    y = _resize(x, attrs, roi=[0, 0, 0.2, 0, 1, 1, 0.6, 1], sizes=[1, 1, 5, 4], ref=True)
+    rows = 0.2 * 4 + np.arange(5) * (0.6 - 0.2) * 4 / 4
+    assert_close(y[0, 0], (4 * rows[:, None] + np.arange(4)[None, :]).astype(np.float32))
+    # 2. antialias widens the filter only when downscaling: upscaled axes are plain linear/cubic
+    # (ORT's antialias kernel differs when upscaling by a non-integer factor).
+    x = rand((1, 1, 7, 5))
+    for mode in ("linear", "cubic"):
+        plain = _resize(x, {"mode": mode}, scales=[1, 1, 1.43, 1.02])
+        aa = _resize(x, {"mode": mode, "antialias": 1}, scales=[1, 1, 1.43, 1.02], ref=True)
+        assert_close(aa, plain, atol=1e-5)
