@@ -1,1 +1,18 @@
-"""graphc.runtime (being written)."""
+"""graphc.runtime: load and run engines. Imports nothing of the compiler (no onnx, no jinja2)
+for CUDA engines; CPU engines run the compiler's numpy references."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from graphc.runtime.errors import EngineError, EngineInputError
+
+
+def load(path: Any, device: int = 0):
+    """Load an engine file (validated before it touches the GPU)."""
+    from graphc.runtime.format import load as _load
+
+    return _load(path, device)
+
+
+__all__ = ["EngineError", "EngineInputError", "load"]

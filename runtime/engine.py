@@ -80,3 +80,17 @@ class Engine:
 
     def __call__(self, **feeds: Any) -> dict[str, Any]:
         return self.run(feeds)
+
+    def save(self, path: Any) -> None:
+        """Write the engine file (see graphc.runtime.format)."""
+        from graphc.runtime.format import save_engine
+
+        save_engine(self, path)
+
+    def create_context(self) -> Any:
+        """A new execution context (own arena and stream, shared weights) for another thread."""
+        if self.executor is None or not hasattr(self.executor, "create_context"):
+            from graphc.runtime.errors import EngineError
+
+            raise EngineError(f"{self.target} engines have no execution contexts")
+        return self.executor.create_context()
