@@ -97,5 +97,7 @@ RULES: list[Rule] = _rules()
 
 
 def fuse_gelu(graph: Graph) -> Graph:
+    if not any(n.op in ("Erf", "Tanh") and not n.domain for n in graph.nodes):
+        return graph
     g = apply_rules(graph, RULES)
     return record_near_misses(g, near_misses(g, RULES, "GELU"))

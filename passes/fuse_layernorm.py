@@ -443,6 +443,9 @@ RULES: list[Rule] = LN_RULES + RMS_RULES + ABSORB_RULES
 
 
 def fuse_layernorm(graph: Graph) -> Graph:
+    ops = {n.op for n in graph.nodes if not n.domain}
+    if not ops & {"ReduceMean", "LayerNormalization", "RMSNormalization"}:
+        return graph  # no decomposed norm without a ReduceMean, nothing to absorb without a norm
     # LayerNorm near misses are looked for before rewriting: an RMSNorm rule may still fuse the
     # tail of a blocked LayerNorm (as rmsnorm(x - mean)), and the user should hear why not more.
     misses = near_misses(graph, LN_RULES, "decomposed LayerNorm")

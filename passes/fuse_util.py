@@ -122,16 +122,17 @@ def near_misses(graph: Graph, rules: Iterable[Rule], what: str) -> list[str]:
     Each rule is tried in its relaxed form at every node of its root op; a match that passes the
     rule's predicate (apart from the interior check) but not the strict match is a near miss.
     """
+    by_op: dict[str, list[tuple[Rule, Pattern]]] = {}
+    for rule in rules:
+        for op in rule.pattern.ops:
+            by_op.setdefault(op, []).append((rule, _relaxed_cached(rule.pattern)))
     out: list[str] = []
     seen: set[str] = set()
-    rules = list(rules)
     for node in graph.nodes:
         if node.domain or node.name in seen:
             continue
-        for rule in rules:
-            if node.op not in rule.pattern.ops:
-                continue
-            m = match(graph, relaxed(rule.pattern), node)
+        for rule, pattern in by_op.get(node.op, ()):
+            m = match(graph, pattern, node)
             if m is None or (rule.predicate is not None and not _predicate_ignoring_interior(rule, m)):
                 continue
             why = closed_interior(m)
@@ -141,6 +142,16 @@ def near_misses(graph: Graph, rules: Iterable[Rule], what: str) -> list[str]:
             seen.update(n.name for n in m.matched)
             break
     return out
+
+
+_RELAXED: dict[int, tuple[Pattern, Pattern]] = {}
+
+
+def _relaxed_cached(p: Op) -> Pattern:
+    hit = _RELAXED.get(id(p))
+    if hit is None or hit[0] is not p:
+        hit = _RELAXED[id(p)] = (p, relaxed(p))
+    return hit[1]
 
 
 def _predicate_ignoring_interior(rule: Rule, m: Match) -> bool:
