@@ -230,8 +230,11 @@ def _compare_one(ref: Any, out: Any, rtol: float, atol: float) -> str | None:
 def _summarize_mismatch(message: str, rtol: float, atol: float) -> str:
     lines = [ln.strip() for ln in message.splitlines()]
     parts = []
-    for ln in lines:
-        if ln.startswith("Mismatched elements:"):
+    first = None  # numpy lists mismatches after "Mismatch at index:"; the first says the most
+    for prev, ln in zip(["", *lines], lines, strict=False):
+        if prev.startswith("Mismatch at ind") and ln.startswith("["):
+            first = ln.replace(" (ACTUAL)", " actual").replace(" (DESIRED)", " expected")
+        elif ln.startswith("Mismatched elements:"):
             parts.append(ln.removeprefix("Mismatched elements:").strip() + " mismatched")
         elif ln.startswith("Max absolute difference"):
             parts.append("max abs diff " + ln.rsplit(":", 1)[1].strip())
@@ -243,6 +246,8 @@ def _summarize_mismatch(message: str, rtol: float, atol: float) -> str:
             parts.append("inf locations differ")
     if not parts:
         parts.append(next((ln for ln in lines if ln), "values differ"))
+    if first:
+        parts.append(f"first at {first}")
     return f"values differ (rtol={rtol:g}, atol={atol:g}): " + ", ".join(parts)
 
 
