@@ -4,7 +4,6 @@ target arch (in parallel, cached), and a CUDA executor where a GPU is present.""
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,7 +104,7 @@ def build_cuda_engine(
     weights: dict[str, np.ndarray],
     opts,
     report: dict[str, Any],
-    timings: dict[str, float],
+    phase,
 ):
     from graphc.runtime.engine import Engine
 
@@ -113,15 +112,14 @@ def build_cuda_engine(
     archs = [check_arch(a) for a in (opts.arch or ([local] if local else list(DEFAULT_ARCHS)))]
     if local and local not in archs and not opts.arch:
         archs.append(local)
-    t0 = time.perf_counter()
-    kernels = generate_kernels(plan, weights, precision=opts.precision, allow_tf32=opts.allow_tf32)
-    timings["codegen"] = round(time.perf_counter() - t0, 6)
+    with phase("codegen"):
+        kernels = generate_kernels(plan, weights, precision=opts.precision, allow_tf32=opts.allow_tf32)
     ws = max((s.workspace_bytes for s in plan.steps), default=0)
     memory.workspace_bytes = align(ws) if ws else 0
-    t0 = time.perf_counter()
-    compile_kernels(kernels, archs, cache_dir=opts.cache_dir)
-    timings["nvrtc"] = round(time.perf_counter() - t0, 6)
-    report["timings"] = timings
+    report["memory"]["workspace_bytes"] = memory.workspace_bytes
+    with phase("nvrtc"):
+        compile_kernels(kernels, archs, cache_dir=opts.cache_dir)
+    report["timings"] = phase.timings
     report["cuda"] = {
         "archs": archs,
         "kernels": len(kernels.sources),

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ class CompileOptions:
     tune: str = "off"
     allow_tf32: bool = False
     cache_dir: str | Path | None = None
+    progress: Callable[[str, str], None] | None = None  # (phase, "start" | "done"), for progress bars
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -54,6 +56,26 @@ class CompileOptions:
             raise CompileError(f"opt_level must be 0..3, got {self.opt_level}")
         if self.tune not in ("off", "fast", "full"):
             raise CompileError(f"tune must be off, fast or full, got {self.tune!r}")
+
+
+class _Phases:
+    """Times the phases of a compile and tells the progress callback about each."""
+
+    def __init__(self, progress: Callable[[str, str], None] | None):
+        self.timings: dict[str, float] = {}
+        self.progress = progress
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        if self.progress:
+            self.progress(name, "start")
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[name] = round(time.perf_counter() - t0, 6)
+            if self.progress:
+                self.progress(name, "done")
 
 
 def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  # noqa: A001
@@ -71,33 +93,30 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
 
     opts = dataclasses.replace(options or CompileOptions(), **kwargs)
     opts.validate()
-    timings: dict[str, float] = {}
-
-    def phase(name: str, t0: float) -> None:
-        timings[name] = round(time.perf_counter() - t0, 6)
-
-    t0 = time.perf_counter()
-    graph = load_onnx(model)
-    phase("load", t0)
-    t0 = time.perf_counter()
-    graph = bind_shapes(graph, opts.shapes)
-    phase("bind_shapes", t0)
-    t0 = time.perf_counter()
-    result = optimize(graph, OptimizeOptions(opt_level=opts.opt_level, verify=opts.verify, dump_ir=opts.dump_ir))
-    optimized = result.graph
-    phase("optimize", t0)
+    if opts.target == "cpu" and opts.precision != "fp32":
+        log.info(
+            "cpu target in %s: the numpy references compute in that precision (a reference, not fast)", opts.precision
+        )
+    phase = _Phases(opts.progress)
+    with phase("load"):
+        graph = load_onnx(model)
+    with phase("bind_shapes"):
+        graph = bind_shapes(graph, opts.shapes)
+    with phase("optimize"):
+        result = optimize(graph, OptimizeOptions(opt_level=opts.opt_level, verify=opts.verify, dump_ir=opts.dump_ir))
+        optimized = result.graph
+    if opts.target == "cuda" and opts.opt_level > 0:
+        with phase("layout"):
+            optimized = _channels_last(optimized)
     if opts.precision != "fp32":
         from graphc.passes.precision import convert_precision
 
-        t0 = time.perf_counter()
-        optimized = convert_precision(optimized, opts.precision)
-        phase("precision", t0)
-    t0 = time.perf_counter()
-    plan = lower_to_plan(optimized)
-    phase("lower", t0)
-    t0 = time.perf_counter()
-    memory = plan_memory(plan)
-    phase("memory_plan", t0)
+        with phase("precision"):
+            optimized = convert_precision(optimized, opts.precision)
+    with phase("lower"):
+        plan = lower_to_plan(optimized)
+    with phase("memory_plan"):
+        memory = plan_memory(plan)
 
     report = optimizer_report(graph, optimized, result.records)
     report["memory"] = {
@@ -115,7 +134,13 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
     report["precision"] = opts.precision
     report["steps"] = len(plan.steps)
     report["kernels"] = sum(1 for s in plan.steps if not s.alias)
+    report["timings"] = phase.timings
     weights = {name: c.data for name, c in optimized.constants.items()}
+    options_json = {
+        k: (str(v) if isinstance(v, Path) else v)
+        for k, v in dataclasses.asdict(opts).items()
+        if k not in ("progress", "extra")
+    }
 
     if opts.target == "cpu":
         from graphc.cpu_kernels import cpu_kernel
@@ -123,9 +148,45 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
         from graphc.runtime.engine import Engine
 
         executor = CPUExecutor(plan, memory, weights, cpu_kernel)
-        report["timings"] = timings
-        return Engine("cpu", plan, memory, weights, executor, report, {"target": "cpu"})
+        return Engine("cpu", plan, memory, weights, executor, report, _build_info(opts, options_json))
 
     from graphc.codegen.build import build_cuda_engine
 
-    return build_cuda_engine(optimized, plan, memory, weights, opts, report, timings)
+    engine = build_cuda_engine(optimized, plan, memory, weights, opts, report, phase)
+    engine.build_info.update(_build_info(opts, options_json))
+    return engine
+
+
+def _channels_last(graph):
+    """NHWC for the convolutions of the CUDA target, when the layout pass is available."""
+    try:
+        from graphc.passes.layout import to_channels_last
+    except ImportError:
+        return graph
+    return to_channels_last(graph)
+
+
+def _build_info(opts: CompileOptions, options_json: dict[str, Any]) -> dict[str, Any]:
+    import platform
+
+    import numpy
+
+    from graphc._version import __version__
+
+    info: dict[str, Any] = {
+        "graphc": __version__,
+        "target": opts.target,
+        "precision": opts.precision,
+        "options": options_json,
+        "python": platform.python_version(),
+        "numpy": numpy.__version__,
+        "host": platform.node(),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    try:
+        import onnx
+
+        info["onnx"] = onnx.__version__
+    except ImportError:
+        pass
+    return info
