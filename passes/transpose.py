@@ -158,14 +158,15 @@ class _Analysis:
 
     # -- transposes --
     def transposed(self, v: Value | None) -> tuple[Node, Perm] | None:
-        """(the Transpose node, its perm) if `v` is a Transpose of a non-constant value."""
+        """(the Transpose node, its perm) if `v` is a Transpose of a non-constant value that moves
+        data (one that moves only size-1 dims is a Reshape, see RULE_UNIT)."""
         if v is None:
             return None
         n = self.g.producer(v.name)
         if n is None or not _is_onnx(n, "Transpose") or n.inputs[0].name in self.const_derived:
             return None
         p = perm_of(n)
-        return None if p is None else (n, p)
+        return None if p is None or _trivial(p, _shape(n.inputs[0])) else (n, p)
 
     def _perm_in(self, v: Value | None, assume: tuple[str, Perm] | None) -> Perm | None:
         if v is None:
@@ -493,6 +494,14 @@ def _matmul_flags(node: Node) -> tuple[int, int, float]:
     return 0, 0, 1.0
 
 
+def _merges_first(c: _Ctx, t: Node) -> bool:
+    """Transpose `t` reads a transpose that only it reads: MERGE makes them one this sweep; the
+    matmul decides on the merged perm next sweep. (The K^T of attention, split by exporters into
+    (0,2,1,3) then (0,1,3,2), becomes one Transpose(0,2,3,1) rather than a half-folded pair.)"""
+    inner = c.a.g.producer(t.inputs[0].name)
+    return inner is not None and _is_onnx(inner, "Transpose") and _single_use(c, t.inputs[0], t)
+
+
 def _absorb_into_matmul(node: Node, c: _Ctx):
     if _is_onnx(node, "MatMul") and not all((s := _shape(v)) is not None and len(s) >= 2 for v in node.inputs):
         return None  # graphc.MatMul has no vector operands
@@ -501,7 +510,7 @@ def _absorb_into_matmul(node: Node, c: _Ctx):
     operands, matched = [], []
     for i, v in enumerate(node.inputs[:2]):
         t = c.a.transposed(v)
-        if t is not None and is_last_two_swap(t[1]):
+        if t is not None and is_last_two_swap(t[1]) and not _merges_first(c, t[0]):
             operands.append(c.new(t[0].inputs[0]))
             flags[i] ^= 1
             matched.append(t[0])
@@ -517,7 +526,7 @@ def _absorb_into_gemm(node: Node, c: _Ctx):
     attrs, ins, matched = node.attrs, [c.new(v) for v in node.inputs], []
     for i, flag in ((0, "transA"), (1, "transB")):
         t = c.a.transposed(node.inputs[i])
-        if t is not None and t[1] == (1, 0):
+        if t is not None and t[1] == (1, 0) and not _merges_first(c, t[0]):
             ins[i] = c.new(t[0].inputs[0])
             attrs = attrs.replace(**{flag: 1 - getattr(attrs, flag)})
             matched.append(t[0])
