@@ -1,9 +1,537 @@
-"""Pass fuse_attention (being written: returns the graph unchanged for now)."""
+"""Fuse scaled dot-product attention, Softmax(Q @ K^T * scale + mask) @ V, into one Attention node.
+
+What is recognized, walking back from each Softmax over the last axis of a 4-D tensor:
+
+- scores: MatMul(Q, K^T), or graphc.MatMul with trans flags and alpha (transpose elimination
+  folds a Transpose of K's last two dims into trans_b=1; affine folding may put the scale into
+  alpha). K^T is K's Transpose(0,2,3,1) of the (batch, seq, heads, head_dim) Reshape, or
+  Transpose(0,2,1,3) then a swap of the last two dims (merged or not), or trans_b=1.
+- scale: Mul or Div by scalar constants, on the scores or on Q and/or K before the matmul (also
+  between their Reshape and Transpose); the product becomes Attention's `scale`, always set
+  explicitly (1 when there is none, not the op's 1/sqrt(head_dim) default).
+- mask: Add of any value broadcastable to the scores (an additive float mask, e.g. BERT's, made
+  at run time from attention_mask: it stays an input, computed as before), and/or
+  Where(cond, scores, fill) with fill -inf or a large negative constant (finfo.min, -1e4...):
+  cond is a boolean "keep" mask, as Attention's bool attn_mask is (Where(cond, fill, scores)
+  keeps Not(cond)). Several masks combine into one attn_mask: additive ones are summed, boolean
+  ones joined with And, and both together become Where(keep, sum, -inf).
+- output: Softmax feeds only the P @ V matmul.
+
+Layout: when Q, K and V come from (batch, seq, heads, head_dim) tensors through
+Transpose(0,2,1,3) (the Reshape-then-Transpose split of heads) the node takes Attention's 3-D
+form, (batch, seq, heads * head_dim) with q_num_heads / kv_num_heads, and the head split
+disappears; when the output goes through Transpose(0,2,1,3) (and a Reshape merging heads), that
+goes too. Otherwise the 4-D form (batch, heads, seq, head_dim) is used.
+
+Exactness: the rewrite is exact up to float rounding on every row that attends to at least one
+key. A row whose every key is masked gives zeros from Attention, where the decomposed graph gave
+NaN (-inf fill) or a uniform average (a finite fill); such rows are padding queries, and no
+model reads them.
+
+Attention nodes already in the model are left as they are.
+"""
 
 from __future__ import annotations
 
-from graphc.ir.graph import Graph
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from graphc.ir.builder import GraphBuilder
+from graphc.ir.graph import Graph, Node, Value
+from graphc.ir.types import DType, TensorType
+from graphc.ops.internal import INTERNAL_DOMAIN
+from graphc.passes.dce import eliminate_dead_code
+from graphc.passes.fuse_util import scalar
+from graphc.passes.provenance import origins_of
+from graphc.passes.report import add_near_miss
+
+# A Where fill at or below this is "masked": exp(fill - row max) is 0 in float32 for any
+# realistic score, so replacing it by -inf changes nothing on rows that attend somewhere.
+MASK_FILL_MAX = -1e4
+_HEAD_SPLIT = (0, 2, 1, 3)  # (batch, seq, heads, dim) <-> (batch, heads, seq, dim)
+_IDENTITY = (0, 1, 2, 3)
+_SWAP_LAST = (0, 1, 3, 2)
+
+
+class _Decline(Exception):
+    """Not fused; the message (if any) is a near miss worth telling the user."""
+
+    def __init__(self, message: str | None = None):
+        super().__init__(message)
+        self.message = message
+
+
+# ---- tracing operands back through layout and scale ops ------------------------------------------
+
+
+def _compose(inner: tuple[int, ...], outer: tuple[int, ...]) -> tuple[int, ...]:
+    """transpose(transpose(x, inner), outer) == transpose(x, result)."""
+    return tuple(inner[j] for j in outer)
+
+
+@dataclass
+class _Operand:
+    """The logical 4-D operand = scale * transpose(base, perm)."""
+
+    base: Value
+    perm: tuple[int, ...]
+    scale: float = 1.0
+    walked: list[Node] = field(default_factory=list)
+
+    def shape(self) -> tuple:
+        s = self.base.ttype.shape
+        return tuple(s[p] for p in self.perm)
+
+
+def _onnx(node: Node | None, *ops: str) -> bool:
+    return node is not None and not node.domain and node.op in ops
+
+
+def _scalar_factor(g: Graph, node: Node) -> tuple[Value, float] | None:
+    """(x, f) when node is x * c, c * x or x / c with c a scalar float constant and the result
+    of x's shape and dtype; the node's value is x * f."""
+    if not _onnx(node, "Mul", "Div") or len(node.inputs) != 2:
+        return None
+    a, c = node.inputs
+    order = [(a, c)] if node.op == "Div" else [(a, c), (c, a)]
+    for x, k in order:
+        if x is None or k is None:
+            continue
+        data = g.const(k.name)
+        if data is None or data.dtype.kind != "f" or x.type != node.outputs[0].type:
+            continue
+        s = scalar(data)
+        if s is None or not math.isfinite(s) or s == 0:
+            continue
+        return x, (s if node.op == "Mul" else 1.0 / s)
+    return None
+
+
+def _trace(g: Graph, v: Value, perm: tuple[int, ...], *, scales: bool) -> _Operand:
+    """Walk back from v (logically transpose(v, perm)) through Transposes and, with `scales`,
+    scalar Mul/Div, to the value where the layout starts."""
+    op = _Operand(v, perm)
+    while True:
+        n = g.producer(op.base.name)
+        if _onnx(n, "Transpose") and n.inputs[0] is not None and n.inputs[0].ttype.shape is not None:
+            p = n.attrs.perm
+            p = tuple(p) if p is not None else tuple(reversed(range(len(n.inputs[0].ttype.shape))))
+            if len(p) != 4:
+                break
+            op.perm = _compose(p, op.perm)
+            op.base = n.inputs[0]
+            op.walked.append(n)
+            continue
+        if scales and n is not None:
+            f = _scalar_factor(g, n)
+            if f is not None:
+                op.base, factor = f
+                op.scale *= factor
+                op.walked.append(n)
+                continue
+        break
+    return op
+
+
+def _matmul_flags(node: Node) -> tuple[int, int, float] | None:
+    """(trans_a, trans_b, alpha) of an ONNX MatMul or a graphc.MatMul; None for anything else."""
+    if node.op != "MatMul":
+        return None
+    if not node.domain:
+        return 0, 0, 1.0
+    if node.domain == INTERNAL_DOMAIN:
+        return node.attrs.trans_a, node.attrs.trans_b, node.attrs.alpha
+    return None
+
+
+# ---- the scores chain between the QK matmul and the Softmax ------------------------------------
+
+
+@dataclass
+class _Chain:
+    qk: Node
+    nodes: list[Node] = field(default_factory=list)  # from the matmul outward, the Softmax excluded
+    scale: float = 1.0
+    additive: list[Value] = field(default_factory=list)
+    keep: list[tuple[Value, bool]] = field(default_factory=list)  # (cond, inverted)
+
+
+def _rank4(v: Value | None) -> bool:
+    return v is not None and isinstance(v.type, TensorType) and v.type.shape is not None and len(v.type.shape) == 4
+
+
+def _is_fill(g: Graph, v: Value | None) -> bool:
+    data = None if v is None else g.const(v.name)
+    if data is None or data.dtype.kind != "f":
+        return False
+    s = scalar(data)
+    return s is not None and s <= MASK_FILL_MAX
+
+
+def _find_chain(g: Graph, v: Value, depth: int = 0) -> _Chain | None:
+    """The chain from a QK matmul to v through scale and mask ops (v = the Softmax input), or
+    None if v is not one. Add's operands are tried both ways (a mask may be made by Adds too)."""
+    if depth > 8 or not _rank4(v):
+        return None
+    n = g.producer(v.name)
+    if n is None:
+        return None
+    flags = _matmul_flags(n)
+    if flags is not None:
+        return _Chain(qk=n) if _rank4(n.inputs[0]) and _rank4(n.inputs[1]) else None
+    if n.domain:
+        return None
+    f = _scalar_factor(g, n)
+    if f is not None:
+        chain = _find_chain(g, f[0], depth + 1)
+        if chain is not None:
+            chain.nodes.append(n)
+            chain.scale *= f[1]
+        return chain
+    if n.op == "Add" and len(n.inputs) == 2:
+        for inner, mask in ((n.inputs[0], n.inputs[1]), (n.inputs[1], n.inputs[0])):
+            if inner is None or mask is None or inner.type != n.outputs[0].type:
+                continue
+            chain = _find_chain(g, inner, depth + 1)
+            if chain is not None:
+                chain.nodes.append(n)
+                chain.additive.append(mask)
+                return chain
+        return None
+    if n.op == "Where" and len(n.inputs) == 3:
+        cond, a, b = n.inputs
+        for inner, fill, inverted in ((a, b, False), (b, a, True)):
+            if inner is None or inner.type != n.outputs[0].type or not _is_fill(g, fill):
+                continue
+            chain = _find_chain(g, inner, depth + 1)
+            if chain is not None:
+                chain.nodes.append(n)
+                chain.keep.append((cond, inverted))
+                return chain
+        return None
+    return None
+
+
+# ---- analysis: one plan per Softmax ------------------------------------------------------------
+
+
+@dataclass
+class _Plan:
+    root: Node  # the node whose output the Attention result replaces
+    softmax: Node
+    q: _Operand
+    k: _Operand
+    v: _Operand
+    additive: list[Value]
+    keep: list[tuple[Value, bool]]
+    scale: float
+    three_d: bool
+    heads: tuple[int, int]  # (q heads, kv heads) for the 3-D form
+    dims: dict[str, object]
+    absorbed: tuple[str, ...] = ()
+
+
+def _other_reader(g: Graph, v: Value, user: Node) -> str | None:
+    """None when `user` is v's only reader and v is no graph output, else who else reads it."""
+    if g.is_output(v.name):
+        return "the graph outputs"
+    for u in g.users(v.name):
+        if u is not user:
+            return _name(u)
+    return None
+
+
+def _name(n: Node) -> str:
+    return f"{n.op} '{n.name}'" if not n.domain else f"{n.domain}.{n.op} '{n.name}'"
+
+
+def _analyze(g: Graph, softmax: Node) -> _Plan | None:
+    x = softmax.inputs[0]
+    if not _rank4(x) or softmax.attrs.axis not in (-1, 3):
+        return None
+    chain = _find_chain(g, x)
+    if chain is None:
+        return None
+    where = f"Softmax '{softmax.name}' not fused into Attention"
+    # The P @ V matmul.
+    p = softmax.outputs[0]
+    users = g.users(p.name)
+    if not users:
+        return None
+    pv = next((u for u in users if _matmul_flags(u) is not None), users[0])
+    other = _other_reader(g, p, pv)
+    if other is not None:
+        raise _Decline(f"{where}: the probabilities are also used by {other}")
+    pv_flags = _matmul_flags(pv)
+    if pv_flags is None or pv.inputs[0] != p or pv_flags[0] or pv_flags[2] != 1.0:
+        raise _Decline(f"{where}: the probabilities feed {_name(pv)}, not a P @ V matmul")
+    # Interior values: each read only by the next node of the chain.
+    seq = [chain.qk, *chain.nodes, softmax]
+    for prev, nxt in zip(seq, seq[1:], strict=False):
+        other = _other_reader(g, prev.outputs[0], nxt)
+        if other is not None:
+            raise _Decline(f"{where}: the scores '{prev.outputs[0].name}' are also used by {other}")
+    seen_mask = False
+    for n in chain.nodes:
+        if n.op in ("Add", "Where"):
+            seen_mask = True
+        elif seen_mask:
+            raise _Decline(f"{where}: the scale {_name(n)} comes after the mask")
+    # Q, K, V in the logical (batch, heads, seq, dim) layout.
+    ta, tb, alpha = _matmul_flags(chain.qk)
+    q = _trace(g, chain.qk.inputs[0], _SWAP_LAST if ta else _IDENTITY, scales=True)
+    kt = _trace(g, chain.qk.inputs[1], _SWAP_LAST if tb else _IDENTITY, scales=True)
+    k = _Operand(kt.base, _compose(kt.perm, _SWAP_LAST), kt.scale, kt.walked)
+    v = _trace(g, pv.inputs[1], _SWAP_LAST if pv_flags[1] else _IDENTITY, scales=False)
+    scale = chain.scale * alpha * q.scale * k.scale
+    if not scale > 0:
+        raise _Decline(f"{where}: the scale {scale} is not positive")
+    dims = _check_shapes(q, k, v, chain.qk.outputs[0], where)
+    _check_masks(chain, dims, where)
+    # The layout: 3-D when every operand is a head split of a (batch, seq, heads, dim) tensor.
+    three_d = all(o.perm == _HEAD_SPLIT for o in (q, k, v)) and all(
+        isinstance(dims[d], int) for d in ("heads", "kv_heads", "dim", "vdim")
+    )
+    root = pv
+    if three_d:
+        t = g.users(pv.outputs[0].name)
+        if (
+            len(t) == 1
+            and not g.is_output(pv.outputs[0].name)
+            and _onnx(t[0], "Transpose")
+            and t[0].attrs.perm is not None
+            and tuple(t[0].attrs.perm) == _HEAD_SPLIT
+        ):
+            root = t[0]
+    plan = _Plan(
+        root=root,
+        softmax=softmax,
+        q=q,
+        k=k,
+        v=v,
+        additive=chain.additive,
+        keep=chain.keep,
+        scale=scale,
+        three_d=three_d,
+        heads=(dims["heads"], dims["kv_heads"]),
+        dims=dims,
+    )
+    core = [chain.qk, *chain.nodes, softmax, pv] + ([root] if root is not pv else [])
+    plan.absorbed = _absorbed(g, core, [q, k, v])
+    return plan
+
+
+def _same(*dims) -> bool:
+    """All equal and known (a None dim is unknown, and two unknowns may differ)."""
+    return all(d is not None for d in dims) and len(set(dims)) == 1
+
+
+def _agree(*dims) -> bool:
+    """The known ones are equal: for dims a matmul's inner or outer size ties at run time anyway."""
+    return len({d for d in dims if d is not None}) <= 1
+
+
+def _check_shapes(q: _Operand, k: _Operand, v: _Operand, scores: Value, where: str) -> dict[str, object]:
+    for name, o in (("Q", q), ("K", k), ("V", v)):
+        if not _rank4(o.base) or not o.base.ttype.dtype.is_float:
+            raise _Decline(f"{where}: {name} is not a 4-D float tensor")
+    (qb, qh, sq, qd), (kb, kh, skv, kd), (vb, vh, vskv, vd) = q.shape(), k.shape(), v.shape()
+    sb, sh, ssq, sskv = scores.ttype.shape
+    # Batch and head dims must be known equal: MatMul would broadcast a 1 where Attention would
+    # not (except a single KV head, which Attention's grouped-query form broadcasts too). The
+    # sequence and head sizes are tied by the two matmuls themselves.
+    ok = (
+        _same(qb, kb, vb, sb)
+        and _same(qh, sh)
+        and _same(kh, vh)
+        and (kh == qh or kh == 1)
+        and _agree(sq, ssq)
+        and _agree(skv, vskv, sskv)
+        and _agree(qd, kd)
+    )
+    if not ok:
+        raise _Decline(
+            f"{where}: Q {q.shape()}, K {k.shape()} and V {v.shape()} do not line up as (batch, heads, seq, head_dim)"
+        )
+    known = [d for d in (skv, vskv, sskv) if d is not None]
+    return {
+        "batch": qb,
+        "heads": qh,
+        "kv_heads": kh,
+        "q_seq": sq if sq is not None else ssq,
+        "kv_seq": known[0] if known else None,
+        "dim": qd if qd is not None else kd,
+        "vdim": vd,
+    }
+
+
+def _check_masks(chain: _Chain, dims: dict[str, object], where: str) -> None:
+    skv = dims["kv_seq"]
+    for m in [*chain.additive, *(c for c, _ in chain.keep)]:
+        t = m.type
+        if not isinstance(t, TensorType) or t.shape is None or not 1 <= len(t.shape) <= 4:
+            raise _Decline(f"{where}: the mask '{m.name}' ({t}) is not of rank 1 to 4")
+        last = t.shape[-1]
+        if last is None or (last == 1 and skv != 1 and not isinstance(skv, int)):
+            raise _Decline(f"{where}: the mask '{m.name}' ({t}) has an unknown key length")
+    for c, _ in chain.keep:
+        if c.ttype.dtype != DType.bool:
+            raise _Decline(f"{where}: the Where condition '{c.name}' is not boolean")
+
+
+def _absorbed(g: Graph, core: list[Node], operands: list[_Operand]) -> tuple[str, ...]:
+    """Origins of the nodes the Attention node replaces: the core, and the layout and scale
+    nodes of Q, K, V whose results nobody else reads."""
+    inside = {id(n) for n in core}
+    nodes = list(core)
+    for o in operands:
+        for n in o.walked:  # from the matmul outward: each one's readers are inside already
+            if g.is_output(n.outputs[0].name) or any(id(u) not in inside for u in g.users(n.outputs[0].name)):
+                break
+            inside.add(id(n))
+            nodes.append(n)
+    order = {id(n): i for i, n in enumerate(g.nodes)}
+    nodes.sort(key=lambda n: order[id(n)])
+    return tuple(dict.fromkeys(o for n in nodes for o in origins_of(g, n.name)))
+
+
+# ---- emission ----------------------------------------------------------------------------------
+
+
+def _prefix(n: Node) -> str:
+    return n.name.rsplit("/", 1)[0] if "/" in n.name else n.name
+
+
+def _i64(b: GraphBuilder, values, hint: str) -> Value:
+    return b.add_constant(np.array(values, dtype=np.int64), hint)
+
+
+def _to_3d(g: Graph, b: GraphBuilder, o: _Operand, mapv, hint: str) -> Value:
+    """(batch, seq, heads * dim) from the (batch, seq, heads, dim) base: the Reshape's own input
+    when that already has this shape, else a new Reshape (an alias)."""
+    batch, seq, heads, dim = o.base.ttype.shape
+    r = g.producer(o.base.name)
+    if _onnx(r, "Reshape") and r.inputs[0] is not None and not r.attrs.allowzero:
+        src = r.inputs[0]
+        target = g.const(r.inputs[1].name) if r.inputs[1] is not None else None
+        s = src.ttype.shape
+        if s is not None and len(s) == 3 and s[2] == heads * dim:
+
+            def same(i: int, d) -> bool:
+                copied = target is not None and target.size == 4 and int(target[i]) == 0
+                return copied or (d is not None and s[i] == d)
+
+            if same(0, batch) and same(1, seq):
+                return mapv(src)
+    shape = _i64(b, [0, 0, heads * dim], f"{hint}/shape")
+    return b.op("Reshape", [mapv(o.base), shape], name=f"{hint}/Reshape")
+
+
+def _to_4d(b: GraphBuilder, o: _Operand, mapv, hint: str) -> Value:
+    base = mapv(o.base)
+    if o.perm == _IDENTITY:
+        return base
+    return b.op("Transpose", [base], {"perm": list(o.perm)}, name=f"{hint}/Transpose")
+
+
+def _emit_mask(b: GraphBuilder, plan: _Plan, mapv, hint: str, dtype: DType) -> Value | None:
+    add: Value | None = None
+    for m in plan.additive:
+        add = mapv(m) if add is None else b.op("Add", [add, mapv(m)], name=f"{hint}/mask_add")
+    keep: Value | None = None
+    for c, inverted in plan.keep:
+        c = mapv(c)
+        if inverted:
+            c = b.op("Not", [c], name=f"{hint}/mask_not")
+        keep = c if keep is None else b.op("And", [keep, c], name=f"{hint}/mask_and")
+    if keep is not None and add is not None:
+        ninf = b.add_constant(np.array(-np.inf, dtype=dtype.numpy), f"{hint}/ninf")
+        mask = b.op("Where", [keep, add, ninf], name=f"{hint}/mask")
+    else:
+        mask = keep if keep is not None else add
+    if mask is None:
+        return None
+    # Attention pads a short key axis with -inf rather than broadcasting it: expand a 1.
+    skv = plan.dims["kv_seq"]
+    if mask.ttype.shape[-1] == 1 and skv != 1:
+        shape = _i64(b, [1] * (len(mask.ttype.shape) - 1) + [skv], f"{hint}/mask_shape")
+        mask = b.op("Expand", [mask, shape], name=f"{hint}/mask_expand")
+    return mask
+
+
+def _emit(g: Graph, b: GraphBuilder, plan: _Plan, mapv) -> Value:
+    hint = _prefix(plan.softmax)
+    dtype = plan.q.base.ttype.dtype
+    attrs: dict[str, object] = {"scale": float(plan.scale)}
+    if plan.three_d:
+        q = _to_3d(g, b, plan.q, mapv, f"{hint}/q")
+        k = _to_3d(g, b, plan.k, mapv, f"{hint}/k")
+        v = _to_3d(g, b, plan.v, mapv, f"{hint}/v")
+        attrs["q_num_heads"], attrs["kv_num_heads"] = plan.heads
+    else:
+        q = _to_4d(b, plan.q, mapv, f"{hint}/q")
+        k = _to_4d(b, plan.k, mapv, f"{hint}/k")
+        v = _to_4d(b, plan.v, mapv, f"{hint}/v")
+    mask = _emit_mask(b, plan, mapv, hint, dtype)
+    y = b.op("Attention", [q, k, v, mask], attrs, name=f"{hint}/Attention")
+    if not plan.three_d:
+        return y
+    # Back to the (batch, seq, heads, vdim) the output Transpose gave (a Reshape merging the
+    # heads after it collapses with this one), or to (batch, heads, seq, vdim) for the P @ V
+    # output itself when its consumers need that layout.
+    split = _i64(b, [0, 0, plan.heads[0], plan.dims["vdim"]], f"{hint}/out_shape")
+    y = b.op("Reshape", [y, split], name=f"{hint}/out_Reshape")
+    if plan.root.op == "Transpose":
+        return y
+    return b.op("Transpose", [y], {"perm": list(_HEAD_SPLIT)}, name=f"{hint}/out_Transpose")
+
+
+# ---- the pass ----------------------------------------------------------------------------------
 
 
 def fuse_attention(graph: Graph) -> Graph:
-    return graph
+    plans: dict[str, _Plan] = {}
+    misses: list[str] = []
+    for node in graph.nodes:
+        if not _onnx(node, "Softmax"):
+            continue
+        try:
+            plan = _analyze(graph, node)
+        except _Decline as d:
+            if d.message:
+                misses.append(d.message)
+            continue
+        if plan is not None:
+            plans[plan.root.name] = plan
+    new_misses = [m for m in misses if m not in graph.meta.get("near_misses", ())]
+    if not plans:
+        if not new_misses:
+            return graph
+        meta = dict(graph.meta)
+        for m in new_misses:
+            add_near_miss(meta, m)
+        return graph.with_nodes(graph.nodes, meta=meta)
+
+    b = GraphBuilder.like(graph)
+    subst: dict[str, Value] = {}
+
+    def mapv(v: Value) -> Value:
+        return subst.get(v.name) or b.values[v.name]
+
+    origins = dict(graph.meta.get("origins", {}))
+    for node in graph.nodes:
+        plan = plans.get(node.name)
+        if plan is None:
+            b.keep_or_copy(node, [None if v is None else mapv(v) for v in node.inputs])
+            continue
+        before = len(b.nodes)
+        subst[node.outputs[0].name] = _emit(graph, b, plan, mapv)
+        for n in b.nodes[before:]:
+            origins[n.name] = plan.absorbed
+    b.set_outputs([mapv(v) for v in graph.outputs], graph.output_names)
+    b.meta["origins"] = origins
+    for m in new_misses:
+        add_near_miss(b.meta, m)
+    return eliminate_dead_code(b.build(verify=False))
