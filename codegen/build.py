@@ -112,8 +112,17 @@ def build_cuda_engine(
     archs = [check_arch(a) for a in (opts.arch or ([local] if local else list(DEFAULT_ARCHS)))]
     if local and local not in archs and not opts.arch:
         archs.append(local)
+    choices: dict[str, Any] = {}
+    if opts.tune != "off":
+        if local is None:
+            raise CompileError("--tune needs a GPU on this machine (tuning times kernels); use --tune off")
+        from graphc.codegen.tuner import tune_plan
+
+        with phase("tune"):
+            choices = tune_plan(plan, weights, mode=opts.tune, precision=opts.precision, allow_tf32=opts.allow_tf32)
+        report["tuning"] = choices
     with phase("codegen"):
-        kernels = generate_kernels(plan, weights, precision=opts.precision, allow_tf32=opts.allow_tf32)
+        kernels = generate_kernels(plan, weights, precision=opts.precision, allow_tf32=opts.allow_tf32, choices=choices)
     ws = max((s.workspace_bytes for s in plan.steps), default=0)
     memory.workspace_bytes = align(ws) if ws else 0
     report["memory"]["workspace_bytes"] = memory.workspace_bytes
