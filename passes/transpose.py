@@ -45,6 +45,7 @@ from graphc.ops.internal import INTERNAL_DOMAIN
 from graphc.ops.registry import Category, get_op, has_op
 from graphc.passes.dce import eliminate_dead_code
 from graphc.passes.provenance import origins_of
+from graphc.passes.report import add_near_miss
 from graphc.passes.transpose_perm import (
     Perm,
     compose,
@@ -101,7 +102,82 @@ def eliminate_transposes(graph: Graph, *, fired: list[str] | None = None) -> Gra
         g = new
     else:
         log.warning("eliminate_transposes: no fixed point after %d sweeps", MAX_SWEEPS)
-    return g
+    return _with_near_misses(g)
+
+
+def _with_near_misses(graph: Graph) -> Graph:
+    """Record transpose pairs that would cancel but for one op in between (once: the same graph
+    comes back when every message is there already, so the pass manager's fixed point holds)."""
+    have = list(graph.meta.get("near_misses", ()))
+    fresh = [m for m in _near_misses(graph) if m not in have]
+    if not fresh:
+        return graph
+    meta = dict(graph.meta)
+    for m in fresh:
+        add_near_miss(meta, m)
+    return graph.with_nodes(graph.nodes, meta=meta)
+
+
+def _near_misses(graph: Graph) -> list[str]:
+    a = _Analysis(graph)
+    out = []
+    for t, partner, blocker in _transpose_pairs(graph, a):
+        if blocker is not None:
+            out.append(f"Transposes '{t.name}' and '{partner.name}' would cancel, but {blocker}")
+    return out
+
+
+def cancellable_pairs(graph: Graph) -> list[tuple[str, str]]:
+    """Transposes that would cancel along a chain of single-consumer ops they commute with
+    (none is left once this pass has run): a check for tests and reports."""
+    return [(t.name, p.name) for t, p, blocker in _transpose_pairs(graph, _Analysis(graph)) if blocker is None]
+
+
+def _transpose_pairs(graph: Graph, a: _Analysis):
+    """Follow each transpose down its chain of single consumers (elementwise ops, and reductions
+    and softmax it can pass) to a transpose it would cancel with; yield (transpose, partner, why
+    they stay apart or None)."""
+    for t in graph.nodes:
+        first = a.transposed(t.outputs[0]) if _is_onnx(t, "Transpose") else None
+        if first is None:
+            continue
+        p, v, blocker = first[1], t.outputs[0], None
+        for _ in range(MAX_LOOKAHEAD_DEPTH):
+            users = graph.users(v.name)
+            if len(users) != 1 or graph.is_output(v.name):
+                break
+            (c,) = users
+            if _is_onnx(c, "Transpose"):
+                q = perm_of(c)
+                if q is not None and len(q) == len(p) and _trivial(compose(p, q), unpermute(_shape(v), p)):
+                    yield t, c, blocker
+                break
+            if c.domain != "" or len(c.outputs) != 1 or not has_op(c.op):
+                break
+            push = a.pushable(c, (v.name, p))
+            if get_op(c.op).category is not Category.ELEMENTWISE or c.op in _NOT_POINTWISE:
+                if push is None:
+                    break
+                p = push.out_perm
+            elif push is None and blocker is None:
+                blocker = _why_not(a, c, v, p)
+            v = c.outputs[0]
+
+
+def _why_not(a: _Analysis, node: Node, v: Value, p: Perm) -> str:
+    """Why elementwise `node` cannot take a Transpose(p) on its input `v`."""
+    out = _shape(node.outputs[0])
+    if _shape(v) != out:
+        return f"{node.op} '{node.name}' broadcasts the transposed value to a bigger shape {out}"
+    for u in node.inputs:
+        if (
+            u is not None
+            and u.name != v.name
+            and a._perm_in(u, (v.name, p)) != p
+            and a.convertible(u, p, len(p)) is None
+        ):
+            return f"input '{u.name}' of {node.op} '{node.name}' would need a transpose of its own"
+    return f"{node.op} '{node.name}' does not take it"
 
 
 # ---- analysis of the old graph ------------------------------------------------------------------
@@ -360,7 +436,17 @@ class _Ctx:
         return v.name in self.a.const_derived
 
 
-Rewrite = Callable[[Node, _Ctx], "tuple[list[Value], list[Node]] | None"]
+@dataclass
+class _Result:
+    """What a rule built: the root's replacement outputs, the old nodes it absorbed (provenance
+    of every new node, unless `origins` names the old nodes of a new node by its name)."""
+
+    outputs: list[Value]
+    matched: list[Node]
+    origins: dict[str, list[Node]] | None = None
+
+
+Rewrite = Callable[[Node, _Ctx], "_Result | tuple[list[Value], list[Node]] | None"]
 
 
 def _sweep(graph: Graph, fired: list[str] | None) -> Graph:
@@ -381,18 +467,19 @@ def _sweep(graph: Graph, fired: list[str] | None) -> Graph:
         for name, rule in _rules_for(node):
             before = len(b.nodes)
             res = rule(node, ctx)
-            if res is not None and any(n.type != o.type for n, o in zip(res[0], node.outputs, strict=True)):
+            if isinstance(res, tuple):
+                res = _Result(*res)
+            if res is not None and any(n.type != o.type for n, o in zip(res.outputs, node.outputs, strict=True)):
                 log.warning("%s at '%s' declined: it would change an output type", name, node.name)
                 res = None
             if res is None:
                 del b.nodes[before:]  # a declining rule leaves nothing behind
                 continue
-            outs, matched = res
-            for old, nv in zip(node.outputs, outs, strict=True):
+            for old, nv in zip(node.outputs, res.outputs, strict=True):
                 subst[old.name] = nv
-            absorbed = tuple(dict.fromkeys(o for n in (node, *matched) for o in origins_of(graph, n.name)))
             for n in b.nodes[before:]:
-                origins[n.name] = absorbed
+                olds = (res.origins or {}).get(n.name, (node, *res.matched))
+                origins[n.name] = tuple(dict.fromkeys(o for m in olds for o in origins_of(graph, m.name)))
             if fired is not None:
                 fired.append(f"{name} at '{node.name}'")
             log.debug("rule %s fired at %s", name, node.name)
@@ -600,14 +687,16 @@ def _push(node: Node, c: _Ctx):
         return None
     rank = len(push.perm)
     ins: list[Value | None] = []
-    matched = []
+    retired = []
     for i, v in enumerate(node.inputs):
         if v is None:
             ins.append(None)
         elif i in push.t_slots:
             t = c.a.transposed(v)
             ins.append(c.new(t[0].inputs[0]))
-            matched.append(t[0])
+            retired.append(t[0])
+        elif push.axes is not None or push.axis is not None:
+            break  # a reduction's axes are rebuilt below; softmax has one input
         else:
             nv = _convert(c, v, push.perm, rank, f"{node.name}/in{i}")
             if nv is None:
@@ -615,9 +704,12 @@ def _push(node: Node, c: _Ctx):
             ins.append(nv)
     attrs = node.attrs
     if push.axes is not None:
-        ins = [ins[0], None] if len(ins) < 2 else ins
-        ins[1] = c.b.add_constant(np.array(push.axes, dtype=np.int64), f"{node.name}/axes")
+        ins = [ins[0], c.b.add_constant(np.array(push.axes, dtype=np.int64), f"{node.name}/axes")]
     if push.axis is not None:
         attrs = attrs.replace(axis=push.axis)
-    y = c.b.add_node(node.op, ins, attrs, name=node.name, keep_name=True).outputs[0]
-    return [_transpose(c, y, push.out_perm, f"{node.name}/transpose")], list(dict.fromkeys(matched))
+    y = c.b.add_node(node.op, ins, attrs, name=node.name, keep_name=True)
+    out = _transpose(c, y.outputs[0], push.out_perm, f"{node.name}/transpose")
+    # The node stands for itself; the transpose after it for the transposes it replaces.
+    retired = list(dict.fromkeys(retired))
+    origins = {y.name: [node]} if out is y.outputs[0] else {y.name: [node], c.b.nodes[-1].name: retired}
+    return _Result([out], retired, origins)

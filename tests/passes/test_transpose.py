@@ -14,7 +14,7 @@ from graphc.ir.graph import Graph, Value
 from graphc.ir.types import DType, TensorType
 from graphc.ir.verify import verify_graph
 from graphc.passes import OptimizeOptions, optimize
-from graphc.passes.transpose import eliminate_transposes
+from graphc.passes.transpose import cancellable_pairs, eliminate_transposes
 from graphc.passes.transpose_perm import compose, inverse, is_last_two_swap, moves_only_unit_dims
 
 F32 = DType.float32
@@ -66,6 +66,7 @@ def run(g: Graph, *, fired: list[str] | None = None) -> Graph:
     verify_graph(out)
     assert eliminate_transposes(out) is out, "not a fixed point"
     assert transposes(out) <= transposes(g)
+    assert cancellable_pairs(out) == []
     assert_same_numbers(g, out)
     return out
 
@@ -322,8 +323,14 @@ def test_binary_with_full_rank_value_is_not_pushed():
     g = G()
     x = g.input("x", (2, 3, 4))
     y = g.input("y", (4, 2, 3))  # would need its own transpose at run time
-    graph = g.build(g.t(g.op("Add", g.t(x, 2, 0, 1), y), 1, 2, 0))
-    assert run(graph) is graph
+    t1 = g.t(x, 2, 0, 1, name="t1")
+    graph = g.build(g.t(g.op("Add", t1, y, name="add"), 1, 2, 0, name="t2"))
+    out = run(graph)
+    assert out.nodes == graph.nodes  # nothing moved; the user learns why
+    assert out.meta["near_misses"] == [
+        "Transposes 't1' and 't2' would cancel, but input 'y' of Add 'add' would need a transpose of its own"
+    ]
+    assert eliminate_transposes(out) is out  # reported once
 
 
 def test_non_matching_perms_are_not_pushed():
@@ -331,7 +338,8 @@ def test_non_matching_perms_are_not_pushed():
     x = g.input("x", (3, 3, 3))
     y = g.input("y", (3, 3, 3))
     graph = g.build(g.t(g.op("Add", g.t(x, 1, 2, 0), g.t(y, 2, 0, 1)), 2, 0, 1))
-    assert run(graph) is graph
+    out = run(graph)
+    assert out.nodes == graph.nodes and len(out.meta["near_misses"]) == 1
 
 
 def test_no_push_where_nothing_cancels():
