@@ -13,8 +13,12 @@ What is recognized, walking back from each Softmax over the last axis of a 4-D t
   at run time from attention_mask: it stays an input, computed as before), and/or
   Where(cond, scores, fill) with fill -inf or a large negative constant (finfo.min, -1e4...):
   cond is a boolean "keep" mask, as Attention's bool attn_mask is (Where(cond, fill, scores)
-  keeps Not(cond)). Several masks combine into one attn_mask: additive ones are summed, boolean
-  ones joined with And, and both together become Where(keep, sum, -inf).
+  keeps Not(cond)). An additive mask that only adds 0 or such a fill (transformers' Where(keep,
+  0, finfo.min), or a constant of 0 / -inf) is the same boolean mask and becomes one. Constant
+  terms of a boolean mask's And are dropped when all True, and turned into is_causal=1 when they
+  are the causal pattern (GPT-2's causal & padding mask: is_causal=1 plus the padding mask).
+  Several masks combine into one attn_mask: additive ones are summed, boolean ones joined with
+  And, and both together become Where(keep, sum, -inf).
 - output: Softmax feeds only the P @ V matmul.
 
 Layout: when Q, K and V come from (batch, seq, heads, head_dim) tensors through
@@ -224,8 +228,9 @@ class _Plan:
     q: _Operand
     k: _Operand
     v: _Operand
-    additive: list[Value]
-    keep: list[tuple[Value, bool]]
+    additive: list[Value | np.ndarray]
+    keep: list[tuple[Value | np.ndarray, bool]]  # (keep mask, inverted); arrays are new constants
+    is_causal: bool
     scale: float
     three_d: bool
     heads: tuple[int, int]  # (q heads, kv heads) for the 3-D form
@@ -289,7 +294,11 @@ def _analyze(g: Graph, softmax: Node) -> _Plan | None:
     if not scale > 0:
         raise _Decline(f"{where}: the scale {scale} is not positive")
     dims = _check_shapes(q, k, v, chain.qk.outputs[0], where)
-    _check_masks(chain, dims, where)
+    for c, _ in chain.keep:
+        if c.ttype.dtype != DType.bool:
+            raise _Decline(f"{where}: the Where condition '{c.name}' is not boolean")
+    additive, keep, is_causal = _refine_masks(g, chain, dims)
+    _check_masks([*additive, *(c for c, _ in keep)], dims, where)
     # The layout: 3-D when every operand is a head split of a (batch, seq, heads, dim) tensor.
     three_d = all(o.perm == _HEAD_SPLIT for o in (q, k, v)) and all(
         isinstance(dims[d], int) for d in ("heads", "kv_heads", "dim", "vdim")
@@ -311,8 +320,9 @@ def _analyze(g: Graph, softmax: Node) -> _Plan | None:
         q=q,
         k=k,
         v=v,
-        additive=chain.additive,
-        keep=chain.keep,
+        additive=additive,
+        keep=keep,
+        is_causal=is_causal,
         scale=scale,
         three_d=three_d,
         heads=(dims["heads"], dims["kv_heads"]),
@@ -367,18 +377,109 @@ def _check_shapes(q: _Operand, k: _Operand, v: _Operand, scores: Value, where: s
     }
 
 
-def _check_masks(chain: _Chain, dims: dict[str, object], where: str) -> None:
+def _check_masks(masks: list[Value | np.ndarray], dims: dict[str, object], where: str) -> None:
+    """Each mask term broadcasts to the scores with a known key length (Attention pads a short
+    key axis with -inf instead of broadcasting it; a 1 is expanded, which needs the length)."""
     skv = dims["kv_seq"]
-    for m in [*chain.additive, *(c for c, _ in chain.keep)]:
-        t = m.type
-        if not isinstance(t, TensorType) or t.shape is None or not 1 <= len(t.shape) <= 4:
-            raise _Decline(f"{where}: the mask '{m.name}' ({t}) is not of rank 1 to 4")
-        last = t.shape[-1]
+    for m in masks:
+        if isinstance(m, np.ndarray):
+            shape, what = m.shape, f"a constant {m.dtype}{list(m.shape)}"
+        else:
+            t = m.type
+            shape = t.shape if isinstance(t, TensorType) else None
+            what = f"'{m.name}' ({t})"
+        if shape is None or not 1 <= len(shape) <= 4:
+            raise _Decline(f"{where}: the mask {what} is not of rank 1 to 4")
+        last = shape[-1]
         if last is None or (last == 1 and skv != 1 and not isinstance(skv, int)):
-            raise _Decline(f"{where}: the mask '{m.name}' ({t}) has an unknown key length")
-    for c, _ in chain.keep:
-        if c.ttype.dtype != DType.bool:
-            raise _Decline(f"{where}: the Where condition '{c.name}' is not boolean")
+            raise _Decline(f"{where}: the mask {what} has an unknown key length")
+
+
+def _keep_of_additive(g: Graph, m: Value) -> tuple[Value | np.ndarray, bool] | None:
+    """An additive mask that only ever adds 0 or a masking fill, as a boolean keep mask:
+    Where(cond, 0, fill) -> cond, Where(cond, fill, 0) -> not cond, a constant of 0 / fill
+    -> (m == 0). Adding a fill of -1e4 or less is masking, as Where(..., -inf) is."""
+    data = g.const(m.name)
+    if data is not None:
+        if data.dtype.kind != "f":
+            return None
+        with np.errstate(invalid="ignore"):
+            if not np.all((data == 0) | (data <= MASK_FILL_MAX)):
+                return None
+        return data == 0, False
+    n = g.producer(m.name)
+    if not _onnx(n, "Where") or len(n.inputs) != 3 or n.inputs[0].ttype.dtype != DType.bool:
+        return None
+    cond, a, b = n.inputs
+    if cond.type.shape != m.type.shape:
+        return None  # the zero or the fill broadcast the mask bigger than its condition
+
+    def zero(v: Value | None) -> bool:
+        d = None if v is None else g.const(v.name)
+        return d is not None and d.size == 1 and d.dtype.kind == "f" and float(d.reshape(())) == 0.0
+
+    if zero(a) and _is_fill(g, b):
+        return cond, False
+    if _is_fill(g, a) and zero(b):
+        return cond, True
+    return None
+
+
+def _conjuncts(g: Graph, v: Value | np.ndarray, depth: int = 0) -> list[Value | np.ndarray]:
+    """The terms of v = a & b & ..., through And nodes; constants as arrays."""
+    if isinstance(v, np.ndarray):
+        return [v]
+    data = g.const(v.name)
+    if data is not None:
+        return [data]
+    n = g.producer(v.name)
+    if depth < 4 and _onnx(n, "And") and len(n.inputs) == 2:
+        return _conjuncts(g, n.inputs[0], depth + 1) + _conjuncts(g, n.inputs[1], depth + 1)
+    return [v]
+
+
+def _is_causal_const(c: np.ndarray, q_seq: object, kv_seq: object) -> bool:
+    """c is the causal mask (key j <= query i) over its last two dims, the same in every slice:
+    what Attention's is_causal=1 applies when there is no past (queries and keys aligned)."""
+    if not (isinstance(q_seq, int) and q_seq == kv_seq) or c.dtype != np.bool_ or c.ndim < 2:
+        return False
+    if c.shape[-2:] != (q_seq, kv_seq):
+        return False
+    tril = np.tril(np.ones((q_seq, kv_seq), dtype=bool))
+    return bool(np.all(c == tril))
+
+
+def _refine_masks(g: Graph, chain: _Chain, dims: dict[str, object]):
+    """The masks in their cheapest exact form: boolean where they only mask, constant all-True
+    terms dropped, a constant causal term turned into is_causal=1."""
+    additive: list[Value | np.ndarray] = []
+    keep: list[tuple[Value | np.ndarray, bool]] = list(chain.keep)
+    for m in chain.additive:
+        k = _keep_of_additive(g, m)
+        if k is None:
+            additive.append(m)
+        else:
+            keep.append(k)
+    is_causal = False
+    refined: list[tuple[Value | np.ndarray, bool]] = []
+    for cond, inverted in keep:
+        if inverted:
+            refined.append((cond, True))
+            continue
+        terms = _conjuncts(g, cond)
+        kept = []
+        for t in terms:
+            if isinstance(t, np.ndarray) and t.dtype == np.bool_ and bool(np.all(t)):
+                continue  # keeps everything
+            if isinstance(t, np.ndarray) and _is_causal_const(t, dims["q_seq"], dims["kv_seq"]):
+                is_causal = True
+                continue
+            kept.append(t)
+        if len(kept) == len(terms):
+            refined.append((cond, False))  # nothing to drop: the mask as it was computed
+        else:
+            refined += [(t, False) for t in kept]
+    return additive, refined, is_causal
 
 
 def _absorbed(g: Graph, core: list[Node], operands: list[_Operand]) -> tuple[str, ...]:
@@ -437,12 +538,15 @@ def _to_4d(b: GraphBuilder, o: _Operand, mapv, hint: str) -> Value:
 
 
 def _emit_mask(b: GraphBuilder, plan: _Plan, mapv, hint: str, dtype: DType) -> Value | None:
+    def val(x: Value | np.ndarray) -> Value:
+        return mapv(x) if isinstance(x, Value) else b.add_constant(x, f"{hint}/mask_const")
+
     add: Value | None = None
     for m in plan.additive:
-        add = mapv(m) if add is None else b.op("Add", [add, mapv(m)], name=f"{hint}/mask_add")
+        add = val(m) if add is None else b.op("Add", [add, val(m)], name=f"{hint}/mask_add")
     keep: Value | None = None
     for c, inverted in plan.keep:
-        c = mapv(c)
+        c = val(c)
         if inverted:
             c = b.op("Not", [c], name=f"{hint}/mask_not")
         keep = c if keep is None else b.op("And", [keep, c], name=f"{hint}/mask_and")
@@ -465,6 +569,8 @@ def _emit(g: Graph, b: GraphBuilder, plan: _Plan, mapv) -> Value:
     hint = _prefix(plan.softmax)
     dtype = plan.q.base.ttype.dtype
     attrs: dict[str, object] = {"scale": float(plan.scale)}
+    if plan.is_causal:
+        attrs["is_causal"] = 1
     if plan.three_d:
         q = _to_3d(g, b, plan.q, mapv, f"{hint}/q")
         k = _to_3d(g, b, plan.k, mapv, f"{hint}/k")

@@ -114,6 +114,19 @@ def _attention_model(
     elif mask == "additive_col":  # [B, 1, S, 1]: broadcast along the keys
         m = net.input("fmask", TensorProto.FLOAT, [B, 1, S, 1])
         s = net.op("Add", m, s)
+    elif mask in ("hf_padding", "hf_causal", "hf_causal_const"):
+        # transformers' masks: Where(keep, 0, finfo.min) added to the scores, keep = a constant
+        # (all True, or causal) & the padding mask made from the int attention_mask input.
+        tril = np.tril(np.ones((S, kv_seq), bool))[None, None]
+        const = tril if mask != "hf_padding" else np.ones((1, 1, S, 1), bool)
+        if mask == "hf_causal_const":
+            m = net.c(np.where(tril, 0.0, -np.inf))
+        else:
+            am = net.input("mask", TensorProto.INT64, [B, kv_seq])
+            pad = net.op("Unsqueeze", net.op("Cast", am, to=TensorProto.BOOL), net.c([1, 2], np.int64))
+            keep = net.op("And", net.c(const, np.bool_), pad)
+            m = net.op("Where", keep, net.c(0.0), net.c(np.finfo(np.float32).min))
+        s = net.op("Add", s, m)
     elif mask == "scaled_after":
         m = net.input("fmask", TensorProto.FLOAT, [B, 1, 1, kv_seq])
         s = net.op("Mul", net.op("Add", s, m), net.c(0.5))
@@ -198,6 +211,28 @@ def test_mask_forms(mask):
     else:
         assert m.ttype.dtype.name == "float32"
     assert m.ttype.shape[-1] == S  # never a broadcast key axis (Attention would pad it)
+    assert node.attrs.is_causal == 0
+    _check_same(g0, g1, _feeds(model))
+
+
+@pytest.mark.parametrize(
+    ("mask", "causal", "mask_shape"),
+    [("hf_padding", 0, (B, 1, 1, S)), ("hf_causal", 1, (B, 1, 1, S)), ("hf_causal_const", 1, None)],
+)
+def test_masks_that_only_mask_become_boolean(mask, causal, mask_shape):
+    # Where(keep, 0, finfo.min) + scores masks exactly where keep is False: the padding term
+    # becomes Attention's bool mask, an all-True constant term goes, a causal one is is_causal=1.
+    model = _attention_model(mask=mask)
+    g0 = graphc.load_onnx(model)
+    g1 = _optimize(g0)
+    node = _attention_node(g1)
+    assert node.attrs.is_causal == causal
+    m = node.input(3)
+    if mask_shape is None:
+        assert m is None
+    else:
+        assert m.ttype.dtype.name == "bool" and m.ttype.shape == mask_shape
+    assert "Where" not in g1.op_counts() and "And" not in g1.op_counts()
     _check_same(g0, g1, _feeds(model))
 
 
