@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphc.ir.builder import GraphBuilder
-from graphc.ir.graph import Graph, Value
+from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.types import DType, TensorType
 from graphc.ops.normalization import HAS_RMS_NORMALIZATION
 from graphc.passes.fuse_util import (
@@ -105,15 +105,39 @@ def _eps(m: Match) -> float | None:
     return e
 
 
-def _core_pred(reduce_nodes: tuple[str, ...], axes: tuple[str, ...], tails: frozenset[str]):
+def _centered_for_layernorm(m: Match) -> bool:
+    """x = x0 - ReduceMean(x0), read only by this match, with the mean read only by the Sub: the
+    LayerNorm rules take this whole (an RMSNorm rule must not take its tail, even in a later
+    node of the same sweep, where it would still see the old graph)."""
+    g = m.graph
+    x = m.values["x"]
+    sub = g.producer(x.name)
+    if not _onnx_op(sub, "Sub") or g.is_output(x.name):
+        return False
+    mean = g.producer(sub.inputs[1].name) if sub.inputs[1] is not None else None
+    if not _onnx_op(mean, "ReduceMean") or mean.inputs[0] != sub.inputs[0]:
+        return False
+    if g.is_output(mean.outputs[0].name) or g.users(mean.outputs[0].name) != [sub]:
+        return False
+    inside = {id(n) for n in m.matched}
+    return all(id(u) in inside for u in g.users(x.name))
+
+
+def _onnx_op(node: Node | None, op: str) -> bool:
+    return node is not None and not node.domain and node.op == op
+
+
+def _core_pred(reduce_nodes: tuple[str, ...], axes: tuple[str, ...], tails: frozenset[str], ln: bool):
     def pred(m: Match) -> bool:
         x = m.values["x"]
         if not is_float(x) or _eps(m) is None:
             return False
+        if not ln and _centered_for_layernorm(m):
+            return False
         k = _trailing_axes(m, *axes)
         if k is None or any(m.nodes[n].attrs.keepdims != 1 for n in reduce_nodes):
             return False
-        return same_shape(m.nodes["norm"].outputs[0], x) and _tail_ok(m, k, tails)
+        return same_shape(m.nodes["norm"].outputs[0], x) and _tail_ok(m, k, tails, ln)
 
     return pred
 
@@ -151,30 +175,45 @@ def _affine_user(g: Graph, y: Value, k: int, ops: tuple[str, ...]) -> bool:
     return c is not None and const_over_norm(c, y, k) and same_shape(u.outputs[0], y)
 
 
-def _float_cast_user(g: Graph, y: Value) -> bool:
+def _cast_ok(g: Graph, x: Value, cast: Node, ln: bool) -> bool:
+    """A Cast after the core can go into the node: to a float type, and for LayerNorm (whose
+    output has x's type) back to the type x was up-cast from."""
+    to = DType.from_onnx(cast.attrs.to)
+    if not to.is_float:
+        return False
+    if not ln:
+        return True
+    src = upcast_source(g, x)
+    return src is not x and src.ttype.dtype == to
+
+
+def _cast_user(g: Graph, y: Value, x: Value, ln: bool) -> bool:
     users = g.users(y.name)
     if len(users) != 1 or g.is_output(y.name):
         return False
     u = users[0]
-    return not u.domain and u.op == "Cast" and DType.from_onnx(u.attrs.to).is_float
+    return not u.domain and u.op == "Cast" and _cast_ok(g, x, u, ln)
 
 
 # What may follow each tail and be taken by a longer rule: (op, longer tail).
 _EXTENSIONS: dict[str, tuple[tuple[str, str], ...]] = {
     "": (("Mul", "mul"), ("Add", "add"), ("Cast", "cast")),
     "mul": (("Add", "mul_add"),),
-    "cast": (("Mul", "cast_mul"),),
+    "cast": (("Mul", "cast_mul"), ("Add", "cast_add")),
+    "cast_mul": (("Add", "cast_mul_add"),),
 }
 
 
-def _tail_ok(m: Match, k: int, tails: frozenset[str]) -> bool:
+def _tail_ok(m: Match, k: int, tails: frozenset[str], ln: bool) -> bool:
     """The tail's constants broadcast over the normalized dims only and keep the shape, and no
     longer tail (of this family's `tails`) waits below the root to take it whole."""
+    g = m.graph
+    x = m.values["x"]
     ref = m.nodes["norm"].outputs[0]
     if "cast" in m.nodes:
-        ref = m.nodes["cast"].outputs[0]
-        if not ref.ttype.dtype.is_float:
+        if not _cast_ok(g, x, m.nodes["cast"], ln):
             return False
+        ref = m.nodes["cast"].outputs[0]
     for node, const in (("mul", "g"), ("add", "c")):
         if node in m.nodes:
             out = m.nodes[node].outputs[0]
@@ -182,11 +221,10 @@ def _tail_ok(m: Match, k: int, tails: frozenset[str]) -> bool:
                 return False
             ref = out
     kind = "_".join(n for n in ("cast", "mul", "add") if n in m.nodes)
-    g = m.graph
     for op, longer in _EXTENSIONS.get(kind, ()):
         if longer not in tails:
             continue
-        if op == "Cast" and _float_cast_user(g, ref):
+        if op == "Cast" and _cast_user(g, ref, x, ln):
             return False
         if op != "Cast" and _affine_user(g, ref, k, (op,)):
             return False
@@ -229,7 +267,10 @@ def _stash(dtype: DType) -> int:
 
 
 def _build_ln(m: Match, b: GraphBuilder) -> Value | None:
-    x = m.value("x")
+    x_old = m.values["x"]
+    # With a Cast tail, x was up-cast from the type the Cast goes back to: the node reads the
+    # narrow x and computes in float32 itself (stash_type), one rounding instead of two.
+    x = m.new(upcast_source(m.graph, x_old) if "cast" in m.nodes else x_old)
     k = _trailing_axes(m, "axes1", "axes2")
     hint = _prefix(m)
     y = m.root.outputs[0]
@@ -237,13 +278,13 @@ def _build_ln(m: Match, b: GraphBuilder) -> Value | None:
     bias = _param(b, m, "c", y, k, hint) if "add" in m.nodes else None
     if scale is None or ("add" in m.nodes and bias is None):
         return None
-    attrs = {"axis": -k, "epsilon": _eps(m), "stash_type": _stash(x.ttype.dtype)}
+    attrs = {"axis": -k, "epsilon": _eps(m), "stash_type": _stash(x_old.ttype.dtype)}
     return b.op("LayerNormalization", [x, scale, bias], attrs, name=f"{hint}/LayerNormalization")
 
 
-def _upcast_source(m: Match, x: Value) -> Value:
+def upcast_source(g: Graph, x: Value) -> Value:
     """x's source when x = Cast(x0) is an exact float up-cast (f16/bf16 -> f32, f32 -> f64)."""
-    node = m.graph.producer(x.name)
+    node = g.producer(x.name)
     if node is None or node.op != "Cast" or node.domain:
         return x
     src = node.inputs[0]
@@ -256,7 +297,7 @@ def _upcast_source(m: Match, x: Value) -> Value:
 
 def _build_rms(m: Match, b: GraphBuilder) -> Value | None:
     x_old = m.values["x"]
-    src = m.new(_upcast_source(m, x_old))
+    src = m.new(upcast_source(m.graph, x_old))
     k = _trailing_axes(m, "axes2")
     hint = _prefix(m)
     y = m.root.outputs[0]
@@ -339,10 +380,28 @@ def _absorb_cast(m: Match, b: GraphBuilder) -> Value:
 
 # ---- rules ---------------------------------------------------------------------------------------
 
-LN_TAILS = frozenset({"", "mul", "add", "mul_add"})
+LN_TAILS = frozenset({"", "mul", "add", "mul_add", "cast", "cast_mul", "cast_add", "cast_mul_add"})
 RMS_TAILS = frozenset({"", "mul", "cast", "cast_mul"})
-_TAIL_TEXT = {"": "", "mul": " * g", "add": " + c", "mul_add": " * g + c", "cast": " as T", "cast_mul": " as T * g"}
-_TAIL_ARGS = {"": "", "mul": ", g", "add": ", 1, c", "mul_add": ", g, c", "cast": ", 1: T", "cast_mul": ", g: T"}
+_TAIL_TEXT = {
+    "": "",
+    "mul": " * g",
+    "add": " + c",
+    "mul_add": " * g + c",
+    "cast": " as T",
+    "cast_mul": " as T * g",
+    "cast_add": " as T + c",
+    "cast_mul_add": " as T * g + c",
+}
+_TAIL_ARGS = {
+    "": "",
+    "mul": ", g",
+    "add": ", 1, c",
+    "mul_add": ", g, c",
+    "cast": ", 1: T",
+    "cast_mul": ", g: T",
+    "cast_add": ", 1, c: T",
+    "cast_mul_add": ", g, c: T",
+}
 
 
 def _with_tail(core: Pattern, tail: str) -> Pattern:
@@ -360,9 +419,9 @@ def _ln_rules() -> list[Rule]:
     x = Var("x")
     mean = Op("ReduceMean", x, Const("axes1"), name="mean")
     d = Op("Sub", x, mean, name="d", shared=True)  # read by the square and by the division
-    pred = with_interior_check(_core_pred(("mean", "var"), ("axes1", "axes2"), LN_TAILS))
+    pred = with_interior_check(_core_pred(("mean", "var"), ("axes1", "axes2"), LN_TAILS, ln=True))
     rules = []
-    for tail in ("mul_add", "mul", "add", ""):
+    for tail in ("cast_mul_add", "cast_mul", "cast_add", "cast", "mul_add", "mul", "add", ""):
         for sq_name, sq in _squares(d):
             for n_name, norm in _normalizations(d, _var_eps(sq)):
                 rules.append(
@@ -381,7 +440,7 @@ def _rms_rules() -> list[Rule]:
     if not HAS_RMS_NORMALIZATION:
         return []
     x = Var("x")
-    pred = with_interior_check(_core_pred(("var",), ("axes2",), RMS_TAILS))
+    pred = with_interior_check(_core_pred(("var",), ("axes2",), RMS_TAILS, ln=False))
     rules = []
     for tail in ("cast_mul", "mul", "cast", ""):
         for sq_name, sq in _squares(x):

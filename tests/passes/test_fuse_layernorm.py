@@ -99,23 +99,30 @@ def _layernorm_model(
     exponent=2.0,
     gamma_shape=None,
     extra_output=False,
+    half=False,
 ):
+    """half: the TorchScript float16 form, x16 -> Cast f32 -> chain -> Cast f16 -> * g16 + b16."""
     net = _Net(opset)
     k = len(axes)
     nshape = shape[len(shape) - k :]
-    mean = net.reduce_mean("x", list(axes))
-    d = net.op("Sub", "x", mean)
+    x = net.op("Cast", "x", to=TensorProto.FLOAT) if half else "x"
+    mean = net.reduce_mean(x, list(axes))
+    d = net.op("Sub", x, mean)
     sq = net.op("Pow", d, net.const(exponent)) if square == "pow" else net.op("Mul", d, d)
     var = net.reduce_mean(sq, list(axes))
     ve = net.op("Add", var, net.const(eps))
     y = _normalize(net, d, ve, norm)
+    dt = np.float16 if half else np.float32
+    if half:
+        y = net.op("Cast", y, to=TensorProto.FLOAT16)
     if gamma:
         g = RNG.uniform(0.5, 1.5, gamma_shape or nshape)
-        y = net.op("Mul", y, net.const(g))
+        y = net.op("Mul", y, net.const(g, dt))
     if beta:
-        y = net.op("Add", net.const(RNG.normal(0, 0.1, nshape)), y)
+        y = net.op("Add", net.const(RNG.normal(0, 0.1, nshape), dt), y)
     outputs = [y, d] if extra_output else [y]
-    return net.model({"x": (TensorProto.FLOAT, shape)}, outputs), shape
+    elem = TensorProto.FLOAT16 if half else TensorProto.FLOAT
+    return net.model({"x": (elem, shape)}, outputs), shape
 
 
 VARIANTS = list(itertools.product(["pow", "mul"], ["div", "div_pow", "reciprocal", "one_over", "rsqrt_pow"]))
@@ -141,6 +148,33 @@ def test_layernorm_affine_tails(gamma, beta, opset):
     assert g1.op_counts() == {"LayerNormalization": 1}
     assert (len(g1.nodes[0].inputs) == 3) == beta
     _check_same(g0, g1, {"x": RNG.normal(0, 2, shape).astype(np.float32)})
+
+
+@pytest.mark.parametrize(("gamma", "beta"), [(False, False), (True, False), (False, True), (True, True)])
+def test_layernorm_float16_between_casts(gamma, beta):
+    # TorchScript below opset 17 in float16: the chain runs in float32 between two Casts.
+    model, shape = _layernorm_model(half=True, gamma=gamma, beta=beta, opset=13)
+    g0, g1 = _optimize(model)
+    assert g1.op_counts() == {"LayerNormalization": 1}
+    node = g1.nodes[0]
+    assert node.inputs[0].name == "x" and node.outputs[0].ttype.dtype.name == "float16"
+    assert node.attrs.stash_type == 1
+    x = RNG.normal(0, 2, shape).astype(np.float16)
+    _check_same(g0, g1, {"x": x}, rtol=4e-3, atol=4e-3)
+
+
+def test_layernorm_cast_to_another_type_stays_outside():
+    # f32 chain cast to float16 without an up-cast before: LayerNormalization keeps x's type,
+    # so the Cast stays after it.
+    net = _Net(18)
+    mean = net.reduce_mean("x", [-1])
+    d = net.op("Sub", "x", mean)
+    var = net.reduce_mean(net.op("Mul", d, d), [-1])
+    y = net.op("Div", d, net.op("Sqrt", net.op("Add", var, net.const(1e-5))))
+    y = net.op("Cast", y, to=TensorProto.FLOAT16)
+    g0, g1 = _optimize(net.model({"x": (TensorProto.FLOAT, (3, 8))}, [y]))
+    assert g1.op_counts() == {"Cast": 1, "LayerNormalization": 1}
+    _check_same(g0, g1, {"x": RNG.normal(0, 2, (3, 8)).astype(np.float32)}, rtol=2e-3, atol=2e-3)
 
 
 def test_layernorm_two_trailing_axes_and_broadcast_gamma():
