@@ -43,6 +43,7 @@ from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.types import TensorType
 from graphc.ops.internal import INTERNAL_DOMAIN
 from graphc.ops.registry import Category, get_op, has_op
+from graphc.passes.constant_folding import FOLD_SMALL_BYTES
 from graphc.passes.dce import eliminate_dead_code
 from graphc.passes.provenance import origins_of
 from graphc.passes.report import add_near_miss
@@ -207,6 +208,15 @@ def _trivial(p: Perm, in_shape: Sequence | None) -> bool:
     return is_identity(p) or (_static(in_shape) and moves_only_unit_dims(p, in_shape))
 
 
+def _folds(node: Node) -> bool:
+    """Constant folding materializes this node's outputs once its inputs are constants."""
+    types = [v.type for v in (*node.inputs, *node.outputs) if v is not None]
+    if not all(isinstance(t, TensorType) and t.is_static for t in types):
+        return False
+    in_bytes = sum(v.type.nbytes for v in node.inputs if v is not None)
+    return all(o.type.nbytes <= max(FOLD_SMALL_BYTES, in_bytes) for o in node.outputs)
+
+
 @dataclass(frozen=True)
 class _Push:
     """How a node can take transposed inputs: the perm p they share, the perm of the transpose
@@ -225,10 +235,12 @@ class _Analysis:
 
     def __init__(self, graph: Graph):
         self.g = graph
+        # Values constant folding will turn into constants (mirroring its size policy): a
+        # transpose of one costs nothing at run time, and is not this pass's to move.
         self.const_derived: set[str] = set(graph.constants)
         for n in graph.nodes:
             present = [v for v in n.inputs if v is not None]
-            if present and all(v.name in self.const_derived for v in present):
+            if present and all(v.name in self.const_derived for v in present) and _folds(n):
                 self.const_derived.update(o.name for o in n.outputs)
         self._value: dict[tuple[str, Perm], int] = {}
 

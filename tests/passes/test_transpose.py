@@ -190,6 +190,16 @@ def test_transpose_of_a_constant_is_left_to_constant_folding():
     assert_same_numbers(graph, out)
 
 
+def test_transpose_of_a_constant_too_big_to_fold_runs_and_is_moved():
+    g = G()
+    x = g.input("x", (2, 96, 128))
+    shape = g.b.add_constant(np.array([2, 96, 128], np.int64), "shape")
+    big = g.op("Expand", g.const((), "one"), shape)  # 96 KiB: constant folding leaves it to run time
+    y = g.op("Mul", x, g.t(g.op("Relu", g.t(big, 0, 2, 1)), 0, 2, 1))
+    out = run(g.build(y))
+    assert "Transpose" not in out.op_counts(), str(out)
+
+
 def test_internal_matmul_flags_flip_and_clear():
     g = G()
     a = g.input("a", (3, 4, 5))
