@@ -1,0 +1,697 @@
+"""The GEMM family: MatMul, graphc.MatMul (trans flags, alpha), Gemm (trans, alpha, beta, C) and
+Fused nodes anchored on them.
+
+Every step is normalized to a batched problem
+
+    out[b, m, n] = epilogue(alpha * sum_k A[b, m, k] * B[b, k, n] + beta * C[m, n])
+
+with each operand in one of two layouts, read in place (no transpose copies):
+"k"  (K contiguous: A [M, K] row-major, B stored [N, K], i.e. a transposed B) or
+"mn" (M or N contiguous: A stored [K, M], B [K, N] row-major, the usual weight).
+Batch dims broadcast by stride 0; when B is shared by every batch and A's batches are contiguous
+rows, the batch folds into M (one big GEMM).
+
+Kernel paths (templates/gemm.cu.j2): fp16/bf16 on tensor cores (mma.sync m16n8k16, cp.async
+pipeline, ldmatrix); fp32 as SIMT register tiles, or TF32 tensor cores when allowed; fp64 SIMT.
+Split-K writes fp32 partials to the workspace and a second kernel sums them and runs the epilogue,
+so the epilogue sees each element once, after the full sum.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from graphc.codegen.cuda_types import cuda_type, dtype_from_numpy_name
+from graphc.codegen.epilogue import Operand, RenderedEpilogue, broadcast_index, render_epilogue
+from graphc.codegen.expr import lit
+from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, grid_1d, register_family, render
+from graphc.ir.attrs import attrs_from_json
+from graphc.ir.types import DType
+from graphc.ops.fused import ACC, FusedAttrs
+from graphc.ops.registry import Category, get_op
+
+# The machine the heuristic aims to fill (an H200: 132 SMs, 228 KB shared memory per SM).
+SM_COUNT = 132
+SMEM_PER_SM = 228 * 1024
+SMEM_PER_BLOCK = 227 * 1024
+MAX_GRID_Z = 65535
+
+ANCHORS = {("", "MatMul"), ("graphc", "MatMul"), ("", "Gemm")}
+TC_DTYPES = (DType.float16, DType.bfloat16)
+SIMT_DTYPES = (DType.float32, DType.float64)
+
+
+# ---- the normalized problem ---------------------------------------------------------------------
+
+
+@dataclass
+class OperandLayout:
+    """One GEMM operand as the kernel reads it: element (r, k) at offset + r * sr + k * sk, with
+    r the row (m for A, n for B)."""
+
+    rows: int  # M or N
+    sr: int  # stride of a row step
+    sk: int  # stride of a k step
+    batch_strides: list[int]  # per output batch dim (0: broadcast)
+
+    @property
+    def kcontig(self) -> bool:
+        return self.sk == 1
+
+    @property
+    def pitch(self) -> int:
+        return self.sr if self.kcontig else self.sk
+
+    def vector_ok(self, k: int, vec: int) -> bool:
+        """Can 16-byte chunks along the contiguous dim be copied: the contiguous extent, the row
+        pitch and every batch offset are multiples of `vec` elements (bases are 256-byte aligned)."""
+        extent = k if self.kcontig else self.rows
+        if extent % vec:
+            return False
+        rows_used = self.rows if self.kcontig else k
+        if rows_used > 1 and self.pitch % vec:
+            return False
+        return all(s % vec == 0 for s in self.batch_strides)
+
+
+@dataclass
+class Problem:
+    dtype: DType
+    M: int
+    N: int
+    K: int
+    a: OperandLayout
+    b: OperandLayout
+    batch_dims: list[tuple[int, int, int]]  # (size, a stride, b stride), outer to inner
+    out_shape: tuple[int, ...]
+    alpha: float = 1.0
+    beta: float = 0.0
+    c_index: int | None = None  # node input index of Gemm's C (read when beta != 0)
+    c_shape: tuple[int, ...] = ()
+    n_anchor: int = 2
+    epilogue: tuple = ()
+    outputs: tuple = (ACC,)
+    folded_batch: int = 1  # batches folded into M
+
+    @property
+    def batch(self) -> int:
+        return math.prod(s for s, _, _ in self.batch_dims)
+
+
+def _anchor(ctx: StepContext):
+    """(op, domain, attrs, anchor input count, epilogue, outputs) of the step."""
+    step = ctx.step
+    opdef = get_op(step.op, step.domain)
+    if opdef.category is Category.FUSED:
+        fa = attrs_from_json(FusedAttrs, step.attrs)
+        return fa.anchor_op, fa.anchor_domain, fa.anchor_attrs, fa.anchor_inputs, fa.epilogue, fa.outputs
+    attrs = attrs_from_json(opdef.attrs, step.attrs)
+    return step.op, step.domain, attrs, len(step.inputs), (), (ACC,)
+
+
+def _contig_strides(shape: tuple[int, ...]) -> list[int]:
+    out, s = [], 1
+    for d in reversed(shape):
+        out.append(s)
+        s *= d
+    return out[::-1]
+
+
+def problem_of(ctx: StepContext) -> Problem:
+    op, domain, attrs, n_anchor, epilogue, outputs = _anchor(ctx)
+    step = ctx.step
+    if n_anchor < 2 or step.inputs[0] is None or step.inputs[1] is None:
+        raise ctx.fail("a GEMM needs two operands")
+    sa = tuple(ctx.spec(step.inputs[0]).shape)
+    sb = tuple(ctx.spec(step.inputs[1]).shape)
+    dt = dtype_from_numpy_name(ctx.spec(step.inputs[0]).dtype)
+    if dt not in TC_DTYPES + SIMT_DTYPES:
+        raise ctx.fail(f"GEMM of {dt.name} has no CUDA kernel (float16, bfloat16, float32, float64 do)")
+    trans_a = trans_b = 0
+    alpha, beta, c_index = 1.0, 0.0, None
+    if (domain, op) == ("", "MatMul"):
+        if len(sa) == 0 or len(sb) == 0:
+            raise ctx.fail("matmul of a scalar")
+        if len(sa) == 1:
+            sa = (1, *sa)
+        if len(sb) == 1:
+            sb = (*sb, 1)
+    elif (domain, op) == ("graphc", "MatMul"):
+        trans_a, trans_b, alpha = attrs.trans_a, attrs.trans_b, float(attrs.alpha)
+    elif (domain, op) == ("", "Gemm"):
+        trans_a, trans_b, alpha, beta = attrs.transA, attrs.transB, float(attrs.alpha), float(attrs.beta)
+        if n_anchor > 2 and len(step.inputs) > 2 and step.inputs[2] is not None and beta != 0.0:
+            c_index = 2
+    else:
+        raise ctx.fail(f"{domain + '.' if domain else ''}{op} is not a GEMM")
+    if len(sa) < 2 or len(sb) < 2:
+        raise ctx.fail(f"operands must have rank 2 or more, got {sa} and {sb}")
+    # Element strides of the stored operands, then the logical (m, k) / (k, n) views.
+    a_r, a_c = sa[-2], sa[-1]
+    b_r, b_c = sb[-2], sb[-1]
+    if trans_a:  # stored [K, M]
+        M, K, a_sr, a_sk = a_c, a_r, 1, a_c
+    else:  # stored [M, K]
+        M, K, a_sr, a_sk = a_r, a_c, a_c, 1
+    if trans_b:  # stored [N, K]
+        N, kb, b_sr, b_sk = b_r, b_c, b_c, 1
+    else:  # stored [K, N]
+        N, kb, b_sr, b_sk = b_c, b_r, 1, b_c
+    if kb != K:
+        raise ctx.fail(f"inner dims differ: {sa} @ {sb} (trans_a={trans_a}, trans_b={trans_b})")
+    # A size-1 dim has no stride that matters: call the operand K-contiguous where it can be.
+    if M == 1:
+        a_sr, a_sk = max(K, 1), 1
+    if N == 1:
+        b_sr, b_sk = max(K, 1), 1
+    if K == 1:
+        a_sk, b_sk = (1, 1) if a_sr != 1 and b_sr != 1 else (a_sk, b_sk)
+    # Batch dims: numpy broadcasting of sa[:-2] and sb[:-2].
+    ba, bb = sa[:-2], sb[:-2]
+    rank = max(len(ba), len(bb))
+    ba = (1,) * (rank - len(ba)) + ba
+    bb = (1,) * (rank - len(bb)) + bb
+    a_full = _contig_strides(sa)[: len(sa) - 2]
+    b_full = _contig_strides(sb)[: len(sb) - 2]
+    a_full = [0] * (rank - len(a_full)) + a_full
+    b_full = [0] * (rank - len(b_full)) + b_full
+    dims = []
+    for d in range(rank):
+        if ba[d] != bb[d] and ba[d] != 1 and bb[d] != 1:
+            raise ctx.fail(f"batch dims do not broadcast: {sa} @ {sb}")
+        size = max(ba[d], bb[d])
+        if size == 1:
+            continue
+        dims.append([size, a_full[d] if ba[d] != 1 else 0, b_full[d] if bb[d] != 1 else 0])
+    # Merge adjacent dims that step through memory as one.
+    merged: list[list[int]] = []
+    for size, s_a, s_b in dims:
+        if merged and merged[-1][1] == s_a * size and merged[-1][2] == s_b * size:
+            merged[-1] = [merged[-1][0] * size, s_a, s_b]
+        else:
+            merged.append([size, s_a, s_b])
+    folded = 1
+    # B shared by every batch and A's batches contiguous rows of K-contiguous A: one tall GEMM.
+    if len(merged) == 1 and merged[0][2] == 0 and a_sk == 1 and merged[0][1] == M * a_sr and merged[0][1] != 0:
+        folded = merged[0][0]
+        M *= folded
+        merged = []
+    out_shape = tuple(ctx.spec(step.outputs[0]).shape)
+    prob = Problem(
+        dtype=dt,
+        M=M,
+        N=N,
+        K=K,
+        a=OperandLayout(M, a_sr, a_sk, [d[1] for d in merged]),
+        b=OperandLayout(N, b_sr, b_sk, [d[2] for d in merged]),
+        batch_dims=[tuple(d) for d in merged],
+        out_shape=out_shape,
+        alpha=alpha,
+        beta=beta,
+        c_index=c_index,
+        c_shape=tuple(ctx.spec(step.inputs[2]).shape) if c_index is not None else (),
+        n_anchor=n_anchor,
+        epilogue=tuple(epilogue),
+        outputs=tuple(outputs),
+        folded_batch=folded,
+    )
+    total = prob.batch * M * N
+    for o in step.outputs:
+        if math.prod(ctx.spec(o).shape) != total:
+            raise ctx.fail(f"output {o} has shape {ctx.spec(o).shape}, the GEMM has {total} elements")
+    return prob
+
+
+# ---- kernel parameters: validity, cost, heuristic, search space ---------------------------------
+
+
+def path_of(prob: Problem, allow_tf32: bool) -> str:
+    if prob.dtype in TC_DTYPES:
+        return "mma"
+    if prob.dtype is DType.float32 and allow_tf32:
+        return "tf32"
+    return "simt"
+
+
+# (BM, BN, WM, WN, relative efficiency of the tile shape)
+MMA_TILES = [
+    (128, 256, 2, 4, 1.0),
+    (256, 128, 4, 2, 1.0),
+    (128, 128, 2, 2, 0.93),
+    (128, 64, 2, 2, 0.8),
+    (64, 128, 2, 2, 0.8),
+    (64, 64, 2, 2, 0.62),
+    (32, 64, 1, 2, 0.45),
+    (16, 64, 1, 2, 0.3),
+]
+# (BM, BN, TM, TN, efficiency)
+SIMT_TILES = [
+    (128, 128, 8, 8, 1.0),
+    (128, 64, 8, 4, 0.85),
+    (64, 128, 4, 8, 0.85),
+    (64, 64, 4, 4, 0.6),
+    (32, 64, 4, 4, 0.45),
+    (16, 64, 4, 4, 0.3),
+]
+
+
+def _elem_bytes(prob: Problem) -> int:
+    return prob.dtype.itemsize
+
+
+def _pitches(prob: Problem, path: str, bm: int, bn: int, bk: int) -> tuple[int, int, int, int]:
+    """(A pitch, A stage elems, B pitch, B stage elems) of the padded shared-memory tiles."""
+    fp32 = path == "tf32"
+    kpad, mnpad = (4, 8) if fp32 else (8, 8)
+    if prob.a.kcontig:
+        ap, ast = bk + kpad, bm * (bk + kpad)
+    else:
+        ap, ast = bm + mnpad, bk * (bm + mnpad)
+    if prob.b.kcontig:
+        bp, bst = bk + kpad, bn * (bk + kpad)
+    else:
+        bp, bst = bn + mnpad, bk * (bn + mnpad)
+    return ap, ast, bp, bst
+
+
+def shared_bytes(prob: Problem, p: dict[str, Any]) -> int:
+    path = p["path"]
+    if path == "simt":
+        cb = 8 if prob.dtype is DType.float64 else 4
+        ty = p["BM"] // p["TM"]
+        return max(2 * p["BK"] * (p["BM"] + p["BN"]), ty * (p["BN"] + 4)) * cb
+    _, ast, _, bst = _pitches(prob, path, p["BM"], p["BN"], p["BK"])
+    eb = 4 if path == "tf32" else 2
+    return max(p["STAGES"] * (ast + bst) * eb, p["WM"] * 16 * (p["BN"] + 8) * 4)
+
+
+def threads_of(p: dict[str, Any]) -> int:
+    if p["path"] == "simt":
+        return (p["BM"] // p["TM"]) * (p["BN"] // p["TN"])
+    return p["WM"] * p["WN"] * 32
+
+
+def valid(prob: Problem, p: dict[str, Any]) -> bool:
+    path = p["path"]
+    bm, bn, bk, s = p["BM"], p["BN"], p["BK"], p.get("SPLITS", 1)
+    if s < 1 or s > max(1, ceil_div(prob.K, bk)):
+        return False
+    if s > 1 and prob.dtype is DType.float64:
+        return False  # fp32 partials would lose fp64 precision
+    if prob.batch * s > MAX_GRID_Z:
+        return False
+    if path == "simt":
+        tm, tn = p["TM"], p["TN"]
+        if tm % 4 or tn % 4 or bm % tm or bn % tn:
+            return False
+        if threads_of(p) > 1024 or threads_of(p) < 32:
+            return False
+    else:
+        wm, wn, st = p["WM"], p["WN"], p["STAGES"]
+        kstep = 8 if path == "tf32" else 16
+        if bm % (wm * 16) or bn % (wn * 16) or bk % kstep or bk % 8 or not 2 <= st <= 8:
+            return False
+        if threads_of(p) > 1024:
+            return False
+    return shared_bytes(prob, p) <= SMEM_PER_BLOCK
+
+
+def _blocks_per_sm(prob: Problem, p: dict[str, Any]) -> int:
+    threads = threads_of(p)
+    if p["path"] == "simt":
+        regs = p["TM"] * p["TN"] * (2 if prob.dtype is DType.float64 else 1) + 40
+    else:
+        regs = (p["BM"] // p["WM"]) * (p["BN"] // p["WN"]) // 32 + 48
+    regs = min(255, -(-regs // 8) * 8)
+    by_regs = 65536 // (regs * threads)
+    by_smem = SMEM_PER_SM // max(1, shared_bytes(prob, p) + 1024)
+    return max(1, min(by_regs, by_smem, 2048 // threads, 32))
+
+
+# Rough rates for the cost model (H200): only ratios matter.
+_RATE = {"mma": 330e12, "tf32": 150e12, "simt": 45e12}
+_BW = 4.0e12
+_LAUNCH = 3e-6
+
+
+def estimate_seconds(prob: Problem, p: dict[str, Any]) -> float:
+    """A cost model good enough to rank tile shapes and split counts. The busiest SM runs
+    ceil(tiles / SMs) blocks, up to `blocks_per_sm` at once; its tensor (or FMA) rate is only
+    reached with about 8 warps resident; padded tile edges count as work. The memory floor and the
+    split-K round trip through the workspace (and its second launch) are added."""
+    bm, bn, bk, s = p["BM"], p["BN"], p["BK"], p.get("SPLITS", 1)
+    eff = p.get("_eff", 0.7)
+    tiles = ceil_div(prob.M, bm) * ceil_div(prob.N, bn) * prob.batch * s
+    per_sm_blocks = ceil_div(tiles, SM_COUNT)
+    concurrent = min(per_sm_blocks, _blocks_per_sm(prob, p))
+    util = min(1.0, concurrent * threads_of(p) / 32 / 8)
+    kspan = ceil_div(ceil_div(prob.K, bk), s) * bk
+    per_sm = _RATE[p["path"]] / SM_COUNT
+    t_math = per_sm_blocks * 2.0 * bm * bn * kspan / (eff * per_sm * util)
+    e = prob.dtype.itemsize
+    t_mem = (prob.batch * (prob.M * prob.K + prob.K * prob.N) * e + prob.batch * prob.M * prob.N * e) / _BW
+    t_split = (2 * s * prob.batch * prob.M * prob.N * 4 / _BW + _LAUNCH) if s > 1 else 0.0
+    return max(t_math, t_mem) + t_split
+
+
+def _split_options(prob: Problem, bk: int) -> list[int]:
+    ktiles = ceil_div(prob.K, bk)
+    out = [1]
+    for s in (2, 3, 4, 6, 8, 12, 16, 24, 32):
+        if ktiles // s >= 4:  # each split keeps at least 4 K tiles for the pipeline
+            out.append(s)
+    return out
+
+
+def candidates(prob: Problem, path: str) -> list[dict[str, Any]]:
+    """Every parameter set of the search space for this problem (valid ones only)."""
+    out: list[dict[str, Any]] = []
+    if path == "simt":
+        for bm, bn, tm, tn, eff in SIMT_TILES:
+            for s in _split_options(prob, 8):
+                p = {"path": path, "BM": bm, "BN": bn, "BK": 8, "TM": tm, "TN": tn, "SPLITS": s, "_eff": eff}
+                if valid(prob, p):
+                    out.append(p)
+        return out
+    bks = (16, 32) if path == "tf32" else (32, 64)
+    for bm, bn, wm, wn, eff in MMA_TILES:
+        for bk in bks:
+            for st in (2, 3, 4):
+                for s in _split_options(prob, bk):
+                    p = {
+                        "path": path,
+                        "BM": bm,
+                        "BN": bn,
+                        "BK": bk,
+                        "WM": wm,
+                        "WN": wn,
+                        "STAGES": st,
+                        "SPLITS": s,
+                        "_eff": eff,
+                    }
+                    if valid(prob, p):
+                        out.append(p)
+    return out
+
+
+def heuristic(prob: Problem, path: str) -> dict[str, Any]:
+    """The default: the cheapest by the cost model, with the usual BK and the deepest pipeline
+    (up to 4 stages) that the K loop can use and shared memory holds."""
+    pool = candidates(prob, path)
+    if not pool:
+        raise ValueError("no valid GEMM configuration")
+    if path != "simt":
+        bk = 16 if path == "tf32" else 32
+        deep = [p for p in pool if p["BK"] == bk] or pool
+        best: dict[tuple, dict[str, Any]] = {}
+        for p in deep:
+            key = (p["BM"], p["BN"], p["SPLITS"])
+            ktiles = ceil_div(ceil_div(prob.K, p["BK"]), p["SPLITS"])
+            want = max(2, min(4, ktiles))
+            if p["STAGES"] <= want and (key not in best or p["STAGES"] > best[key]["STAGES"]):
+                best[key] = p
+        pool = list(best.values()) or pool
+    return min(pool, key=lambda p: (estimate_seconds(prob, p), p.get("SPLITS", 1), -p["BM"] * p["BN"]))
+
+
+def public(p: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in p.items() if not k.startswith("_")}
+
+
+def search_space(ctx: StepContext) -> list[dict[str, Any]]:
+    prob = problem_of(ctx)
+    return [public(p) for p in candidates(prob, path_of(prob, ctx.allow_tf32))]
+
+
+# ---- rendering ----------------------------------------------------------------------------------
+
+
+def _operands(ctx: StepContext) -> dict[int, Operand]:
+    ops = {}
+    for i, name in enumerate(ctx.step.inputs):
+        if name is None:
+            continue
+        t = ctx.tensors[name]
+        const = ctx.weights.get(name) if t.kind == "weight" else None
+        ops[i] = Operand(i, dtype_from_numpy_name(t.dtype), tuple(t.shape), const)
+    return ops
+
+
+def _c_expr(ctx: StepContext, prob: Problem, ops: dict[int, Operand]) -> tuple[str | None, bool]:
+    """beta * C[broadcast index] as a CUDA expression of `idx`, and whether C is a pointer."""
+    if prob.c_index is None:
+        return None, False
+    op = ops[prob.c_index]
+    ct = cuda_type(prob.dtype)
+    if op.const is not None and op.const.size == 1:
+        v = float(op.const.reshape(-1)[0]) * prob.beta
+        return lit(v, ct.compute), False
+    load = ct.to_compute(f"Cm[{broadcast_index(op.shape, (prob.M, prob.N), 'idx')}]")
+    return (load if prob.beta == 1.0 else f"{lit(prob.beta, ct.compute)} * {load}"), True
+
+
+def _kernel_args(
+    ctx: StepContext, prob: Problem, rendered: RenderedEpilogue, c_ptr: bool
+) -> tuple[list[str], list[str]]:
+    """(tensor names, parameter declarations) of the store hook: C, the epilogue's pointer inputs,
+    the outputs."""
+    st = cuda_type(prob.dtype).storage
+    names, decls = [], []
+    if c_ptr:
+        names.append(ctx.step.inputs[prob.c_index])
+        decls.append(f"const {st}* __restrict__ Cm")
+    names += [ctx.step.inputs[i] for i in rendered.inputs] + list(ctx.step.outputs)
+    decls += list(rendered.params)
+    return names, decls
+
+
+def _generate(ctx: StepContext) -> list[KernelSource]:
+    step = ctx.step
+    where = f"{step.kind} node '{step.name}'"
+    prob = problem_of(ctx)
+    total = prob.batch * prob.M * prob.N
+    if total == 0:
+        return []  # an empty output: nothing to launch
+    path = path_of(prob, ctx.allow_tf32)
+    if ctx.params:
+        p = dict(ctx.params)
+        p.setdefault("path", path)
+        p.setdefault("SPLITS", 1)
+        if p["path"] != path and not (p["path"] == "simt" and path == "tf32"):
+            raise ctx.fail(f"forced GEMM path {p['path']!r} does not fit {prob.dtype.name} (expects {path!r})")
+        if not valid(prob, p):
+            raise ctx.fail(f"forced GEMM parameters {ctx.params} are not valid for this problem")
+        path = p["path"]
+    else:
+        p = heuristic(prob, path)
+    p = public(p)
+    ops = _operands(ctx)
+    name = ctx.kernel_name()
+    out_specs = [ctx.tensors[o] for o in step.outputs]
+    rendered = render_epilogue(
+        prob.epilogue, prob.outputs, ops, out_specs, prob.out_shape, prob.dtype, where=where, name=f"{name}_epi"
+    )
+    c_expr, c_ptr = _c_expr(ctx, prob, ops)
+    out_names, out_decls = _kernel_args(ctx, prob, rendered, c_ptr)
+    out_args = (["Cm"] if c_ptr else []) + list(rendered.args)
+    ct = cuda_type(prob.dtype)
+    splits = p.get("SPLITS", 1)
+    ktiles = ceil_div(prob.K, p["BK"])
+    kt_per_split = max(1, ceil_div(ktiles, splits))
+    splits = max(1, ceil_div(ktiles, kt_per_split)) if ktiles else 1  # no empty split
+    p["SPLITS"] = splits
+    common = {
+        "epilogue": rendered,
+        "epilogue_name": f"{name}_epi",
+        "st": ct.storage,
+        "ct": ct.compute,
+        "alpha_lit": None if prob.alpha == 1.0 else lit(prob.alpha, ct.compute),
+        "c_param": c_ptr,
+        "c_expr": c_expr,
+        "out_args": out_args,
+        "batch_dims": prob.batch_dims,
+    }
+    st = ct.storage
+    ab = [f"const {st}* __restrict__ A", f"const {st}* __restrict__ B"]
+    ab_names = [step.inputs[0], step.inputs[1]]
+    if splits > 1:
+        kparams = [*ab, "float* __restrict__ ws"]
+        kargs = [*ab_names, "@workspace"]
+    else:
+        kparams = ab + out_decls
+        kargs = ab_names + out_names
+    tiles = ceil_div(prob.M, p["BM"]) * ceil_div(prob.N, p["BN"])
+    grid = (tiles, 1, prob.batch * splits)
+    threads = threads_of(p)
+    smem = shared_bytes(prob, p)
+    main_ctx = dict(
+        common,
+        name=name,
+        kind="mma" if path in ("mma", "tf32") else "simt",
+        kparams=kparams,
+        M=prob.M,
+        N=prob.N,
+        K=prob.K,
+        BM=p["BM"],
+        BN=p["BN"],
+        BK=p["BK"],
+        threads=threads,
+        splits=splits,
+        kt_per_split=kt_per_split,
+        batch=prob.batch,
+        group_m=8,
+    )
+    if path == "simt":
+        main_ctx.update(
+            TM=p["TM"],
+            TN=p["TN"],
+            a_kcontig=prob.a.kcontig,
+            b_kcontig=prob.b.kcontig,
+            a_sr=prob.a.sr,
+            a_sk=prob.a.sk,
+            b_sr=prob.b.sr,
+            b_sk=prob.b.sk,
+        )
+    else:
+        tf32 = path == "tf32"
+        vec = 4 if tf32 else 8
+        ap, ast, bp, bst = _pitches(prob, path, p["BM"], p["BN"], p["BK"])
+        opnds = []
+        for X, lay, rows_tile, r0, ld in (("A", prob.a, p["BM"], "m0", ap), ("B", prob.b, p["BN"], "n0", bp)):
+            chunks = rows_tile * p["BK"] // vec
+            opnds.append(
+                {
+                    "name": X,
+                    "kcontig": lay.kcontig,
+                    "vec": lay.vector_ok(prob.K, vec),
+                    "rows": lay.rows,
+                    "rows_tile": rows_tile,
+                    "r0": r0,
+                    "ld": lay.pitch,
+                    "sr": lay.sr,
+                    "sk": lay.sk,
+                    "guard_chunks": chunks % threads != 0,
+                }
+            )
+            del ld
+        p["VEC_A"], p["VEC_B"] = int(opnds[0]["vec"]), int(opnds[1]["vec"])
+        main_ctx.update(
+            WM=p["WM"],
+            WN=p["WN"],
+            STAGES=p["STAGES"],
+            vec=vec,
+            kstep=8 if tf32 else 16,
+            tf32=tf32,
+            a_pitch=ap,
+            a_stage=ast,
+            b_pitch=bp,
+            b_stage=bst,
+            a_kcontig=prob.a.kcontig,
+            b_kcontig=prob.b.kcontig,
+            operands=opnds,
+            mma_fn={DType.float16: "gc_mma_f16", DType.bfloat16: "gc_mma_bf16", DType.float32: "gc_mma_tf32"}[
+                prob.dtype
+            ],
+        )
+    p.update({"M": prob.M, "N": prob.N, "K": prob.K, "batch": prob.batch, "a": _lay(prob.a), "b": _lay(prob.b)})
+    source = render("gemm.cu.j2", **main_ctx)
+    ws_bytes = splits * prob.batch * prob.M * prob.N * 4 if splits > 1 else 0
+    kernels = [
+        KernelSource("gemm", name, source, grid, (threads, 1, 1), kargs, smem, params=p, workspace_bytes=ws_bytes)
+    ]
+    if splits > 1:
+        rname = f"{name}_reduce"
+        rsrc = render(
+            "gemm.cu.j2",
+            **dict(
+                common,
+                name=rname,
+                kind="reduce",
+                kparams=[*out_decls, "const float* __restrict__ ws"],
+                total=total,
+                splits=splits,
+            ),
+        )
+        kernels.append(
+            KernelSource(
+                "gemm",
+                rname,
+                rsrc,
+                grid_1d(total, 256, max_blocks=SM_COUNT * 16),
+                (256, 1, 1),
+                [*out_names, "@workspace"],
+                0,
+                params={"reduce": True, "SPLITS": splits},
+                workspace_bytes=ws_bytes,
+            )
+        )
+    return kernels
+
+
+def standalone_context(
+    op: str,
+    shapes: list[tuple[int, ...]],
+    dtype: DType,
+    *,
+    domain: str = "",
+    attrs: Any = None,
+    n_anchor: int | None = None,
+    epilogue: tuple = (),
+    outputs: tuple = (ACC,),
+    allow_tf32: bool = False,
+    params: dict[str, Any] | None = None,
+    weights: dict[str, Any] | None = None,
+) -> StepContext:
+    """A one-step plan around a GEMM (inputs x0, x1, ...; output y0, ...), for tests, benchmarks
+    and the tuner. With an epilogue or n_anchor set, the step is a Fused node anchored on `op`:
+    inputs [0, n_anchor) feed the anchor, the rest are the epilogue's."""
+    from graphc.ir.attrs import attrs_to_json
+    from graphc.ir.types import TensorType
+    from graphc.ops.registry import InferContext
+    from graphc.runtime.plan import Step, TensorSpec
+
+    opdef = get_op(op, domain)
+    attrs = attrs if attrs is not None else opdef.attrs()
+    names = [f"x{i}" for i in range(len(shapes))]
+    types = [TensorType(dtype, tuple(s)) for s in shapes]
+    fused = bool(epilogue) or n_anchor is not None or tuple(outputs) != (ACC,)
+    if fused:
+        fa = FusedAttrs(
+            anchor_op=op,
+            anchor_domain=domain,
+            anchor_attrs=attrs,
+            anchor_inputs=len(shapes) if n_anchor is None else n_anchor,
+            epilogue=tuple(epilogue),
+            outputs=tuple(outputs),
+        )
+        fdef = get_op("Fused", "graphc")
+        out_types = fdef.infer(InferContext("Fused", "n0", fa, types, [None] * len(types), len(outputs)))
+        step_attrs, kind, sop, sdom = attrs_to_json(fa), fa.kind_name(), "Fused", "graphc"
+    else:
+        out_types = opdef.infer(InferContext(op, "n0", attrs, types, [None] * len(types), 1))
+        step_attrs, kind, sop, sdom = attrs_to_json(attrs), op, op, domain
+    outs = [f"y{k}" for k in range(len(out_types))]
+    tensors = {}
+    for n, t in [*zip(names, types, strict=True), *zip(outs, out_types, strict=True)]:
+        kind_t = "weight" if weights and n in weights else "arena"
+        tensors[n] = TensorSpec(n, t.dtype.numpy.name, list(t.static_shape), t.nbytes, kind_t)
+    step = Step(0, "n0", kind, sop, sdom, step_attrs, list(names), outs)
+    return StepContext(step, tensors, dict(weights or {}), allow_tf32=allow_tf32, params=params)
+
+
+def _lay(x: OperandLayout) -> str:
+    return "k" if x.kcontig else "mn"
+
+
+def _matches(ctx: StepContext) -> bool:
+    step = ctx.step
+    opdef = get_op(step.op, step.domain)
+    if opdef.category is Category.FUSED:
+        fa = attrs_from_json(FusedAttrs, step.attrs)
+        return (fa.anchor_domain, fa.anchor_op) in ANCHORS
+    return (step.domain, step.op) in ANCHORS
+
+
+register_family("gemm", _matches, _generate, search_space)
