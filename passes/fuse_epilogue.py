@@ -1,9 +1,219 @@
-"""Pass fuse_epilogue (being written: returns the graph unchanged for now)."""
+"""Fuse the elementwise ops after a conv or matmul into its epilogue: one Fused[anchor] node.
+
+    relu(conv(x, w, b) + shortcut)        -> Fused[Conv](x, w, b', shortcut)
+                                              {op0 = Add(acc, in2); op1 = Add(op0, in3); op2 = Relu(op1)}
+    gelu(matmul(x, W) + bias) (+ residual) -> Fused[MatMul](x, W, bias, residual) {...}
+    silu(conv(x, w)) = y * sigmoid(y)     -> a DAG: Sigmoid(acc), Mul(acc, op0)
+
+Anchors are Conv, Gemm, MatMul (batched too) and graphc.MatMul. A conv's constant bias (reshaped
+to (C, 1, ..., 1)) and a Gemm's C (when beta = 1) move into the epilogue as its first Add, so the
+anchor kernels never handle a bias and every conv or Gemm with one becomes a fused node.
+
+The epilogue grows from the anchor's output through its consumers, in graph order, taking every
+elementwise op (fuse_common.fusable_elementwise) whose output has the anchor output's shape and
+whose other inputs broadcast into it. Then the longest prefix (in graph order) whose values are
+all read inside it, but for the last one, is kept: an intermediate that someone else also reads
+ends the epilogue there (no work is duplicated, and the fused node has one output), and a near
+miss names who reads it. The fused node takes the anchor's name and the last value's name, and
+sits where the last absorbed node was: every outside value it reads is made before that, and
+everything reading its result comes after.
+"""
 
 from __future__ import annotations
 
-from graphc.ir.graph import Graph
+import heapq
+
+import numpy as np
+
+from graphc.ir.graph import Graph, Node, Value
+from graphc.ir.types import TensorType
+from graphc.ops.fused import ACC, FUSED_DOMAIN, FusedAttrs, Ref
+from graphc.ops.internal import INTERNAL_DOMAIN
+from graphc.ops.registry import get_op
+from graphc.passes.fold_common import Replacement, rebuild
+from graphc.passes.fuse_common import (
+    EpilogueBuilder,
+    broadcasts_into,
+    fusable_elementwise,
+    known_shape,
+    same_shape,
+    supported_value,
+)
+
+ANCHORS = frozenset({("", "Conv"), ("", "Gemm"), ("", "MatMul"), (INTERNAL_DOMAIN, "MatMul")})
+# Epilogues longer than this are cut (a DAG that long is a fusion of its own, not an epilogue).
+MAX_EPILOGUE_OPS = 24
+
+
+def _kind(node: Node) -> str:
+    return node.op if not node.domain else f"{node.domain}.{node.op}"
+
+
+def _is_anchor(node: Node) -> bool:
+    if (node.domain, node.op) not in ANCHORS or len(node.outputs) != 1:
+        return False
+    out = node.outputs[0].type
+    return (
+        isinstance(out, TensorType)
+        and out.shape is not None
+        and all(supported_value(v) for v in (*node.inputs, *node.outputs))
+    )
+
+
+def _takes(node: Node, inside: set[str], shape) -> bool:
+    """Whether an epilogue over output `shape` can take `node` (one of its inputs is made inside)."""
+    if not fusable_elementwise(node) or not same_shape(node.outputs[0].type.shape, shape):
+        return False
+    return all(v.name in inside or broadcasts_into(v.type, shape) for v in node.inputs)
+
+
+def _valid(graph: Graph, acc: Value, prefix: list[Node]) -> bool:
+    """Every value made inside is read only inside, but the last, which is read outside (or is a
+    graph output)."""
+    inside = {n.name for n in prefix}
+    values = [acc] + [n.outputs[0] for n in prefix]
+    for i, v in enumerate(values):
+        users = graph.users(v.name)
+        outside = graph.is_output(v.name) or any(u.name not in inside for u in users)
+        if i == len(values) - 1:
+            if not outside:
+                return False  # a dead end: dead code elimination's business
+        elif outside or not users:
+            return False
+    return True
+
+
+def _grow(
+    graph: Graph, anchor: Node, index: dict[str, int], claimed: set[str]
+) -> tuple[list[Node], tuple[list[Node], Node] | None]:
+    """The epilogue of `anchor`, and (kept, next) when a node after it was left out."""
+    acc = anchor.outputs[0]
+    shape = acc.type.shape
+    if not known_shape(shape):
+        return [], None
+    inside = {acc.name}
+    heap: list[tuple[int, str]] = []
+    nodes: dict[str, Node] = {}
+
+    def push(v: Value) -> None:
+        for u in graph.users(v.name):
+            if u.name not in nodes:
+                nodes[u.name] = u
+                heapq.heappush(heap, (index[u.name], u.name))
+
+    push(acc)
+    cands: list[Node] = []
+    while heap and len(cands) < MAX_EPILOGUE_OPS:
+        _, name = heapq.heappop(heap)
+        u = nodes[name]
+        if name in claimed or not _takes(u, inside, shape):
+            continue
+        cands.append(u)
+        inside.add(u.outputs[0].name)
+        push(u.outputs[0])
+    k = len(cands)
+    while k > 0 and not _valid(graph, acc, cands[:k]):
+        k -= 1
+    return cands[:k], ((cands[:k], cands[k]) if k < len(cands) else None)
+
+
+def _near_miss(graph: Graph, anchor: Node, kept: list[Node], next_node: Node) -> str | None:
+    """Why `next_node` did not join: a value made inside is read by someone outside."""
+    inside = {n.name for n in kept} | {next_node.name}
+    acc = anchor.outputs[0]
+    for v in [acc] + [n.outputs[0] for n in kept]:
+        what = "its output" if v is acc else f"'{v.name}'"
+        if graph.is_output(v.name):
+            why = f"{what} is also a graph output"
+        else:
+            others = [u.name for u in graph.users(v.name) if u.name not in inside]
+            if not others:
+                continue
+            why = f"{what} is also used by '{others[0]}'"
+        return f"{_kind(anchor)} '{anchor.name}' not fused with '{next_node.name}': {why}"
+    return None
+
+
+def _bias(graph: Graph, anchor: Node) -> tuple[int, np.ndarray | Value] | None:
+    """(input index, what to add) for a bias that moves into the epilogue: a conv's constant B
+    (as an array shaped (C, 1, ..., 1)) or a Gemm's C with beta = 1 (the value itself)."""
+    b = anchor.input(2)
+    if b is None or anchor.domain:
+        return None
+    out_shape = anchor.outputs[0].type.shape
+    if anchor.op == "Conv":
+        data = graph.const(b.name)
+        if data is None or data.ndim != 1:
+            return None
+        return 2, data.reshape((-1,) + (1,) * (len(out_shape) - 2))
+    if anchor.op == "Gemm" and anchor.attrs.beta == 1.0 and broadcasts_into(b.type, out_shape):
+        return 2, b
+    return None
+
+
+def _replacement(anchor: Node, region: list[Node], bias) -> Replacement:
+    last = region[-1] if region else anchor
+    out_name = last.outputs[0].name
+
+    def emit(b, mapv):
+        ins = [None if v is None else mapv(v) for v in anchor.inputs]
+        if bias is not None:
+            ins = ins[: bias[0]]
+        eb = EpilogueBuilder(len(ins))
+        ref: Ref = ACC
+        if bias is not None:
+            i, what = bias
+            if isinstance(what, np.ndarray):
+                what = b.add_constant(what, f"{anchor.inputs[i].name}/channels")
+            else:
+                what = mapv(what)
+            ref = eb.op("Add", get_op("Add").attrs(), [ACC, eb.input(what)])
+        eb.refs[anchor.outputs[0].name] = ref
+        for n in region:
+            ref = eb.add_node(n, mapv)
+        attrs = FusedAttrs(
+            anchor_op=anchor.op,
+            anchor_domain=anchor.domain,
+            anchor_attrs=anchor.attrs,
+            anchor_inputs=len(ins),
+            epilogue=tuple(eb.ops),
+            outputs=(ref,),
+        )
+        node = b.add_node(
+            "Fused",
+            [*ins, *eb.inputs],
+            attrs,
+            name=anchor.name,
+            keep_name=True,
+            outputs=[out_name],
+            domain=FUSED_DOMAIN,
+        )
+        return list(node.outputs)
+
+    return Replacement(last.name, emit, (anchor, *region))
 
 
 def fuse_epilogues(graph: Graph) -> Graph:
-    return graph
+    index = {n.name: i for i, n in enumerate(graph.nodes)}
+    claimed: set[str] = set()
+    replacements: list[Replacement] = []
+    misses: list[str] = []
+    left_out: list[tuple[Node, list[Node], Node]] = []
+    for node in graph.nodes:
+        if not _is_anchor(node):
+            continue
+        region, miss = _grow(graph, node, index, claimed)
+        if miss is not None:
+            left_out.append((node, *miss))
+        bias = _bias(graph, node)
+        if not region and bias is None:
+            continue
+        claimed.update(n.name for n in region)
+        replacements.append(_replacement(node, region, bias))
+    for anchor, kept, next_node in left_out:
+        # A node that another anchor's epilogue took (a residual Add between two convs) is no miss.
+        if next_node.name not in claimed:
+            msg = _near_miss(graph, anchor, kept, next_node)
+            if msg is not None:
+                misses.append(msg)
+    return rebuild(graph, replacements, near_misses=misses)
