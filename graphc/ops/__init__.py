@@ -9,6 +9,7 @@ from graphc.ops import (  # noqa: F401  (each module registers its ops on import
     elementwise,
     fused,
     internal,
+    layout_ops,
     linalg,
     losses,
     nn,
