@@ -1,0 +1,354 @@
+"""The convolution family: graphc.ConvNHWC and ONNX Conv, plain or as the anchor of a Fused node.
+
+Variants (templates/conv.cu.j2 says how each works):
+- "tc": NHWC implicit GEMM on tensor cores, for float16/bfloat16 (and float32 as TF32 where
+  allow_tf32), whenever the per-group output channels fill an MMA tile (K/group >= 8).
+- "simt": NHWC implicit GEMM on CUDA cores: float32/float64, and grouped convolutions whose
+  groups are too narrow for tensor cores.
+- "depthwise": NHWC, C/group == 1 (depthwise, with any channel multiplier).
+- "nchw": a direct kernel for ONNX Conv left in NCHW (1-D, 3-D, opt_level 0, float64...), so no
+  Conv is ever without a kernel.
+
+Tensor-core tiles are template parameters (`search_space` lists them; `heuristic_params` picks a
+default by a wave-quantization cost model); StepContext.params forces a choice.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from graphc.codegen.cuda_types import cuda_type, dtype_from_numpy_name
+from graphc.codegen.epilogue import render_epilogue
+from graphc.codegen.families.elementwise import operands
+from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, grid_1d, register_family, render
+from graphc.ir.attrs import attrs_from_json
+from graphc.ir.types import DType
+from graphc.ops.fused import ACC, EpilogueOp, FusedAttrs, Ref
+from graphc.ops.layout_ops import LAYOUT_DOMAIN
+from graphc.ops.registry import get_op
+
+# Multiprocessors the wave model assumes (A100: 108, H100/H200: 132).
+ASSUMED_SMS = 120
+# Tensor-core tiles: (BM, BN, WM, WN); warps = (BM / WM) * (BN / WN).
+TC_TILES = ((128, 128, 64, 32), (128, 64, 64, 32), (64, 128, 32, 64), (64, 64, 32, 32))
+# Relative throughput of a tile shape per unit of work (bigger tiles reuse more operands).
+_TILE_EFFICIENCY = {(128, 128): 1.0, (128, 64): 0.85, (64, 128): 0.85, (64, 64): 0.7}
+MAX_SMEM = 100 * 1024
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    layout: str  # "nhwc" | "nchw"
+    n: int
+    c: int
+    k: int
+    group: int
+    in_spatial: tuple[int, ...]
+    out_spatial: tuple[int, ...]
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    pads: tuple[int, ...]  # begin pads
+    dilations: tuple[int, ...]
+    dtype: DType
+
+    @property
+    def cg(self) -> int:
+        return self.c // self.group
+
+    @property
+    def kg(self) -> int:
+        return self.k // self.group
+
+    @property
+    def m(self) -> int:
+        return self.n * math.prod(self.out_spatial)
+
+    @property
+    def rsc(self) -> int:
+        return math.prod(self.kernel) * self.cg
+
+
+@dataclass(frozen=True)
+class ConvStep:
+    anchor_op: str
+    anchor_domain: str
+    anchor_attrs: Any
+    n_anchor: int
+    epilogue: tuple[EpilogueOp, ...]
+    outputs: tuple[Ref, ...]
+
+
+def conv_step(ctx: StepContext) -> ConvStep | None:
+    """The conv anchor of a step (a plain conv, or a Fused node's anchor), else None."""
+    step = ctx.step
+    if step.op == "Fused" and step.domain == "graphc":
+        fa = attrs_from_json(FusedAttrs, step.attrs)
+        if not _is_conv(fa.anchor_op, fa.anchor_domain):
+            return None
+        return ConvStep(fa.anchor_op, fa.anchor_domain, fa.anchor_attrs, fa.anchor_inputs, fa.epilogue, fa.outputs)
+    if not _is_conv(step.op, step.domain):
+        return None
+    attrs = attrs_from_json(get_op(step.op, step.domain).attrs, step.attrs)
+    return ConvStep(step.op, step.domain, attrs, len(step.inputs), (), (ACC,))
+
+
+def _is_conv(op: str | None, domain: str) -> bool:
+    return (op, domain) in (("Conv", ""), ("ConvNHWC", LAYOUT_DOMAIN))
+
+
+def geometry(ctx: StepContext, cs: ConvStep) -> ConvGeometry:
+    x = ctx.input_spec(0)
+    w = ctx.input_spec(1)
+    assert x is not None and w is not None
+    a = cs.anchor_attrs
+    dtype = dtype_from_numpy_name(x.dtype)
+    if cs.anchor_op == "ConvNHWC":
+        n, h, wd, c = x.shape
+        k, r, s, _ = w.shape
+        nd = 2
+        pads = tuple(a.pads[:nd])
+        in_sp = (h, wd)
+        kernel = (r, s)
+    else:
+        from graphc.ops.nn import window_geometry
+
+        n, c = x.shape[:2]
+        k = w.shape[0]
+        in_sp = tuple(x.shape[2:])
+        kernel = tuple(w.shape[2:])
+
+        def fail(msg: str):
+            raise ctx.fail(msg)
+
+        geom = window_geometry(a, in_sp, kernel, fail)
+        pads = tuple(int(p) for p in geom.pads_begin)
+    nd = len(in_sp)
+    strides = tuple(a.strides) if a.strides else (1,) * nd
+    dil = tuple(a.dilations) if a.dilations else (1,) * nd
+    out = ctx.tensors[_anchor_output(ctx, cs)].shape
+    out_sp = tuple(out[1:3]) if cs.anchor_op == "ConvNHWC" else tuple(out[2:])
+    return ConvGeometry(
+        "nhwc" if cs.anchor_op == "ConvNHWC" else "nchw",
+        n,
+        c,
+        k,
+        int(a.group),
+        tuple(in_sp),
+        out_sp,
+        kernel,
+        strides,
+        pads,
+        dil,
+        dtype,
+    )
+
+
+def _anchor_output(ctx: StepContext, cs: ConvStep) -> str:
+    # Every output of a conv step has the conv's shape (the layout pass and fusion keep it so).
+    return ctx.step.outputs[0]
+
+
+# ---- variant choice and parameters ------------------------------------------------------------
+
+
+def variant(ctx: StepContext, g: ConvGeometry) -> str:
+    if g.layout == "nchw":
+        return "nchw"
+    if g.cg == 1:
+        return "depthwise"
+    tc_types = (DType.float16, DType.bfloat16) + ((DType.float32,) if ctx.allow_tf32 else ())
+    if g.dtype in tc_types and g.kg >= 8:
+        return "tc"
+    return "simt"
+
+
+def _elem(g: ConvGeometry) -> int:
+    return g.dtype.itemsize
+
+
+def search_space(ctx: StepContext) -> list[dict[str, Any]]:
+    cs = conv_step(ctx)
+    if cs is None:
+        return []
+    g = geometry(ctx, cs)
+    if variant(ctx, g) != "tc":
+        return [{}]
+    out = []
+    for bm, bn, wm, wn in TC_TILES:
+        for bkc in (4, 8):
+            for stages in (3, 4):
+                p = {"bm": bm, "bn": bn, "wm": wm, "wn": wn, "bkc": bkc, "stages": stages}
+                if _smem_bytes(p, _elem(g)) <= MAX_SMEM:
+                    out.append(p)
+    return out
+
+
+def _smem_bytes(p: dict[str, Any], elem: int) -> int:
+    return p["stages"] * (p["bm"] + p["bn"]) * p["bkc"] * 16 + 0 * elem
+
+
+def heuristic_params(g: ConvGeometry) -> dict[str, Any]:
+    """The tile whose waves of blocks cost least: blocks / (SMs * blocks per SM), rounded up,
+    times the tile's work over its efficiency. Small problems get small tiles (more blocks)."""
+    best = None
+    for bm, bn, wm, wn in TC_TILES:
+        blocks = ceil_div(g.m, bm) * ceil_div(g.kg, bn) * g.group
+        per_sm = 1 if bm * bn >= 128 * 128 else 2
+        waves = ceil_div(blocks, ASSUMED_SMS * per_sm)
+        cost = waves * bm * bn / _TILE_EFFICIENCY[(bm, bn)]
+        # Padding waste of an N tile wider than the channels.
+        cost *= ceil_div(g.kg, bn) * bn / g.kg
+        if best is None or cost < best[0]:
+            best = (cost, bm, bn, wm, wn)
+    assert best is not None
+    _, bm, bn, wm, wn = best
+    # Deep reductions want a longer pipeline; the element (unaligned-C) path gains little from it.
+    bkc = 4
+    stages = 4 if g.rsc >= 256 else 3
+    return {"bm": bm, "bn": bn, "wm": wm, "wn": wn, "bkc": bkc, "stages": stages}
+
+
+# ---- generation --------------------------------------------------------------------------------
+
+
+def _matches(ctx: StepContext) -> bool:
+    return conv_step(ctx) is not None
+
+
+def _generate(ctx: StepContext) -> list[KernelSource]:
+    cs = conv_step(ctx)
+    assert cs is not None
+    step = ctx.step
+    where = f"{step.kind} node '{step.name}': "
+    g = geometry(ctx, cs)
+    if g.dtype not in (DType.float16, DType.bfloat16, DType.float32, DType.float64):
+        raise ctx.fail(f"convolution of {g.dtype.name} has no CUDA kernel")
+    var = variant(ctx, g)
+    if var == "tc" and g.dtype is DType.float64:
+        var = "simt"
+    name = ctx.kernel_name()
+    epi_name = f"{name}_epi"
+    out_specs = [ctx.tensors[o] for o in step.outputs]
+    out_shape = tuple(out_specs[0].shape)
+    ops = operands(ctx)
+    rendered = render_epilogue(cs.epilogue, cs.outputs, ops, out_specs, out_shape, g.dtype, where=where, name=epi_name)
+    ct = cuda_type(g.dtype, where)
+    has_bias = cs.n_anchor >= 3 and len(step.inputs) > 2 and step.inputs[2] is not None
+    common = {
+        "variant": var,
+        "name": name,
+        "epilogue": rendered,
+        "epi_name": epi_name,
+        "T": ct.storage,
+        "ct": ct.compute,
+        "load_v": ct.to_compute("v"),
+        "has_bias": has_bias,
+        "elem": g.dtype.itemsize,
+    }
+    args = [step.inputs[0], step.inputs[1]] + ([step.inputs[2]] if has_bias else [])
+    args += [step.inputs[i] for i in rendered.inputs] + list(step.outputs)
+    shared = 0
+    params: dict[str, Any] = {"variant": var}
+    if var == "nchw":
+        if len(g.in_spatial) > 3:
+            raise ctx.fail(f"{len(g.in_spatial)}-D convolution has no CUDA kernel")
+        ctx_vars, grid, block = _nchw_vars(g, out_shape)
+    else:
+        ctx_vars = _nhwc_vars(g)
+        if var == "tc":
+            p = dict(ctx.params) if ctx.params else heuristic_params(g)
+            vec = 16 // g.dtype.itemsize
+            threads = (p["bm"] // p["wm"]) * (p["bn"] // p["wn"]) * 32
+            ctx_vars.update(p)
+            ctx_vars.update(
+                threads=threads,
+                vec=vec,
+                mma={DType.float16: "f16", DType.bfloat16: "bf16", DType.float32: "tf32"}[g.dtype],
+                a_vec=g.cg % vec == 0,
+                b_vec=g.rsc % vec == 0,
+            )
+            grid = (ceil_div(g.m, p["bm"]), ceil_div(g.kg, p["bn"]), g.group)
+            block = (threads, 1, 1)
+            shared = _smem_bytes(p, g.dtype.itemsize)
+            params.update(p)
+        elif var == "simt":
+            grid = (ceil_div(g.m, 64), ceil_div(g.kg, 64), g.group)
+            block = (256, 1, 1)
+        else:
+            dw = _depthwise_params(g)
+            ctx_vars.update(dw)
+            grid = (ceil_div(g.m, dw["pix"]), ceil_div(ceil_div(g.k, dw["vc"]), dw["cvb"]), 1)
+            block = (dw["cvb"], dw["pix"], 1)
+            params.update(dw)
+    source = render("conv.cu.j2", **common, **ctx_vars)
+    return [KernelSource("conv", name, source, grid, block, args, shared_bytes=shared, params=params)]
+
+
+def _nhwc_vars(g: ConvGeometry) -> dict[str, Any]:
+    h, w = g.in_spatial
+    p, q = g.out_spatial
+    r, s = g.kernel
+    return {
+        "H": h,
+        "W": w,
+        "C": g.c,
+        "P": p,
+        "Q": q,
+        "K": g.k,
+        "R": r,
+        "S": s,
+        "CG": g.cg,
+        "KG": g.kg,
+        "SH": g.strides[0],
+        "SW": g.strides[1],
+        "PH": g.pads[0],
+        "PW": g.pads[1],
+        "DH": g.dilations[0],
+        "DW": g.dilations[1],
+        "M": g.m,
+        "RSC": g.rsc,
+    }
+
+
+def _depthwise_params(g: ConvGeometry) -> dict[str, Any]:
+    vc = 1
+    if g.kg == 1:  # one output channel per input channel: channel vectors are contiguous
+        for cand in (16 // g.dtype.itemsize, 8 // g.dtype.itemsize, 4 // g.dtype.itemsize, 2):
+            if cand > 1 and g.c % cand == 0:
+                vc = cand
+                break
+    cv = ceil_div(g.k, vc)
+    cvb = min(cv, 32)
+    taps = math.prod(g.kernel)
+    while cvb > 1 and taps * cvb * vc * 4 > 32 * 1024:
+        cvb //= 2
+    pix = max(1, 256 // cvb)
+    return {"vc": vc, "cvb": cvb, "pix": pix, "tail": g.k % vc != 0}
+
+
+def _nchw_vars(g: ConvGeometry, out_shape: tuple[int, ...]) -> tuple[dict[str, Any], tuple, tuple]:
+    nd = len(g.in_spatial)
+
+    def pad3(t: tuple[int, ...], fill: int) -> list[int]:
+        return [fill] * (3 - nd) + list(t)
+
+    total = math.prod(out_shape)
+    ctx_vars = {
+        "C": g.c,
+        "K": g.k,
+        "CG": g.cg,
+        "KG": g.kg,
+        "in_sp": pad3(g.in_spatial, 1),
+        "out_sp": pad3(g.out_spatial, 1),
+        "ker": pad3(g.kernel, 1),
+        "strides": pad3(g.strides, 1),
+        "pads": pad3(g.pads, 0),
+        "dils": pad3(g.dilations, 1),
+        "total": total,
+    }
+    return ctx_vars, grid_1d(total, 256), (256, 1, 1)
+
+
+register_family("conv", _matches, _generate, search_space)
