@@ -5,7 +5,8 @@ Rules (each named by its algebra; `p∘q` is the perm that Transpose(Transpose(x
 - MERGE    transpose(transpose(x, p), q) -> transpose(x, p∘q), or x when p∘q is the identity.
            Done also when the inner transpose has other consumers: it stays for them, and the
            outer one costs no more than before.
-- UNIT     transpose(x, p) that only moves size-1 dims -> reshape(x) (the planner's free alias).
+- UNIT     transpose(x, p) that only moves size-1 dims -> reshape(x) (the planner's free alias),
+           except a head transpose that only matmuls read (attention fusion looks for it).
 - MATMUL   matmul(transpose(a), b) -> graphc.MatMul(a, b, trans_a=1) (likewise b; a transpose of
            the last two dims only; graphc.MatMul flips a flag already set), and
            gemm(transpose(A), B) -> gemm(A, B, transA=!transA). Transposes of constants are left to
@@ -559,6 +560,11 @@ def _unit_to_reshape(node: Node, c: _Ctx):
     p = perm_of(node)
     shape = _shape(node.inputs[0])
     if p is None or not _static(shape) or not moves_only_unit_dims(p, shape):
+        return None
+    users = c.a.g.users(node.outputs[0].name)
+    if not is_last_two_swap(p) and users and all(_is_onnx(u, "MatMul") or _is_internal_matmul(u) for u in users):
+        # Attention's head transposes of Q, K, V move only size-1 dims when a dim is 1 (one token
+        # while decoding, one head): keep them for attention fusion, which looks for them.
         return None
     return [_reshape(c, c.new(node.inputs[0]), permute(shape, p), node.name, keep_name=True)], []
 
