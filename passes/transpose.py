@@ -26,6 +26,10 @@ to a reshape) or let a matmul absorb, and for the other transposed inputs it wou
 transpose with several consumers moves into all of them only where that pays off in total; into
 some of them only where each of those pays off on its own.
 
+Near misses go into the compile report: a transpose pair that would cancel but for one
+elementwise op in between (an input that would need a transpose of its own, a broadcast that
+would grow the transpose). `cancellable_pairs` lists pairs the pass should have removed (none).
+
 Shapes of the attention pattern stay recognizable for attention fusion: a transpose is never
 moved above the Reshape that splits heads, so K^T stays either Transpose(perm 0,2,3,1) of the
 reshaped K or a graphc.MatMul(trans_b=1).

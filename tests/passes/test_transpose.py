@@ -285,6 +285,13 @@ def test_transpose_of_gemm_with_bias():
     g = G()
     a = g.input("a", (3, 4))
     b = g.input("b", (4, 5))
+    graph = g.build(g.t(g.op("Gemm", a, b, g.const((3, 5))), 1, 0))  # a constant C folds transposed
+    out = through_patterns(graph).graph
+    assert out.op_counts() == {"Gemm": 1} and out.nodes[0].inputs[2].type.shape == (5, 3)
+    assert_same_numbers(graph, out)
+    g = G()
+    a = g.input("a", (3, 4))
+    b = g.input("b", (4, 5))
     bias = g.input("bias", (3, 5))  # a full matrix would need a transpose at run time
     graph = g.build(g.t(g.op("Gemm", a, b, bias), 1, 0))
     assert run(graph) is graph
@@ -422,7 +429,7 @@ def test_push_through_where_and_variadic_ops():
 def test_reduction_over_a_transposed_input(op, keepdims):
     g = G()
     x = g.input("x", (2, 3, 4, 5))
-    r = g.op(op, g.t(x, 0, 2, 3, 1), g.axes(1), keepdims=keepdims)  # reduces x's axis 2
+    r = g.op(op, g.t(x, 0, 2, 3, 1), g.axes(-3), keepdims=keepdims)  # reduces x's axis 2
     # keepdims=1: r is (2,1,5,3); 0: (2,5,3); the transpose after cancels
     y = g.t(r, 0, 3, 1, 2) if keepdims else g.t(r, 0, 2, 1)
     out = run(g.build(y))
