@@ -64,8 +64,11 @@ class Op(Pattern):
     shared: bool = False
     output: int = 0
     any_inputs: bool = False  # `inputs` match a prefix of the node's inputs; the rest are free
+    domain: str = ""
 
-    def __init__(self, ops, *inputs: Pattern, name=None, pred=None, shared=False, output=0, any_inputs=False):
+    def __init__(
+        self, ops, *inputs: Pattern, name=None, pred=None, shared=False, output=0, any_inputs=False, domain: str = ""
+    ):
         object.__setattr__(self, "ops", (ops,) if isinstance(ops, str) else tuple(ops))
         object.__setattr__(self, "inputs", tuple(inputs))
         object.__setattr__(self, "name", name)
@@ -73,6 +76,7 @@ class Op(Pattern):
         object.__setattr__(self, "shared", shared)
         object.__setattr__(self, "output", output)
         object.__setattr__(self, "any_inputs", any_inputs)
+        object.__setattr__(self, "domain", domain)
 
 
 @dataclass
@@ -162,7 +166,7 @@ def _capture(store: dict, name: str | None, v: Any) -> bool:
 
 
 def _match_op(graph: Graph, pat: Op, node: Node, m: Match, is_root: bool) -> bool:
-    if node.op not in pat.ops or node.domain != "":
+    if node.op not in pat.ops or node.domain != pat.domain:
         return False
     if pat.pred is not None and not pat.pred(node):
         return False
@@ -190,10 +194,10 @@ def apply_rules(graph: Graph, rules: Sequence[Rule], *, fired: list[str] | None 
     Returns `graph` itself when nothing fired."""
     from graphc.passes.dce import eliminate_dead_code
 
-    by_op: dict[str, list[Rule]] = {}
+    by_op: dict[tuple[str, str], list[Rule]] = {}
     for r in rules:
         for op in r.pattern.ops:
-            by_op.setdefault(op, []).append(r)
+            by_op.setdefault((r.pattern.domain, op), []).append(r)
     b = GraphBuilder.like(graph)
     subst: dict[str, Value] = {}
 
@@ -204,7 +208,7 @@ def apply_rules(graph: Graph, rules: Sequence[Rule], *, fired: list[str] | None 
     origins = dict(graph.meta.get("origins", {}))
     for node in graph.nodes:
         replaced = False
-        for rule in by_op.get(node.op, ()) if node.domain == "" else ():
+        for rule in by_op.get((node.domain, node.op), ()):
             m = match(graph, rule.pattern, node)
             if m is None or (rule.predicate is not None and not rule.predicate(m)):
                 continue
