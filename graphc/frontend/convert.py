@@ -152,10 +152,11 @@ def load_onnx(source: ModelSource, *, name: str | None = None) -> Graph:
     every unsupported op at once, and ShapeError where types do not check.
     """
     model, base = read_model(source)
-    opset = model_opset(model)
+    # Unsupported ops first: a model of only other domains (ai.onnx.ml) is reported by its ops.
     unsupported = find_unsupported(model)
     if unsupported:
         raise UnsupportedOpError(unsupported_message(unsupported), unsupported)
+    opset = model_opset(model)
     g = model.graph
     b = GraphBuilder(name or g.name or "main", opset)
 
