@@ -157,7 +157,9 @@ def _matmul_flags(node: Node) -> tuple[int, int, float] | None:
 class _Chain:
     qk: Node
     nodes: list[Node] = field(default_factory=list)  # from the matmul outward, the Softmax excluded
+    kinds: list[str] = field(default_factory=list)  # per node: "scale", "softcap" or "mask"
     scale: float = 1.0
+    softcap: float = 0.0
     additive: list[Value] = field(default_factory=list)
     keep: list[tuple[Value, bool]] = field(default_factory=list)  # (cond, inverted)
 
@@ -174,6 +176,22 @@ def _is_fill(g: Graph, v: Value | None) -> bool:
     return s is not None and s <= MASK_FILL_MAX
 
 
+def _softcap(g: Graph, n: Node) -> tuple[Value, float, list[Node]] | None:
+    """(x, c, nodes) when n computes c * tanh(x / c) (Gemma's logit softcapping), with x / c
+    written as a Div or a Mul by 1/c."""
+    outer = _scalar_factor(g, n)
+    if outer is None or outer[1] <= 0:
+        return None
+    t = g.producer(outer[0].name)
+    if not _onnx(t, "Tanh"):
+        return None
+    d = g.producer(t.inputs[0].name)
+    inner = None if d is None else _scalar_factor(g, d)
+    if inner is None or not math.isclose(inner[1] * outer[1], 1.0, rel_tol=1e-6):
+        return None
+    return inner[0], outer[1], [d, t, n]
+
+
 def _find_chain(g: Graph, v: Value, depth: int = 0) -> _Chain | None:
     """The chain from a QK matmul to v through scale and mask ops (v = the Softmax input), or
     None if v is not one. Add's operands are tried both ways (a mask may be made by Adds too)."""
@@ -187,11 +205,22 @@ def _find_chain(g: Graph, v: Value, depth: int = 0) -> _Chain | None:
         return _Chain(qk=n) if _rank4(n.inputs[0]) and _rank4(n.inputs[1]) else None
     if n.domain:
         return None
+    cap = _softcap(g, n)
+    if cap is not None:
+        chain = _find_chain(g, cap[0], depth + 1)
+        if chain is not None:
+            if chain.softcap:
+                return None  # two softcaps: not Attention's form
+            chain.nodes += cap[2]
+            chain.kinds += ["softcap"] * len(cap[2])
+            chain.softcap = cap[1]
+        return chain
     f = _scalar_factor(g, n)
     if f is not None:
         chain = _find_chain(g, f[0], depth + 1)
         if chain is not None:
             chain.nodes.append(n)
+            chain.kinds.append("scale")
             chain.scale *= f[1]
         return chain
     if n.op == "Add" and len(n.inputs) == 2:
@@ -201,6 +230,7 @@ def _find_chain(g: Graph, v: Value, depth: int = 0) -> _Chain | None:
             chain = _find_chain(g, inner, depth + 1)
             if chain is not None:
                 chain.nodes.append(n)
+                chain.kinds.append("mask")
                 chain.additive.append(mask)
                 return chain
         return None
@@ -212,6 +242,7 @@ def _find_chain(g: Graph, v: Value, depth: int = 0) -> _Chain | None:
             chain = _find_chain(g, inner, depth + 1)
             if chain is not None:
                 chain.nodes.append(n)
+                chain.kinds.append("mask")
                 chain.keep.append((cond, inverted))
                 return chain
         return None
@@ -232,6 +263,7 @@ class _Plan:
     keep: list[tuple[Value | np.ndarray, bool]]  # (keep mask, inverted); arrays are new constants
     is_causal: bool
     scale: float
+    softcap: float
     three_d: bool
     heads: tuple[int, int]  # (q heads, kv heads) for the 3-D form
     dims: dict[str, object]
@@ -252,6 +284,46 @@ def _name(n: Node) -> str:
     return f"{n.op} '{n.name}'" if not n.domain else f"{n.domain}.{n.op} '{n.name}'"
 
 
+def _safe_softmax(g: Graph, p: Value, chain: _Chain) -> Node | None:
+    """P's only reader when it is Where(dead, 0, P) zeroing the rows that attend nothing, which
+    Attention does itself: dead is a constant all-False (nothing to zero), or, as ONNX's own
+    Attention function writes it, Equal(ReduceMax(mask, last axis), -inf) of the only mask."""
+    users = g.users(p.name)
+    if len(users) != 1 or g.is_output(p.name):
+        return None
+    w = users[0]
+    if not _onnx(w, "Where") or w.inputs[2] != p or w.outputs[0].type != p.type:
+        return None
+    zero = g.const(w.inputs[1].name) if w.inputs[1] is not None else None
+    if zero is None or zero.size != 1 or zero.dtype.kind != "f" or float(zero.reshape(())) != 0.0:
+        return None
+    dead = w.inputs[0]
+    data = g.const(dead.name)
+    if data is not None:
+        return w if data.dtype == np.bool_ and not data.any() else None
+    if chain.keep or len(chain.additive) != 1:
+        return None
+    eq = g.producer(dead.name)
+    if not _onnx(eq, "Equal"):
+        return None
+    for mx, ninf in ((eq.inputs[0], eq.inputs[1]), (eq.inputs[1], eq.inputs[0])):
+        c = g.const(ninf.name)
+        r = g.producer(mx.name)
+        if c is None or c.size != 1 or not np.isneginf(c).all() or not _onnx(r, "ReduceMax"):
+            continue
+        axes = g.const(r.inputs[1].name) if len(r.inputs) > 1 and r.inputs[1] is not None else None
+        rank = len(r.inputs[0].ttype.shape or ())
+        if (
+            r.inputs[0] == chain.additive[0]
+            and r.attrs.keepdims == 1
+            and axes is not None
+            and axes.size == 1
+            and int(axes.reshape(())) in (-1, rank - 1)
+        ):
+            return w
+    return None
+
+
 def _analyze(g: Graph, softmax: Node) -> _Plan | None:
     x = softmax.inputs[0]
     if not _rank4(x) or softmax.attrs.axis not in (-1, 3):
@@ -260,8 +332,11 @@ def _analyze(g: Graph, softmax: Node) -> _Plan | None:
     if chain is None:
         return None
     where = f"Softmax '{softmax.name}' not fused into Attention"
-    # The P @ V matmul.
+    # The P @ V matmul (after a "safe softmax" Where that zeroes fully masked rows, if any).
     p = softmax.outputs[0]
+    safe = _safe_softmax(g, p, chain)
+    if safe is not None:
+        p = safe.outputs[0]
     users = g.users(p.name)
     if not users:
         return None
@@ -273,17 +348,16 @@ def _analyze(g: Graph, softmax: Node) -> _Plan | None:
     if pv_flags is None or pv.inputs[0] != p or pv_flags[0] or pv_flags[2] != 1.0:
         raise _Decline(f"{where}: the probabilities feed {_name(pv)}, not a P @ V matmul")
     # Interior values: each read only by the next node of the chain.
-    seq = [chain.qk, *chain.nodes, softmax]
+    seq = [chain.qk, *chain.nodes, softmax] + ([safe] if safe is not None else [])
     for prev, nxt in zip(seq, seq[1:], strict=False):
         other = _other_reader(g, prev.outputs[0], nxt)
         if other is not None:
             raise _Decline(f"{where}: the scores '{prev.outputs[0].name}' are also used by {other}")
-    seen_mask = False
-    for n in chain.nodes:
-        if n.op in ("Add", "Where"):
-            seen_mask = True
-        elif seen_mask:
-            raise _Decline(f"{where}: the scale {_name(n)} comes after the mask")
+    # Attention's order: scale, then softcap, then the mask.
+    order = {"scale": 0, "softcap": 1, "mask": 2}
+    for (n, kind), prev in zip(zip(chain.nodes, chain.kinds, strict=True), [None, *chain.kinds], strict=False):
+        if prev is not None and order[kind] < order[prev]:
+            raise _Decline(f"{where}: the {kind} {_name(n)} comes after the {prev}")
     # Q, K, V in the logical (batch, heads, seq, dim) layout.
     ta, tb, alpha = _matmul_flags(chain.qk)
     q = _trace(g, chain.qk.inputs[0], _SWAP_LAST if ta else _IDENTITY, scales=True)
@@ -324,11 +398,13 @@ def _analyze(g: Graph, softmax: Node) -> _Plan | None:
         keep=keep,
         is_causal=is_causal,
         scale=scale,
+        softcap=chain.softcap,
         three_d=three_d,
         heads=(dims["heads"], dims["kv_heads"]),
         dims=dims,
     )
     core = [chain.qk, *chain.nodes, softmax, pv] + ([root] if root is not pv else [])
+    core += [safe] if safe is not None else []
     plan.absorbed = _absorbed(g, core, [q, k, v])
     return plan
 
@@ -451,10 +527,13 @@ def _is_causal_const(c: np.ndarray, q_seq: object, kv_seq: object) -> bool:
 
 def _refine_masks(g: Graph, chain: _Chain, dims: dict[str, object]):
     """The masks in their cheapest exact form: boolean where they only mask, constant all-True
-    terms dropped, a constant causal term turned into is_causal=1."""
+    terms and constant shifts dropped, a constant causal term turned into is_causal=1."""
     additive: list[Value | np.ndarray] = []
     keep: list[tuple[Value | np.ndarray, bool]] = list(chain.keep)
     for m in chain.additive:
+        c = g.const(m.name)
+        if c is not None and c.size == 1 and c.dtype.kind == "f" and np.isfinite(c).all():
+            continue  # softmax(x + c) == softmax(x): a constant shift of every score goes
         k = _keep_of_additive(g, m)
         if k is None:
             additive.append(m)
@@ -571,6 +650,8 @@ def _emit(g: Graph, b: GraphBuilder, plan: _Plan, mapv) -> Value:
     attrs: dict[str, object] = {"scale": float(plan.scale)}
     if plan.is_causal:
         attrs["is_causal"] = 1
+    if plan.softcap:
+        attrs["softcap"] = float(plan.softcap)
     if plan.three_d:
         q = _to_3d(g, b, plan.q, mapv, f"{hint}/q")
         k = _to_3d(g, b, plan.k, mapv, f"{hint}/k")

@@ -22,6 +22,7 @@ from graphc.passes.rewrite import Const, Match, Op, Pattern, Rule, Var, apply_ru
 SQRT2 = math.sqrt(2.0)
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 TANH_CUBIC = 0.044715
+_ADD = ("Add", "Sum")  # ONNX's own Gelu function body adds with a two-input Sum
 
 
 def _halves(v: Pattern) -> list[tuple[str, Pattern]]:
@@ -37,7 +38,7 @@ def _erf_terms(x: Pattern) -> list[tuple[str, Pattern]]:
         ("x / sqrt2", Op("Div", x, Const(pred=is_scalar(SQRT2, approx=True)))),
         ("x * (1/sqrt2)", Op("Mul", x, Const(pred=is_scalar(1.0 / SQRT2, approx=True)))),
     ]
-    return [(f"(1 + erf({a}))", Op("Add", Op("Erf", arg), Const(pred=is_scalar(1.0)))) for a, arg in args]
+    return [(f"(1 + erf({a}))", Op(_ADD, Op("Erf", arg), Const(pred=is_scalar(1.0)))) for a, arg in args]
 
 
 def _cubes(x: Pattern) -> list[tuple[str, Pattern]]:
@@ -52,10 +53,10 @@ def _tanh_terms(x: Pattern) -> list[tuple[str, Pattern]]:
     """1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))."""
     out = []
     for cname, cube in _cubes(x):
-        inner = Op("Add", x, Op("Mul", cube, Const(pred=is_scalar(TANH_CUBIC, approx=True))))
+        inner = Op(_ADD, x, Op("Mul", cube, Const(pred=is_scalar(TANH_CUBIC, approx=True))))
         arg = Op("Mul", inner, Const(pred=is_scalar(SQRT_2_OVER_PI, approx=True)))
         out.append(
-            (f"(1 + tanh(sqrt(2/pi) * (x + 0.044715 {cname})))", Op("Add", Op("Tanh", arg), Const(pred=is_scalar(1.0))))
+            (f"(1 + tanh(sqrt(2/pi) * (x + 0.044715 {cname})))", Op(_ADD, Op("Tanh", arg), Const(pred=is_scalar(1.0))))
         )
     return out
 

@@ -78,6 +78,8 @@ def _attention_model(
     out="merge",
     prob_output=False,
     kv_seq=S,
+    softcap=None,
+    safe=None,
 ):
     """A self- (or cross-) attention block over inputs x [B, S, HID] (and y [B, kv_seq, HID])."""
     net = _Net()
@@ -104,6 +106,8 @@ def _attention_model(
         s = net.op("Mul", s, net.c(c))
     elif scale == "div_scores":
         s = net.op("Div", s, net.c(math.sqrt(D)))
+    if softcap == "before_mask":
+        s = net.op("Mul", net.op("Tanh", net.op("Div", s, net.c(5.0))), net.c(5.0))
     if mask in ("additive", "where_add"):
         am = net.input("mask", TensorProto.INT64, [B, kv_seq])
         m = net.op("Unsqueeze", am, net.c([1, 2], np.int64))
@@ -138,7 +142,19 @@ def _attention_model(
     elif mask == "scaled_after":
         m = net.input("fmask", TensorProto.FLOAT, [B, 1, 1, kv_seq])
         s = net.op("Mul", net.op("Add", s, m), net.c(0.5))
+    if mask == "shift":  # a constant added to every score: softmax ignores it
+        s = net.op("Add", s, net.c(0.5))
+    if mask == "float_input":  # ONNX Attention's own float mask, then its "safe softmax" below
+        s = net.op("Add", s, net.input("fmask", TensorProto.FLOAT, [S, kv_seq]))
+    if softcap == "after_mask":
+        s = net.op("Mul", net.op("Tanh", net.op("Mul", s, net.c(0.2))), net.c(5.0))
     p = net.op("Softmax", s, axis=-1)
+    if safe == "const":  # Where(dead rows, 0, P) with no dead row
+        p = net.op("Where", net.c(np.zeros((S, 1), bool), np.bool_), net.c(0.0), p)
+    elif safe == "row_max":  # ONNX's Attention function: dead = ReduceMax(mask, -1) == -inf
+        row_max = net.op("ReduceMax", "fmask", net.c([-1], np.int64), keepdims=1)
+        dead = net.op("Equal", row_max, net.c(-np.inf))
+        p = net.op("Where", dead, net.c(0.0), p)
     o = net.op("MatMul", p, net.op("Transpose", v, perm=[0, 2, 1, 3]))
     if out == "merge":
         o = net.op("Reshape", net.op("Transpose", o, perm=[0, 2, 1, 3]), net.c([0, 0, HID], np.int64))
@@ -346,11 +362,42 @@ def test_four_d_inputs_use_the_4d_form():
     _check_same(g0, g1, feeds)
 
 
+@pytest.mark.parametrize("safe", ["const", "row_max"])
+def test_safe_softmax_where_goes(safe):
+    # Zeroing the rows that attend nothing is what Attention does itself.
+    model = _attention_model(mask="float_input", safe=safe)
+    g0 = graphc.load_onnx(model)
+    g1 = _optimize(g0)
+    _attention_node(g1)
+    assert "Where" not in g1.op_counts()
+    feeds = _feeds(model)
+    if safe == "row_max":
+        feeds["fmask"][1, :] = -np.inf  # a dead row: zeros either way
+    _check_same(g0, g1, feeds)
+
+
+def test_softcap():
+    model = _attention_model(softcap="before_mask", mask="additive")
+    g0 = graphc.load_onnx(model)
+    g1 = _optimize(g0)
+    node = _attention_node(g1)
+    assert node.attrs.softcap == pytest.approx(5.0)
+    assert "Tanh" not in g1.op_counts()
+    _check_same(g0, g1, _feeds(model))
+
+
+def test_constant_shift_of_the_scores_goes():
+    g1 = _optimize(graphc.load_onnx(_attention_model(mask="shift")))
+    node = _attention_node(g1)
+    assert len(node.inputs) == 3  # no mask left
+
+
 @pytest.mark.parametrize(
     ("kwargs", "why"),
     [
         ({"prob_output": True}, "probabilities are also used"),
         ({"mask": "scaled_after"}, "comes after the mask"),
+        ({"mask": "additive", "softcap": "after_mask"}, "softcap"),
     ],
 )
 def test_near_misses(kwargs, why):
