@@ -130,6 +130,16 @@ def test_tanh_gelu_forms(order, cube, const_first):
         np.testing.assert_allclose(b[k], a[k], rtol=1e-5, atol=1e-6)
 
 
+def test_sum_as_add():
+    # ONNX's own Gelu function body writes 1 + erf(...) as a two-input Sum.
+    net = _Net()
+    e = net.op("Erf", net.op("Div", "x", net.c(SQRT2)))
+    y = net.op("Mul", net.op("Mul", "x", net.c(0.5)), net.op("Sum", net.c(1.0), e))
+    g1, a, b = _run(net.model((3, 5), [y]), (3, 5))
+    assert g1.op_counts() == {"Gelu": 1}
+    np.testing.assert_allclose(b[y], a[y], rtol=1e-5, atol=1e-6)
+
+
 def test_float16_constants_within_their_rounding():
     # sqrt(2) in float16 is 1.4140625 (1.1e-4 off): still GELU at float16 precision.
     net = _Net(np.float16)
