@@ -18,8 +18,12 @@ What is recognized, walking back from each Softmax over the last axis of a 4-D t
   terms of a boolean mask's And are dropped when all True, and turned into is_causal=1 when they
   are the causal pattern (GPT-2's causal & padding mask: is_causal=1 plus the padding mask).
   Several masks combine into one attn_mask: additive ones are summed, boolean ones joined with
-  And, and both together become Where(keep, sum, -inf).
-- output: Softmax feeds only the P @ V matmul.
+  And, and both together become Where(keep, sum, -inf). A constant added to every score goes
+  (softmax ignores it).
+- softcap: c * tanh(scores / c) between the scale and the mask -> Attention's `softcap`.
+- output: Softmax feeds only the P @ V matmul, possibly through the "safe softmax"
+  Where(row attends nothing, 0, P) that ONNX's own Attention function writes (Attention zeroes
+  such rows itself), so an inlined Attention function fuses back into one node.
 
 Layout: when Q, K and V come from (batch, seq, heads, head_dim) tensors through
 Transpose(0,2,1,3) (the Reshape-then-Transpose split of heads) the node takes Attention's 3-D
@@ -29,8 +33,8 @@ goes too. Otherwise the 4-D form (batch, heads, seq, head_dim) is used.
 
 Exactness: the rewrite is exact up to float rounding on every row that attends to at least one
 key. A row whose every key is masked gives zeros from Attention, where the decomposed graph gave
-NaN (-inf fill) or a uniform average (a finite fill); such rows are padding queries, and no
-model reads them.
+NaN (-inf fill) or a uniform average (a finite fill); such rows belong to padding queries,
+whose outputs models discard.
 
 Attention nodes already in the model are left as they are.
 """
