@@ -101,6 +101,7 @@ def relaxed(p: Pattern) -> Pattern:
             shared=True,
             output=p.output,
             any_inputs=p.any_inputs,
+            domain=p.domain,
         )
     return p
 
@@ -122,16 +123,16 @@ def near_misses(graph: Graph, rules: Iterable[Rule], what: str) -> list[str]:
     Each rule is tried in its relaxed form at every node of its root op; a match that passes the
     rule's predicate (apart from the interior check) but not the strict match is a near miss.
     """
-    by_op: dict[str, list[tuple[Rule, Pattern]]] = {}
+    by_op: dict[tuple[str, str], list[tuple[Rule, Pattern]]] = {}
     for rule in rules:
         for op in rule.pattern.ops:
-            by_op.setdefault(op, []).append((rule, _relaxed_cached(rule.pattern)))
+            by_op.setdefault((rule.pattern.domain, op), []).append((rule, _relaxed_cached(rule.pattern)))
     out: list[str] = []
     seen: set[str] = set()
     for node in graph.nodes:
-        if node.domain or node.name in seen:
+        if node.name in seen:
             continue
-        for rule, pattern in by_op.get(node.op, ()):
+        for rule, pattern in by_op.get((node.domain, node.op), ()):
             m = match(graph, pattern, node)
             if m is None or (rule.predicate is not None and not _predicate_ignoring_interior(rule, m)):
                 continue
