@@ -106,7 +106,7 @@ class Runner:
 
         ctx = self.context(params)
         kernels = family_for(ctx).generate(ctx)
-        cubins = compile_all([CompileJob(k.name, k.source, arch) for k in kernels])
+        cubins = compile_all([CompileJob(k.name, k.source, k.params.get("requires_arch", arch)) for k in kernels])
         fns = []
         for k, cubin in zip(kernels, cubins, strict=True):
             mod = cupy.cuda.function.Module()
@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trans-b", action="store_true", help="B stored [N, K] (K contiguous)")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--params", type=json.loads, help="force kernel parameters (JSON)")
+    ap.add_argument("--wgmma", action="store_true", help="fp16/bf16 through the sm_90a wgmma variant")
     ap.add_argument("--tune", action="store_true", help="time every candidate of the search space")
     ap.add_argument("--tune-limit", type=int, default=40, help="candidates timed per shape with --tune")
     ap.add_argument("--json", type=Path, help="write the results here")
@@ -206,12 +207,18 @@ def main(argv: list[str] | None = None) -> int:
             flop = 2.0 * m * n * k
             t_ref = r.time(r.torch_launch(), iters)
             cands = [args.params]
+            if args.wgmma and mode in ("fp16", "bf16") and not args.params:
+                from graphc.codegen.families.gemm import heuristic, problem_of
+
+                prob = problem_of(r.context(None))
+                cands = [None, {k: v for k, v in heuristic(prob, "wgmma").items() if not k.startswith("_")}]
             if args.tune:
                 from graphc.codegen.families.gemm import search_space
 
                 space = search_space(r.context(None))
                 cands = [None] + space[: args.tune_limit] if len(space) > args.tune_limit else [None, *space]
             best = None
+            shown = []
             for params in cands:
                 try:
                     launch, kernels = r.build(params, arch)
@@ -239,13 +246,12 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {t:8.4f} ms  {row['tflops']:7.1f}  err {err:.1e}  {p}")
                 if best is None or t < best["ms"]:
                     best = row
-                if params is None:
-                    rows.append(row)
-            if best is None:
-                continue
-            if args.tune and not best["heuristic"]:
-                rows.append(dict(best, tuned=True))
-            for row in rows[-2:] if args.tune and not best["heuristic"] else rows[-1:]:
+                if not args.tune or params is None:
+                    shown.append(row)
+            if args.tune and best is not None and not best["heuristic"]:
+                shown.append(dict(best, tuned=True))
+            rows += shown
+            for row in shown:
                 tag = " (tuned)" if row.get("tuned") else ""
                 print(
                     f"{mode:5} {f'{m}x{n}x{k}':>20} {row['ms']:10.4f} {row['tflops']:8.1f} {t_ref:10.4f} "

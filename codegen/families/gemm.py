@@ -246,6 +246,8 @@ MMA_TILES = [
     (32, 64, 1, 2, 0.45),
     (16, 64, 1, 2, 0.3),
 ]
+# sm_90a warpgroup MMA: (BM, BN, efficiency); a warpgroup per 64 rows, wgmma m64nBNk16
+WGMMA_TILES = [(128, 256, 1.0), (128, 128, 0.9), (128, 192, 0.95), (64, 256, 0.8), (64, 128, 0.7), (64, 64, 0.5)]
 # (BM, BN, TM, TN, efficiency)
 SIMT_TILES = [
     (128, 128, 8, 8, 1.0),
@@ -278,6 +280,8 @@ def _pitches(prob: Problem, path: str, bm: int, bn: int, bk: int) -> tuple[int, 
 
 def shared_bytes(prob: Problem, p: dict[str, Any]) -> int:
     path = p["path"]
+    if path == "wgmma":  # swizzled stages (+1 KB to align them to 1024 bytes), or the fp32 C tile
+        return max(p["STAGES"] * (p["BM"] + p["BN"]) * 64 * 2, p["BM"] * (p["BN"] + 8) * 4) + 1024
     if path == "simt":
         cb = 8 if prob.dtype is DType.float64 else 4
         ty = p["BM"] // p["TM"]
@@ -288,6 +292,8 @@ def shared_bytes(prob: Problem, p: dict[str, Any]) -> int:
 
 
 def threads_of(p: dict[str, Any]) -> int:
+    if p["path"] == "wgmma":
+        return p["BM"] // 64 * 128  # a warpgroup per 64 rows
     if p["path"] == "simt":
         return (p["BM"] // p["TM"]) * (p["BN"] // p["TN"])
     return p["WM"] * p["WN"] * 32
@@ -302,7 +308,12 @@ def valid(prob: Problem, p: dict[str, Any]) -> bool:
         return False  # fp32 partials would lose fp64 precision
     if prob.batch * s > MAX_GRID_Z:
         return False
-    if path == "simt":
+    if path == "wgmma":
+        if prob.dtype not in TC_DTYPES or bk != 64 or bm not in (64, 128) or bn not in (64, 128, 192, 256):
+            return False
+        if not 3 <= p["STAGES"] <= 8 or not (prob.a.vector_ok(prob.K, 8) and prob.b.vector_ok(prob.K, 8)):
+            return False  # no element-load path: operands must allow 16-byte copies
+    elif path == "simt":
         tm, tn = p["TM"], p["TN"]
         if tm % 4 or tn % 4 or bm % tm or bn % tn:
             return False
@@ -320,7 +331,9 @@ def valid(prob: Problem, p: dict[str, Any]) -> bool:
 
 def _blocks_per_sm(prob: Problem, p: dict[str, Any]) -> int:
     threads = threads_of(p)
-    if p["path"] == "simt":
+    if p["path"] == "wgmma":
+        regs = p["BN"] // 2 + 40
+    elif p["path"] == "simt":
         regs = p["TM"] * p["TN"] * (2 if prob.dtype is DType.float64 else 1) + 40
     else:
         regs = (p["BM"] // p["WM"]) * (p["BN"] // p["WN"]) // 32 + 48
@@ -331,7 +344,7 @@ def _blocks_per_sm(prob: Problem, p: dict[str, Any]) -> int:
 
 
 # Rough rates for the cost model (H200): only ratios matter.
-_RATE = {"mma": 330e12, "tf32": 150e12, "simt": 45e12}
+_RATE = {"wgmma": 700e12, "mma": 330e12, "tf32": 150e12, "simt": 45e12}
 _BW = 4.0e12
 _LAUNCH = 3e-6
 
@@ -375,6 +388,14 @@ def candidates(prob: Problem, path: str) -> list[dict[str, Any]]:
                 if valid(prob, p):
                     out.append(p)
         return out
+    if path == "wgmma":
+        for bm, bn, eff in WGMMA_TILES:
+            for st in (3, 4, 5, 6):
+                for s in _split_options(prob, 64):
+                    p = {"path": path, "BM": bm, "BN": bn, "BK": 64, "STAGES": st, "SPLITS": s, "_eff": eff}
+                    if valid(prob, p):
+                        out.append(p)
+        return out
     bks = (16, 32) if path == "tf32" else (32, 64)
     for bm, bn, wm, wn, eff in MMA_TILES:
         for bk in bks:
@@ -402,7 +423,7 @@ def heuristic(prob: Problem, path: str) -> dict[str, Any]:
     pool = candidates(prob, path)
     if not pool:
         raise ValueError("no valid GEMM configuration")
-    if path != "simt":
+    if path in ("mma", "tf32"):
         bk = 16 if path == "tf32" else 32
         deep = [p for p in pool if p["BK"] == bk] or pool
         best: dict[tuple, dict[str, Any]] = {}
@@ -479,7 +500,7 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         p = dict(ctx.params)
         p.setdefault("path", path)
         p.setdefault("SPLITS", 1)
-        if p["path"] != path and not (p["path"] == "simt" and path == "tf32"):
+        if p["path"] != path and (p["path"], path) not in (("simt", "tf32"), ("wgmma", "mma")):
             raise ctx.fail(f"forced GEMM path {p['path']!r} does not fit {prob.dtype.name} (expects {path!r})")
         if not valid(prob, p):
             raise ctx.fail(f"forced GEMM parameters {ctx.params} are not valid for this problem")
@@ -529,7 +550,7 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
     main_ctx = dict(
         common,
         name=name,
-        kind="mma" if path in ("mma", "tf32") else "simt",
+        kind={"tf32": "mma"}.get(path, path),
         kparams=kparams,
         M=prob.M,
         N=prob.N,
@@ -543,7 +564,22 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         batch=prob.batch,
         group_m=8,
     )
-    if path == "simt":
+    if path == "wgmma":
+        opnds = [
+            {"name": X, "kcontig": lay.kcontig, "rows": lay.rows, "rows_tile": rt, "r0": r0, "ld": lay.pitch}
+            for X, lay, rt, r0 in (("A", prob.a, p["BM"], "m0"), ("B", prob.b, p["BN"], "n0"))
+        ]
+        main_ctx.update(
+            STAGES=p["STAGES"],
+            operands=opnds,
+            a_kcontig=prob.a.kcontig,
+            b_kcontig=prob.b.kcontig,
+            trans_a=int(not prob.a.kcontig),
+            trans_b=int(not prob.b.kcontig),
+            ab_type="f16" if prob.dtype is DType.float16 else "bf16",
+        )
+        p["requires_arch"] = "sm_90a"
+    elif path == "simt":
         main_ctx.update(
             TM=p["TM"],
             TN=p["TN"],

@@ -315,3 +315,29 @@ def test_numpy_reference_shapes_match_generation():
     # the output spec inferred for the step has the element count the kernels write
     ctx, ks = gen("MatMul", [(2, 7, 96), (96, 72)], F32)
     assert int(np.prod(ctx.tensors["y0"].shape)) == 2 * 7 * 72
+
+
+@needs_nvrtc
+def test_wgmma_variant_compiles_for_sm90a_only():
+    from graphc.codegen.nvrtc import compile_cubin
+
+    _, ks = gen(
+        "MatMul",
+        [(200, 520), (520, 136), (136,), (200, 136)],
+        F16,
+        **bias_gelu_residual(),
+        params={"path": "wgmma", "BM": 128, "BN": 128, "BK": 64, "STAGES": 4},
+    )
+    (k,) = ks
+    assert k.params["requires_arch"] == "sm_90a" and k.block == (256, 1, 1)
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16" in k.source
+    assert f"{k.name}_out(v, " in k.source[k.source.index('extern "C" __global__') :]
+    assert len(compile_cubin(k.source, k.name, "sm_90a")) > 1000
+    with pytest.raises(CompileError, match="compile it for sm_90a"):
+        compile_cubin(k.source, k.name, "sm_80")
+
+
+def test_wgmma_needs_aligned_operands():
+    prob = problem_of(standalone_context("MatMul", [(64, 33), (33, 64)], F16))
+    assert not valid(prob, {"path": "wgmma", "BM": 128, "BN": 128, "BK": 64, "STAGES": 4})
+    assert not candidates(prob, "wgmma")

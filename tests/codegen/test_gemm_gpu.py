@@ -19,7 +19,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from graphc.codegen.families.gemm import MMA_TILES, SIMT_TILES, standalone_context
+from graphc.codegen.families.gemm import MMA_TILES, SIMT_TILES, WGMMA_TILES, standalone_context
 from graphc.codegen.kernel import family_for
 from graphc.ir.types import DType
 from graphc.ops.fused import ACC, IN, OP, EpilogueOp
@@ -164,6 +164,62 @@ def _cases() -> list[Case]:
             st = (2, 3, 4)[i % 3]
             p = {"BM": bm, "BN": bn, "BK": bk, "WM": wm, "WN": wn, "STAGES": st, "SPLITS": 1}
             cases.append(Case(f"{mode}-tile-{bm}x{bn}x{bk}s{st}", mode, "MatMul", [(300, 136), (136, 264)], params=p))
+    # sm_90a warpgroup MMA (run where the GPU is an sm_90): every operand layout, tile, split-K,
+    # batch, and the fused epilogue
+    for mode in ("fp16", "bf16"):
+        for ta in (0, 1):
+            for tb in (0, 1):
+                m, n, k = 200, 136, 520
+                cases.append(
+                    Case(
+                        f"{mode}-wgmma-t{ta}{tb}",
+                        mode,
+                        "MatMul",
+                        [(k, m) if ta else (m, k), (n, k) if tb else (k, n)],
+                        domain="graphc",
+                        attrs={"trans_a": ta, "trans_b": tb},
+                        params={"path": "wgmma", "BM": 128, "BN": 256, "BK": 64, "STAGES": 4},
+                    )
+                )
+    for i, (bm, bn, _) in enumerate(WGMMA_TILES):
+        p = {"path": "wgmma", "BM": bm, "BN": bn, "BK": 64, "STAGES": (3, 4, 5)[i % 3]}
+        cases.append(Case(f"fp16-wgmma-tile-{bm}x{bn}", "fp16", "MatMul", [(300, 1096), (1096, 264)], params=p))
+    f = _bias_gelu_residual(96, 200)
+    cases.append(
+        Case(
+            "fp16-wgmma-fused-split",
+            "fp16",
+            "MatMul",
+            [(96, 4096), (4096, 200), *f["extra"]],
+            n_anchor=2,
+            epilogue=f["epilogue"],
+            outputs=f["outputs"],
+            params={"path": "wgmma", "BM": 64, "BN": 128, "BK": 64, "STAGES": 4, "SPLITS": 6},
+        )
+    )
+    cases.append(
+        Case(
+            "bf16-wgmma-batched-fused",
+            "bf16",
+            "MatMul",
+            [(3, 130, 64), (64, 72), *_bias_gelu_residual(3 * 130, 72)["extra"][:1], (3, 130, 72)],
+            n_anchor=2,
+            epilogue=f["epilogue"],
+            outputs=f["outputs"],
+            params={"path": "wgmma", "BM": 128, "BN": 128, "BK": 64, "STAGES": 3},
+        )
+    )
+    cases.append(
+        Case(
+            "fp16-wgmma-attn",
+            "fp16",
+            "MatMul",
+            [(2, 5, 77, 64), (2, 5, 77, 64)],
+            domain="graphc",
+            attrs={"trans_b": 1, "alpha": 0.125},
+            params={"path": "wgmma", "BM": 64, "BN": 128, "BK": 64, "STAGES": 3},
+        )
+    )
     for bm, bn, tm, tn, _ in SIMT_TILES:
         p = {"path": "simt", "BM": bm, "BN": bn, "BK": 8, "TM": tm, "TN": tn, "SPLITS": 1}
         cases.append(Case(f"fp32-tile-{bm}x{bn}", "fp32", "MatMul", [(300, 136), (136, 264)], params=p))
@@ -227,8 +283,10 @@ def _built() -> dict[str, Any]:
     for case in CASES:
         ctx = case.context()
         ks = family_for(ctx).generate(ctx)
+        if any(k.params.get("requires_arch", arch) != arch for k in ks) and arch != "sm_90":
+            continue  # an sm_90a kernel on another GPU
         gen[case.id] = (ctx, ks)
-        jobs += [CompileJob(k.name, k.source, arch) for k in ks]
+        jobs += [CompileJob(k.name, k.source, k.params.get("requires_arch", arch)) for k in ks]
     cubins = iter(compile_all(jobs))
     out = {}
     for cid, (ctx, ks) in gen.items():
@@ -258,6 +316,8 @@ def set_max_dynamic_shared(fn, nbytes: int) -> None:
 def run_case(case: Case, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray], list]:
     import cupy
 
+    if case.id not in _built():
+        pytest.skip("needs an sm_90 GPU (wgmma)")
     ctx, kernels = _built()[case.id]
     rng = np.random.default_rng(seed)
     xs = _inputs(case, ctx, rng)
