@@ -230,7 +230,8 @@ EXPRESSIONS: dict[str, ExprFn] = {
     "BitwiseNot": lambda a, at, i, o: f"(~({a[0]}))",
     "IsNaN": lambda a, at, i, o: f"isnan({a[0]})",
     "IsInf": lambda a, at, i, o: (
-        f"(isinf({a[0]}) && ((({a[0]}) > 0 && {int(at.detect_positive)}) || (({a[0]}) < 0 && {int(at.detect_negative)})))"
+        f"(isinf({a[0]}) && ((({a[0]}) > 0 && {int(at.detect_positive)}) || "
+        f"(({a[0]}) < 0 && {int(at.detect_negative)})))"
     ),
     "Where": _where,
     "Cast": _cast,

@@ -135,10 +135,8 @@ class GraphBuilder:
         inputs = list(inputs)
         while inputs and inputs[-1] is None:
             inputs.pop()
-        if keep_name and name and name not in self._node_names:
-            node_name = name
-        else:
-            node_name = self.fresh_node_name(name or op)
+        keep = keep_name and name and name not in self._node_names
+        node_name = name if keep else self.fresh_node_name(name or op)
         if attrs is None:
             attrs = {}
         if not isinstance(attrs, Attrs):
