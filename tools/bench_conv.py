@@ -57,7 +57,7 @@ def build_kernel(n: int, hw: int, c: int, k: int, params=None):
     weights = {name: c.data for name, c in graph.constants.items()}
     ctx = StepContext(step, plan.tensors, weights, precision="fp16", params=params)
     fam = family_for(ctx)
-    return fam, ctx, fam.generate(ctx)[0]
+    return fam, ctx, fam.generate(ctx)
 
 
 def load(src, arch: str):
@@ -69,7 +69,10 @@ def load(src, arch: str):
     mod.load(compile_cubin(src.source, src.name, arch))
     fn = mod.get_function(src.name)
     if src.shared_bytes > 48 * 1024:
-        fn.max_dynamic_shared_size_bytes = src.shared_bytes
+        from cupy.cuda import driver
+
+        attr = getattr(driver, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", 8)
+        driver.funcSetAttribute(fn.ptr, attr, src.shared_bytes)
     return mod, fn
 
 
@@ -92,7 +95,7 @@ def time_events(launch, n_buffers: int, warmup: int, reps: int) -> float:
     return statistics.median(times)
 
 
-def bench_layer(n: int, hw: int, c: int, arch: str, warmup: int, reps: int, tune: bool):
+def bench_layer(n: int, hw: int, c: int, arch: str, warmup: int, reps: int, tune: bool, verbose: bool = False):
     import cupy
     import torch
     import torch.nn.functional as F
@@ -124,19 +127,24 @@ def bench_layer(n: int, hw: int, c: int, arch: str, warmup: int, reps: int, tune
     b_cp = cupy.from_dlpack(bias)
     out = cupy.empty((n, hw, hw, k), dtype=cupy.float16)
 
-    fam, ctx, src = build_kernel(n, hw, c, k)
-    candidates = [(src.params, src)]
+    fam, ctx, srcs = build_kernel(n, hw, c, k)
+    candidates = [(srcs[0].params, srcs)]
     if tune and fam.search_space is not None:
         candidates = []
         for p in fam.search_space(ctx):
-            _, _, s = build_kernel(n, hw, c, k, params=p)
-            candidates.append((s.params, s))
+            _, _, ss = build_kernel(n, hw, c, k, params=p)
+            candidates.append((ss[0].params, ss))
     best = None
-    for params, s in candidates:
-        _mod, fn = load(s, arch)
+    for params, ss in candidates:
+        # one or two launches (split-K: partial sums into the workspace, then the reduction)
+        fns = [load(s, arch) for s in ss]
+        ws = cupy.empty(max(1, max(s.workspace_bytes for s in ss) // 4), dtype=cupy.float32)
+        args = [[{"x": None, "w": w_krsc, "b": b_cp, "@workspace": ws}.get(a, out) for a in s.args] for s in ss]
 
-        def launch(i, fn=fn, s=s):
-            fn(s.grid, s.block, (x_cp[i], w_krsc, b_cp, out), shared_mem=s.shared_bytes)
+        def launch(i, fns=fns, ss=ss, args=args):
+            for (_mod, fn), s, a in zip(fns, ss, args, strict=True):
+                a = tuple(x_cp[i] if name == "x" else v for name, v in zip(s.args, a, strict=True))
+                fn(s.grid, s.block, a, shared_mem=s.shared_bytes)
 
         out.fill(float("nan"))
         launch(0)
@@ -144,6 +152,8 @@ def bench_layer(n: int, hw: int, c: int, arch: str, warmup: int, reps: int, tune
         got = torch.from_dlpack(out).permute(0, 3, 1, 2).float()
         err = float((got - ref.float()).norm() / ref.float().norm())
         ms = time_events(launch, n_buf, warmup, reps) if err < 1e-2 else float("inf")
+        if verbose:
+            print(f"    {params} {ms * 1e3:.1f} us (rel err {err:.1e})")
         if best is None or ms < best[0]:
             best = (ms, params, err)
     flops = 2.0 * n * hw * hw * k * 9 * c
@@ -155,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
     ap.add_argument("--tune", action="store_true", help="time every tile of the search space")
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--verbose", action="store_true", help="with --tune: print every candidate's time")
     args = ap.parse_args(argv)
     import cupy
     import torch
@@ -174,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     ratios = []
     for name, hw, c in LAYERS:
-        (ms, params, err), t_torch, flops = bench_layer(args.batch, hw, c, arch, warmup, reps, args.tune)
+        (ms, params, err), t_torch, flops = bench_layer(args.batch, hw, c, arch, warmup, reps, args.tune, args.verbose)
         ratio = t_torch / ms
         ratios.append(ratio)
         tile = f"{params.get('bm')}x{params.get('bn')}x{params.get('bkc', 0) * 8} s{params.get('stages')}"

@@ -29,13 +29,16 @@ from graphc.ops.fused import ACC, EpilogueOp, FusedAttrs, Ref
 from graphc.ops.layout_ops import LAYOUT_DOMAIN
 from graphc.ops.registry import get_op
 
-# Multiprocessors the wave model assumes (A100: 108, H100/H200: 132).
-ASSUMED_SMS = 120
+# Multiprocessors the tile model assumes (H100/H200: 132; A100: 108).
+ASSUMED_SMS = 132
 # Tensor-core tiles: (BM, BN, WM, WN); warps = (BM / WM) * (BN / WN).
 TC_TILES = ((128, 128, 64, 32), (128, 64, 64, 32), (64, 128, 32, 64), (64, 64, 32, 32))
 # Relative throughput of a tile shape per unit of work (bigger tiles reuse more operands).
-_TILE_EFFICIENCY = {(128, 128): 1.0, (128, 64): 0.85, (64, 128): 0.85, (64, 64): 0.7}
+_TILE_EFFICIENCY = {(128, 128): 1.0, (128, 64): 0.9, (64, 128): 0.85, (64, 64): 0.85}
+# (k-tile chunks, stages) per tile: each within 48 KB of shared memory.
+_PIPELINE = {(128, 128): (4, 3), (128, 64): (4, 4), (64, 128): (4, 4), (64, 64): (8, 3)}
 MAX_SMEM = 100 * 1024
+MAX_SPLITS = 16
 
 
 @dataclass(frozen=True)
@@ -180,8 +183,10 @@ def search_space(ctx: StepContext) -> list[dict[str, Any]]:
         for bkc in (4, 8):
             for stages in (3, 4):
                 p = {"bm": bm, "bn": bn, "wm": wm, "wn": wn, "bkc": bkc, "stages": stages}
-                if _smem_bytes(p, _elem(g)) <= MAX_SMEM:
-                    out.append(p)
+                if _smem_bytes(p, _elem(g)) > MAX_SMEM:
+                    continue
+                for splits in sorted({1, split_k(g, p)}):
+                    out.append({**p, "splits": splits})
     return out
 
 
@@ -190,24 +195,36 @@ def _smem_bytes(p: dict[str, Any], elem: int) -> int:
 
 
 def heuristic_params(g: ConvGeometry) -> dict[str, Any]:
-    """The tile whose waves of blocks cost least: blocks / (SMs * blocks per SM), rounded up,
-    times the tile's work over its efficiency. Small problems get small tiles (more blocks)."""
+    """The tile that keeps the busiest multiprocessor's work least: blocks spread over ASSUMED_SMS,
+    so an SM runs ceil(blocks / SMs) tiles, each costing its area over the tile's efficiency
+    (plus the padding of an N tile wider than the channels). Pipeline depth and k-tile: the
+    fastest of each tile's 48 KB configurations on an H200 (ResNet-50's 3x3 layers at batch 32)."""
     best = None
     for bm, bn, wm, wn in TC_TILES:
         blocks = ceil_div(g.m, bm) * ceil_div(g.kg, bn) * g.group
-        per_sm = 1 if bm * bn >= 128 * 128 else 2
-        waves = ceil_div(blocks, ASSUMED_SMS * per_sm)
-        cost = waves * bm * bn / _TILE_EFFICIENCY[(bm, bn)]
-        # Padding waste of an N tile wider than the channels.
+        cost = ceil_div(blocks, ASSUMED_SMS) * bm * bn / _TILE_EFFICIENCY[(bm, bn)]
         cost *= ceil_div(g.kg, bn) * bn / g.kg
         if best is None or cost < best[0]:
             best = (cost, bm, bn, wm, wn)
     assert best is not None
     _, bm, bn, wm, wn = best
-    # Deep reductions want a longer pipeline; the element (unaligned-C) path gains little from it.
-    bkc = 4
-    stages = 4 if g.rsc >= 256 else 3
-    return {"bm": bm, "bn": bn, "wm": wm, "wn": wn, "bkc": bkc, "stages": stages}
+    bkc, stages = _PIPELINE[(bm, bn)]
+    if g.cg % (16 // g.dtype.itemsize) or g.rsc < bkc * 8:
+        bkc, stages = 4, 3  # the element path or a shallow reduction: short k-tiles
+    p = {"bm": bm, "bn": bn, "wm": wm, "wn": wn, "bkc": bkc, "stages": stages}
+    p["splits"] = split_k(g, p)
+    return p
+
+
+def split_k(g: ConvGeometry, p: dict[str, Any]) -> int:
+    """k-splits for a grid too small to fill the GPU over a deep reduction (ResNet-50's last
+    stage at batch 1 has 8 tiles of output for 132 SMs): enough splits to fill the SMs once,
+    each keeping at least 4 k-tiles."""
+    blocks = ceil_div(g.m, p["bm"]) * ceil_div(g.kg, p["bn"]) * g.group
+    k_tiles = ceil_div(g.rsc, p["bkc"] * 16 // g.dtype.itemsize)
+    if blocks * 2 > ASSUMED_SMS or k_tiles < 8:
+        return 1
+    return max(1, min(ceil_div(ASSUMED_SMS, blocks), k_tiles // 4, MAX_SPLITS))
 
 
 # ---- generation --------------------------------------------------------------------------------
@@ -269,10 +286,13 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
                 a_vec=g.cg % vec == 0,
                 b_vec=g.rsc % vec == 0,
             )
-            grid = (ceil_div(g.m, p["bm"]), ceil_div(g.kg, p["bn"]), g.group)
+            p.setdefault("splits", 1)
+            grid = (ceil_div(g.m, p["bm"]), ceil_div(g.kg, p["bn"]), g.group * p["splits"])
             block = (threads, 1, 1)
             shared = _smem_bytes(p, g.dtype.itemsize)
             params.update(p)
+            if p["splits"] > 1:
+                return _split_k_sources(ctx, g, common, ctx_vars, grid, block, shared, params, rendered)
         elif var == "simt":
             grid = (ceil_div(g.m, 64), ceil_div(g.kg, 64), g.group)
             block = (256, 1, 1)
@@ -284,6 +304,28 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
             params.update(dw)
     source = render("conv.cu.j2", **common, **ctx_vars)
     return [KernelSource("conv", name, source, grid, block, args, shared_bytes=shared, params=params)]
+
+
+def _split_k_sources(ctx, g, common, ctx_vars, grid, block, shared, params, rendered) -> list[KernelSource]:
+    """Two launches: the split GEMM (partial sums into the workspace), then the reduction that
+    adds them, the bias and the epilogue."""
+    step = ctx.step
+    name = common["name"]
+    splits = params["splits"]
+    partial = render("conv.cu.j2", **common, **ctx_vars)
+    ws_bytes = splits * g.m * g.k * 4
+    first = KernelSource(
+        "conv", name, partial, grid, block, [step.inputs[0], step.inputs[1], "@workspace"], shared, params, ws_bytes
+    )
+    total = g.m * g.k
+    reduce_common = {**common, "variant": "splitk_reduce", "name": f"{name}_r", "epi_name": f"{name}_epi"}
+    source = render("conv.cu.j2", **reduce_common, splits=splits, total=total, K=g.k)
+    args = ["@workspace"] + ([step.inputs[2]] if common["has_bias"] else [])
+    args += [step.inputs[i] for i in rendered.inputs] + list(step.outputs)
+    second = KernelSource(
+        "conv", f"{name}_r", source, grid_1d(total, 256), (256, 1, 1), args, 0, {"variant": "splitk_reduce"}, ws_bytes
+    )
+    return [first, second]
 
 
 def _nhwc_vars(g: ConvGeometry) -> dict[str, Any]:

@@ -193,6 +193,24 @@ def test_conv_tc_every_tile(dtype):
             assert check(g, dtype, params=p)["bm"] == bm
 
 
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("splits", [None, 5, 16])
+def test_conv_split_k(dtype, splits):
+    """A small-M deep conv (ResNet's last stage at batch 1): the heuristic's split-K, a ragged
+    split (36 k-tiles in 5), and splits with no k-tiles at all (16: the last four are empty)."""
+    g = conv_graph(dtype, 1, 7, 7, 256, 64, 3, 3, pad=1, epilogue="residual")
+    p = None
+    if splits is not None:
+        p = {"bm": 64, "bn": 64, "wm": 32, "wn": 32, "bkc": 8, "stages": 3, "splits": splits}
+    assert check(g, dtype, params=p)["splits"] > 1
+
+
+def test_conv_split_k_groups():
+    g = conv_graph(np.float16, 1, 5, 5, 128, 64, 3, 3, pad=1, group=2)
+    p = {"bm": 64, "bn": 64, "wm": 32, "wn": 32, "bkc": 4, "stages": 3, "splits": 3}
+    check(g, np.float16, params=p)
+
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
 def test_conv_residual_epilogue(dtype):
     g = conv_graph(dtype, 2, 8, 8, 32, 48, 3, 3, pad=1, epilogue="residual")
