@@ -11,7 +11,12 @@ anchor kernels never handle a bias and every conv or Gemm with one becomes a fus
 
 The epilogue grows from the anchor's output through its consumers, in graph order, taking every
 elementwise op (fuse_common.fusable_elementwise) whose output has the anchor output's shape and
-whose other inputs broadcast into it. Then the longest prefix (in graph order) whose values are
+whose other inputs broadcast into it. It also looks through a Reshape (GPT-2's Conv1D is a Gemm
+on (seq, hidden) viewed back as (1, seq, hidden) before its bias, GELU and residual): a view has
+the same elements in the same order, so ops after it run at the anchor's own index as long as
+their other inputs vary only along the trailing dims the view keeps (such an input is read
+through a view of itself without its extra leading unit dims); the fused result is then viewed
+as the last op's shape. Then the longest prefix (in graph order) whose values are
 all read inside it, but for the last one, is kept: an intermediate that someone else also reads
 ends the epilogue there (no work is duplicated, and the fused node has one output), and a near
 miss names who reads it. The fused node takes the anchor's name and the last value's name, and
@@ -26,7 +31,7 @@ import heapq
 import numpy as np
 
 from graphc.ir.graph import Graph, Node, Value
-from graphc.ir.types import TensorType
+from graphc.ir.types import Shape, TensorType
 from graphc.ops.fused import ACC, FUSED_DOMAIN, FusedAttrs, Ref
 from graphc.ops.internal import INTERNAL_DOMAIN
 from graphc.ops.registry import get_op
@@ -60,11 +65,47 @@ def _is_anchor(node: Node) -> bool:
     )
 
 
-def _takes(node: Node, inside: set[str], shape) -> bool:
-    """Whether an epilogue over output `shape` can take `node` (one of its inputs is made inside)."""
-    if not fusable_elementwise(node) or not same_shape(node.outputs[0].type.shape, shape):
+def _is_view(node: Node) -> bool:
+    """A Reshape: the same elements in the same (row-major) order under another shape."""
+    return node.op == "Reshape" and not node.domain and known_shape(node.outputs[0].ttype.shape)
+
+
+def _common_suffix(a: Shape, b: Shape) -> int:
+    k = 0
+    while k < min(len(a), len(b)) and a[len(a) - 1 - k] == b[len(b) - 1 - k]:
+        k += 1
+    return k
+
+
+def _frame_input(t: object, frame: Shape, shape: Shape) -> tuple[int, ...] | None:
+    """How an outside input read by an op on a reshaped view (`frame`) of the anchor output
+    (`shape`) is read in the anchor's own index space: its shape there (leading unit dims dropped
+    where the frame has more dims), or None when it varies along dims the reshape does not keep."""
+    if not broadcasts_into(t, frame):
+        return None
+    k = _common_suffix(frame, shape)
+    dims = tuple(t.shape)
+    if any(d != 1 for d in dims[: max(0, len(dims) - k)]):
+        return None
+    return dims if len(dims) <= len(shape) else dims[len(dims) - k :] if k else ()
+
+
+def _takes(node: Node, frames: dict[str, Shape], shape: Shape) -> bool:
+    """Whether an epilogue over the anchor output (`shape`) can take `node`: an elementwise op
+    whose inputs made inside share one frame (the anchor shape, or a reshaped view of it) that
+    its output keeps, and whose other inputs broadcast into that frame; or a view of a value made
+    inside."""
+    if _is_view(node):
+        return node.inputs[0].name in frames
+    if not fusable_elementwise(node):
         return False
-    return all(v.name in inside or broadcasts_into(v.type, shape) for v in node.inputs)
+    inner = {frames[v.name] for v in node.inputs if v.name in frames}
+    if len(inner) != 1:
+        return False
+    frame = inner.pop()
+    if not same_shape(node.outputs[0].type.shape, frame):
+        return False
+    return all(v.name in frames or _frame_input(v.type, frame, shape) is not None for v in node.inputs)
 
 
 def _valid(graph: Graph, acc: Value, prefix: list[Node]) -> bool:
@@ -91,7 +132,7 @@ def _grow(
     shape = acc.type.shape
     if not known_shape(shape):
         return [], None
-    inside = {acc.name}
+    frames: dict[str, Shape] = {acc.name: shape}  # values made inside -> their shapes
     heap: list[tuple[int, str]] = []
     nodes: dict[str, Node] = {}
 
@@ -106,13 +147,14 @@ def _grow(
     while heap and len(cands) < MAX_EPILOGUE_OPS:
         _, name = heapq.heappop(heap)
         u = nodes[name]
-        if name in claimed or not _takes(u, inside, shape):
+        if name in claimed or not _takes(u, frames, shape):
             continue
         cands.append(u)
-        inside.add(u.outputs[0].name)
+        frames[u.outputs[0].name] = u.outputs[0].ttype.shape
         push(u.outputs[0])
     k = len(cands)
-    while k > 0 and not _valid(graph, acc, cands[:k]):
+    # The epilogue ends in an op (a trailing view stays outside, as an alias of the result).
+    while k > 0 and (_is_view(cands[k - 1]) or not _valid(graph, acc, cands[:k])):
         k -= 1
     return cands[:k], ((cands[:k], cands[k]) if k < len(cands) else None)
 
@@ -154,6 +196,7 @@ def _bias(graph: Graph, anchor: Node) -> tuple[int, np.ndarray | Value] | None:
 def _replacement(anchor: Node, region: list[Node], bias) -> Replacement:
     last = region[-1] if region else anchor
     out_name = last.outputs[0].name
+    shape = anchor.outputs[0].ttype.shape
 
     def emit(b, mapv):
         ins = [None if v is None else mapv(v) for v in anchor.inputs]
@@ -163,14 +206,33 @@ def _replacement(anchor: Node, region: list[Node], bias) -> Replacement:
         ref: Ref = ACC
         if bias is not None:
             i, what = bias
-            if isinstance(what, np.ndarray):
-                what = b.add_constant(what, f"{anchor.inputs[i].name}/channels")
-            else:
-                what = mapv(what)
+            what = b.add_constant(what, f"{anchor.name}/bias") if isinstance(what, np.ndarray) else mapv(what)
             ref = eb.op("Add", get_op("Add").attrs(), [ACC, eb.input(what)])
         eb.refs[anchor.outputs[0].name] = ref
+        reshaped: dict[tuple[str, tuple], Value] = {}
+
+        def outside(v: Value, frame: Shape) -> Value:
+            """An outside input as the anchor's index space reads it (see _frame_input)."""
+            new = mapv(v)
+            dims = _frame_input(v.type, frame, shape)
+            if dims == tuple(v.ttype.shape):
+                return new
+            key = (new.name, dims)
+            if key not in reshaped:
+                data = b.constants[new.name].data if new.name in b.constants else None
+                if data is not None:
+                    reshaped[key] = b.add_constant(data.reshape(dims), f"{new.name}/reshaped")
+                else:
+                    dims_v = b.add_constant(np.array(dims, dtype=np.int64), f"{new.name}/shape")
+                    reshaped[key] = b.op("Reshape", [new, dims_v], name=f"{anchor.name}/{new.name}/view")
+            return reshaped[key]
+
         for n in region:
-            ref = eb.add_node(n, mapv)
+            if _is_view(n):
+                eb.refs[n.outputs[0].name] = eb.refs[n.inputs[0].name]
+                continue
+            frame = next(v.ttype.shape for v in n.inputs if v.name in eb.refs)
+            ref = eb.add_node(n, lambda v, frame=frame: outside(v, frame))
         attrs = FusedAttrs(
             anchor_op=anchor.op,
             anchor_domain=anchor.domain,
@@ -179,16 +241,22 @@ def _replacement(anchor: Node, region: list[Node], bias) -> Replacement:
             epilogue=tuple(eb.ops),
             outputs=(ref,),
         )
+        viewed = last.outputs[0].ttype.shape != shape
         node = b.add_node(
             "Fused",
             [*ins, *eb.inputs],
             attrs,
             name=anchor.name,
             keep_name=True,
-            outputs=[out_name],
+            outputs=[f"{out_name}/fused" if viewed else out_name],
             domain=FUSED_DOMAIN,
         )
-        return list(node.outputs)
+        out = node.outputs[0]
+        if viewed:
+            # The epilogue ran in the anchor's shape; the result is viewed as the last op's.
+            dims = b.add_constant(np.array(last.outputs[0].ttype.shape, dtype=np.int64), f"{out_name}/shape")
+            out = b.add_node("Reshape", [out, dims], name=f"{anchor.name}/view", outputs=[out_name]).outputs[0]
+        return [out]
 
     return Replacement(last.name, emit, (anchor, *region))
 

@@ -316,3 +316,56 @@ def test_pipeline_conv_bn_relu_residual() -> None:
     g1 = optimize(g, OptimizeOptions(opt_level=2, verify=True)).graph
     assert g1.op_counts() == {"Fused[Conv]": 1, "Conv": 1}
     _check(g, g1, rtol=1e-5, atol=1e-5)
+
+
+def _ints(b, values):
+    return b.add_constant(np.array(values, dtype=np.int64), "shape")
+
+
+def test_epilogue_looks_through_a_reshape() -> None:
+    """GPT-2's Conv1D: gemm on (seq, hidden), viewed back as (1, seq, hidden), then the bias,
+    GELU and the residual: the epilogue runs in the gemm's shape and the result is viewed."""
+
+    def build(b, x, r):
+        y = b.op("Gemm", [x, b.add_constant(_rand(6, 8), "w")], name="fc")
+        y = b.op("Reshape", [y, _ints(b, [1, 5, 8])], name="view")
+        y = b.op("Add", [y, b.add_constant(_rand(8), "bias")], name="bias")
+        y = b.op("Gelu", [y], {"approximate": "tanh"}, name="gelu")
+        return b.op("Add", [r, b.op("Mul", [y, b.add_constant(_rand(1, 1, 8), "gamma")])], name="residual")
+
+    g = _graph({"x": (F32, (5, 6)), "r": (F32, (1, 5, 8))}, build)
+    g1 = _fuse(g)
+    assert g1.op_counts() == {"Fused[Gemm]": 1, "Reshape": 2}
+    fused = next(n for n in g1.nodes if n.op == "Fused")
+    assert _epilogue(fused) == ["Add", "Gelu", "Mul", "Add"]
+    assert fused.outputs[0].ttype.shape == (5, 8)
+    assert g1.outputs[0].name == g.outputs[0].name and g1.outputs[0].ttype.shape == (1, 5, 8)
+    assert set(g1.meta["origins"]["fc"]) == {"fc", "view", "bias", "gelu", "residual"} | {
+        n.name for n in g.nodes if n.op == "Mul"
+    }
+    _check(g, g1)
+
+
+def test_reshape_that_moves_a_broadcast_axis_ends_the_epilogue() -> None:
+    # (4, 6) viewed as (2, 12): a (12,) bias varies along elements the (4, 6) index cannot express.
+    def build(b, x):
+        y = b.op("Relu", [b.op("MatMul", [x, b.add_constant(_rand(3, 6), "w")], name="mm")], name="relu")
+        y = b.op("Reshape", [y, _ints(b, [2, 12])], name="view")
+        return b.op("Add", [y, b.add_constant(_rand(12), "c")], name="add")
+
+    g = _graph({"x": (F32, (4, 3))}, build)
+    g1 = _fuse(g)
+    assert g1.op_counts() == {"Add": 1, "Fused[MatMul]": 1, "Reshape": 1}
+    assert _epilogue(next(n for n in g1.nodes if n.op == "Fused")) == ["Relu"]
+    _check(g, g1)
+
+
+def test_trailing_reshape_stays_outside() -> None:
+    def build(b, x):
+        y = b.op("Relu", [b.op("MatMul", [x, b.add_constant(_rand(3, 6), "w")])])
+        return b.op("Reshape", [y, _ints(b, [2, 12])])
+
+    g = _graph({"x": (F32, (4, 3))}, build)
+    g1 = _fuse(g)
+    assert g1.op_counts() == {"Fused[MatMul]": 1, "Reshape": 1}
+    _check(g, g1)

@@ -122,7 +122,9 @@ class _Gen:
         if y is None:
             return None
         for _ in range(self.draw(st.integers(0, 3))):
-            kind = self.draw(st.sampled_from(["affine", "affine", "bn", "unary", "binary_value", "binary_const"]))
+            kind = self.draw(
+                st.sampled_from(["affine", "affine", "bn", "unary", "binary_value", "binary_const", "reshape"])
+            )
             pool.append(y)
             y = self.apply(kind, y, pool) or y
         return y
@@ -186,8 +188,11 @@ class _Gen:
         return self.op("BatchNormalization", [v, *params], {"epsilon": 1e-3})
 
     def _reshape(self, v, shape, rank, pool):
-        if rank < 2:
-            return self.op("Reshape", [v, self.ints([1, -1])])
+        form = self.draw(st.sampled_from(["merge_last", "merge_first", "lead"]))
+        if rank < 2 or form == "lead":
+            return self.op("Reshape", [v, self.ints([1, *shape])])
+        if form == "merge_first":
+            return self.op("Reshape", [v, self.ints([shape[0] * shape[1], *shape[2:]])])
         return self.op("Reshape", [v, self.ints([*shape[:-2], shape[-2] * shape[-1]])])
 
     def _transpose(self, v, shape, rank, pool):
