@@ -5,6 +5,7 @@ and fusion passes promise for the CNNs and transformers."""
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,3 +106,31 @@ def test_transformer_structure(variant: str) -> None:
     assert epilogues and all(e[0] == "Add" for e in epilogues)  # bias
     assert sum(e == ["Add", "Gelu"] for e in epilogues) == 2  # the FFN's first matmul, per layer
     assert sum(e == ["Add", "Add"] for e in epilogues) == 4  # bias + residual: attention out, FFN out
+
+
+EXPORTS = Path("/work/exports")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (EXPORTS / "resnet50.dynamo.onnx").exists(), reason="needs the exported ResNet-50")
+def test_resnet50_export() -> None:
+    """torch.onnx.export(dynamo=True) of ResNet-50 at batch 1: nothing but fused convs (bias,
+    ReLU and the residual add inside), the max pool, one global pooling and one Gemm."""
+    graph = graphc.bind_shapes(graphc.load_onnx(EXPORTS / "resnet50.dynamo.onnx"), {"batch": 1})
+    g = _optimized_graph(graph)
+    counts = g.op_counts()
+    pools = counts.pop("ReduceMean", 0) + counts.pop("GlobalAveragePool", 0)
+    gemms = counts.pop("Gemm", 0) + counts.pop("Fused[Gemm]", 0)
+    counts.pop("Reshape", None)
+    assert (pools, gemms) == (1, 1) and counts == {"Fused[Conv]": 53, "MaxPool": 1}, g.op_counts()
+    epilogues = [_epilogue(n) for n in _fused(g, "Conv")]
+    assert sum(e == ["Add", "Add", "Relu"] for e in epilogues) == 16  # bias, residual, ReLU
+    assert sum(e == ["Add", "Relu"] for e in epilogues) == 33
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    _close(graphc.interpret(g, {"pixel_values": x}), graphc.interpret(graph, {"pixel_values": x}))
+
+
+def _optimized_graph(graph):
+    g = optimize(graph, OptimizeOptions(opt_level=2, verify=True)).graph
+    verify_graph(g)
+    return g
