@@ -16,6 +16,8 @@ evaluates it in the cleanup after this stage.
 
 from __future__ import annotations
 
+import numpy as np
+
 from graphc.ir.graph import Graph, Node, Value
 from graphc.passes.fold_common import (
     ConstMath,
@@ -52,6 +54,8 @@ def _candidate(graph: Graph, node: Node) -> tuple[FoldTarget, Value] | None:
             continue
         if node.op in ("Add", "Sub") and target.node.op == "MatMul":
             continue  # no bias slot to fold into
+        if not np.all(np.isfinite(data)) or (node.op == "Div" and np.any(data == 0)):
+            continue  # inf * w or w / 0 would spread over a whole channel's weights
         if per_channel_vector(data, target, y):
             return target, c
     return None

@@ -219,3 +219,14 @@ def test_float16() -> None:
     g1 = _fold(g)
     assert g1.op_counts() == {"Conv": 1}
     _check(g, g1, _rand(1, 3, 5, 5, dtype=np.float16), rtol=1e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("op, value", [("Div", 0.0), ("Mul", np.inf), ("Add", np.nan)])
+def test_non_finite_or_zero_divisor_is_not_folded(op: str, value: float) -> None:
+    def build(b, x):
+        c = _positive(4, 1, 1)
+        c[1] = value
+        return b.op(op, [_conv(b, x), b.add_constant(c, "c")])
+
+    g = _graph((1, 3, 4, 4), build)
+    assert fold_affine(g) is g
