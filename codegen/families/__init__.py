@@ -4,6 +4,8 @@ Order matters where several could match: the first match wins.
 """
 
 from graphc.codegen.families import elementwise  # noqa: F401
+from graphc.codegen.families import reduction  # noqa: F401
+from graphc.codegen.families import data  # noqa: F401
 from graphc.codegen.families import gemm  # noqa: F401
 from graphc.codegen.families import conv  # noqa: F401
 from graphc.codegen.families import pool  # noqa: F401
