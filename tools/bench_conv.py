@@ -5,8 +5,10 @@ PyTorch (conv2d + bias + relu, channels_last fp16), same process, same GPU.
     python tools/bench_conv.py --quick    # fewer repetitions
     python tools/bench_conv.py --tune     # also time every tile of the search space, keep the best
 
-Timing: CUDA events around each launch, after a warm-up, median of many; inputs rotate over
-enough buffers to exceed the L2 cache. Each graphc output is checked against PyTorch's first.
+Timing: CUDA events around each replay of a CUDA graph of the launches (so the host's launch
+overhead, which dominates PyTorch's three ops at batch 1, counts for neither side; --no-graphs
+times plain launches), after a warm-up, median of many; inputs rotate over enough buffers to
+exceed the L2 cache. Each graphc output is checked against PyTorch's first.
 Needs a GPU with cupy, torch and NVRTC.
 """
 
@@ -95,7 +97,41 @@ def time_events(launch, n_buffers: int, warmup: int, reps: int) -> float:
     return statistics.median(times)
 
 
-def bench_layer(n: int, hw: int, c: int, arch: str, warmup: int, reps: int, tune: bool, verbose: bool = False):
+def _external(cupy, ptr: int):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # cupy 14 prefers Stream.from_external
+        return cupy.cuda.ExternalStream(ptr)
+
+
+def graphed(launch, n_buffers: int):
+    """launch(i) captured once per buffer into CUDA graphs (cupy's launches join torch's capture
+    stream): replays time the GPU work without the host's launch overhead."""
+    import cupy
+    import torch
+
+    stream = torch.cuda.Stream()
+    graphs = []
+    for i in range(n_buffers):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=stream), _external(cupy, stream.cuda_stream):
+            launch(i)
+        graphs.append(g)
+    return lambda i: graphs[i].replay()
+
+
+def bench_layer(
+    n: int,
+    hw: int,
+    c: int,
+    arch: str,
+    warmup: int,
+    reps: int,
+    tune: bool,
+    verbose: bool = False,
+    use_graphs: bool = True,
+):
     import cupy
     import torch
     import torch.nn.functional as F
@@ -119,7 +155,10 @@ def bench_layer(n: int, hw: int, c: int, arch: str, warmup: int, reps: int, tune
         return F.relu(F.conv2d(xs[i], w_cl, bias, padding=1))
 
     ref = torch_launch(0)
-    t_torch = time_events(torch_launch, n_buf, warmup, reps)
+    for i in range(3):  # cuDNN's algorithm search happens here, before any capture
+        torch_launch(i % n_buf)
+    torch.cuda.synchronize()
+    t_torch = time_events(graphed(torch_launch, n_buf) if use_graphs else torch_launch, n_buf, warmup, reps)
 
     # graphc: NHWC buffers are the channels_last tensors' storage (N, H, W, C)
     x_cp = [cupy.from_dlpack(x.permute(0, 2, 3, 1)) for x in xs]
@@ -151,7 +190,8 @@ def bench_layer(n: int, hw: int, c: int, arch: str, warmup: int, reps: int, tune
         cupy.cuda.Device().synchronize()
         got = torch.from_dlpack(out).permute(0, 3, 1, 2).float()
         err = float((got - ref.float()).norm() / ref.float().norm())
-        ms = time_events(launch, n_buf, warmup, reps) if err < 1e-2 else float("inf")
+        timed = graphed(launch, n_buf) if use_graphs else launch
+        ms = time_events(timed, n_buf, warmup, reps) if err < 1e-2 else float("inf")
         if verbose:
             print(f"    {params} {ms * 1e3:.1f} us (rel err {err:.1e})")
         if best is None or ms < best[0]:
@@ -165,7 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
     ap.add_argument("--tune", action="store_true", help="time every tile of the search space")
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--layers", default="", help="comma-separated layer names (default: all)")
     ap.add_argument("--verbose", action="store_true", help="with --tune: print every candidate's time")
+    ap.add_argument(
+        "--no-graphs",
+        action="store_true",
+        help="time plain launches (host launch overhead included) instead of CUDA graph replays",
+    )
     args = ap.parse_args(argv)
     import cupy
     import torch
@@ -178,17 +224,20 @@ def main(argv: list[str] | None = None) -> int:
         f"# GPU {torch.cuda.get_device_name(0)} ({arch}), driver {cupy.cuda.runtime.driverGetVersion()}, "
         f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, NVRTC {nvrtc_version()}"
     )
-    print(f"# relu(conv3x3(x) + b), fp16 NHWC, batch {args.batch}; median of {reps} (CUDA events)")
+    how = "plain launches" if args.no_graphs else "CUDA graph replays"
+    print(f"# relu(conv3x3(x) + b), fp16 NHWC, batch {args.batch}; median of {reps} {how} (CUDA events)")
     header = (
         f"{'layer':8} {'HxWxC':>12} {'graphc us':>10} {'TFLOP/s':>8} {'cuDNN us':>9} {'TFLOP/s':>8} {'ratio':>6}  tile"
     )
     print(header)
     ratios = []
-    for name, hw, c in LAYERS:
+    chosen = [x for x in LAYERS if not args.layers or x[0] in args.layers.split(",")]
+    for name, hw, c in chosen:
         (ms, params, err), t_torch, flops = bench_layer(args.batch, hw, c, arch, warmup, reps, args.tune, args.verbose)
         ratio = t_torch / ms
         ratios.append(ratio)
         tile = f"{params.get('bm')}x{params.get('bn')}x{params.get('bkc', 0) * 8} s{params.get('stages')}"
+        tile += f" k/{params.get('splits', 1)}"
         print(
             f"{name:8} {f'{hw}x{hw}x{c}':>12} {ms * 1e3:10.1f} {flops / ms / 1e9:8.1f} "
             f"{t_torch * 1e3:9.1f} {flops / t_torch / 1e9:8.1f} {ratio:6.2f}  {tile} (rel err {err:.1e})"
