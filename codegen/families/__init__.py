@@ -9,3 +9,4 @@ from graphc.codegen.families import data  # noqa: F401
 from graphc.codegen.families import gemm  # noqa: F401
 from graphc.codegen.families import conv  # noqa: F401
 from graphc.codegen.families import pool  # noqa: F401
+from graphc.codegen.families import attention  # noqa: F401
