@@ -56,7 +56,7 @@ def _candidate(graph: Graph, node: Node) -> tuple[FoldTarget, Value] | None:
             continue  # no bias slot to fold into
         if not np.all(np.isfinite(data)) or (node.op == "Div" and np.any(data == 0)):
             continue  # inf * w or w / 0 would spread over a whole channel's weights
-        if per_channel_vector(data, target, y):
+        if per_channel_vector(data, target):
             return target, c
     return None
 

@@ -55,10 +55,6 @@ class FoldTarget:
     def op(self) -> str:
         return self.node.op if not self.node.domain else f"{self.node.domain}.{self.node.op}"
 
-    @property
-    def output(self) -> Value:
-        return self.node.outputs[0]
-
 
 def _const(graph: Graph, v: Value | None) -> np.ndarray | None:
     return None if v is None else graph.const(v.name)
@@ -105,7 +101,7 @@ def fold_target(graph: Graph, v: Value, *, sole_consumer: Node | None = None) ->
     return FoldTarget(node, node.inputs[1], None, int(n), rank - 1, rank)
 
 
-def per_channel_vector(c: np.ndarray, target: FoldTarget, out: Value) -> bool:
+def per_channel_vector(c: np.ndarray, target: FoldTarget) -> bool:
     """Whether constant `c`, broadcast against the anchor output, varies along the channel axis
     only (or not at all), and does not grow the output."""
     if c.dtype == object or c.ndim > target.out_rank:
