@@ -158,7 +158,7 @@ def _passes_layout(graph: Graph, node: Node) -> bool:
 
 
 def _near_conv(graph: Graph, node: Node, convs: set[str]) -> bool:
-    """Whether a path through elementwise nodes links `node` with a converted convolution."""
+    """Whether a path through elementwise nodes links `node` with a node of the NHWC region."""
     seen: set[str] = set()
     todo: list[Node] = [node]
     while todo and len(seen) < _WALK_LIMIT:
@@ -188,8 +188,20 @@ def _convert(graph: Graph) -> Graph:
     convs = {n.name for n in graph.nodes if _convertible_conv(graph, n)}
     if not convs:
         return graph
-    pools = {n.name for n in graph.nodes if _pool_op(n) and _near_conv(graph, n, convs)}
-    bns = {n.name for n in graph.nodes if _inference_bn(graph, n) and _near_conv(graph, n, convs)}
+    # Pools and BatchNorms next to the NHWC region join it; a pool that joins extends the region
+    # for its neighbors (conv -> maxpool -> avgpool), so repeat until nothing more joins.
+    region = set(convs)
+    while True:
+        joined = {
+            n.name
+            for n in graph.nodes
+            if n.name not in region and (_pool_op(n) or _inference_bn(graph, n)) and _near_conv(graph, n, region)
+        }
+        if not joined:
+            break
+        region |= joined
+    pools = {n.name for n in graph.nodes if n.name in region and _pool_op(n)}
+    bns = {n.name for n in graph.nodes if n.name in region and _inference_bn(graph, n)}
     b = GraphBuilder.like(graph)
     subst: dict[str, Value] = {}
 
