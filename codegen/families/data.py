@@ -1,5 +1,5 @@
 """The data movement family: Transpose, Slice, Concat, Split, Pad, Gather, GatherElements, GatherND,
-Expand, Tile, Resize, DepthToSpace, SpaceToDepth, Trilu, CumSum, ScatterND, ScatterElements,
+Expand, Tile, Resize, DepthToSpace, SpaceToDepth, Trilu, CumSum, CumProd, ScatterND, ScatterElements,
 OneHot, EyeLike, Range and ConstantOfShape (data.cu.j2).
 
 Most of these move elements without looking at them, so kernels copy raw bits. Where an op keeps
@@ -43,6 +43,7 @@ SUPPORTED = frozenset(
         "SpaceToDepth",
         "Trilu",
         "CumSum",
+        "CumProd",
         "ScatterND",
         "ScatterElements",
         "OneHot",
@@ -769,7 +770,7 @@ def _gen_range(ctx: StepContext, attrs) -> list[KernelSource]:
     return [_emit(ctx, Kernel([f"{ct.storage}* __restrict__ out"], [y], body, total, dt.itemsize))]
 
 
-# ---- CumSum -------------------------------------------------------------------------------------
+# ---- CumSum, CumProd -------------------------------------------------------------------------------------
 
 
 def _gen_cumsum(ctx: StepContext, attrs) -> list[KernelSource]:
@@ -803,6 +804,8 @@ def _gen_cumsum(ctx: StepContext, attrs) -> list[KernelSource]:
         load=ct.to_compute("p[k]"),
         store=ct.to_storage(f"({ct.compute})(v)"),
         block_scan=block_scan,
+        op="*" if ctx.step.op == "CumProd" else "+",
+        identity=1 if ctx.step.op == "CumProd" else 0,
         exclusive=bool(attrs.exclusive),
         reverse=bool(attrs.reverse),
         length=length,
@@ -988,6 +991,7 @@ _GENERATORS = {
     "Range": _gen_range,
     "ConstantOfShape": _gen_constant_of_shape,
     "CumSum": _gen_cumsum,
+    "CumProd": _gen_cumsum,
     "Resize": _gen_resize,
 }
 

@@ -1,6 +1,7 @@
 """The reduction family: Reduce*, ArgMax/ArgMin, GlobalAveragePool/GlobalMaxPool (reduction.cu.j2),
 and the row-wise ops Softmax/LogSoftmax/Hardmax, LayerNormalization, RMSNormalization,
-InstanceNormalization, GroupNormalization and inference BatchNormalization (rowwise.cu.j2).
+InstanceNormalization, GroupNormalization, LpNormalization and inference BatchNormalization
+(rowwise.cu.j2).
 
 A step is the plain op or a Fused node anchored on one of them; the anchor's result goes through
 the fused epilogue (render_epilogue) per output element. Statistics and sums accumulate in fp32
@@ -44,7 +45,9 @@ REDUCE_OPS = frozenset(
 ARG_OPS = frozenset({"ArgMax", "ArgMin"})
 POOL_OPS = frozenset({"GlobalAveragePool", "GlobalMaxPool"})
 SOFTMAX_OPS = frozenset({"Softmax", "LogSoftmax", "Hardmax"})
-NORM_OPS = frozenset({"LayerNormalization", "RMSNormalization", "InstanceNormalization", "GroupNormalization"})
+NORM_OPS = frozenset(
+    {"LayerNormalization", "RMSNormalization", "InstanceNormalization", "GroupNormalization", "LpNormalization"}
+)
 ALL_OPS = REDUCE_OPS | ARG_OPS | POOL_OPS | SOFTMAX_OPS | NORM_OPS | {"BatchNormalization"}
 
 _LOW_FLOATS = (DType.float16, DType.bfloat16, DType.float32)
@@ -414,7 +417,7 @@ def _row_plan(ctx: StepContext, an: Anchor) -> RowPlan:
     shape = tuple(ctx.spec(an.inputs[0]).shape)
     rank = len(shape)
     op = an.op
-    if op in SOFTMAX_OPS:
+    if op in SOFTMAX_OPS or op == "LpNormalization":
         axis = an.attrs.axis + rank if an.attrs.axis < 0 else an.attrs.axis
         return RowPlan(math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1 :]))
     if op in ("LayerNormalization", "RMSNormalization"):
@@ -512,6 +515,7 @@ def _generate_rowwise(ctx: StepContext, an: Anchor) -> list[KernelSource]:
         "InstanceNormalization": "layernorm",
         "GroupNormalization": "layernorm",
         "RMSNormalization": "rmsnorm",
+        "LpNormalization": "lpnorm",
     }[op]
     common = dict(
         name=name,
@@ -525,6 +529,7 @@ def _generate_rowwise(ctx: StepContext, an: Anchor) -> list[KernelSource]:
         inner=plan.inner,
         neg_inf=c_literal(-math.inf, acc_t),
         out_ct=out_ct,
+        lp=an.attrs.p if op == "LpNormalization" else 0,
     )
     if plan.inner > 1:
         threads = int((ctx.params or {}).get("block", 128))

@@ -137,6 +137,7 @@ _CASES = {
         _case("CumSum", {"x": rand((3, 7, 5), np.int32)}, {}, {"ax": np.array(1)}),
         [{"block_scan": False}],
     ),
+    "cumprod": (_case("CumProd", {"x": rand((3, 100))}, {"reverse": 1}, {"ax": np.array(1)}), [{"block_scan": True}]),
     "resize-nearest": (
         _case(
             "Resize",

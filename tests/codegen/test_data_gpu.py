@@ -166,6 +166,13 @@ def test_cumsum(shape, axis, exclusive, reverse):
     _check("CumSum", {"x": x}, {"exclusive": exclusive, "reverse": reverse}, {"ax": np.array(axis)}, exact=False)
 
 
+@pytest.mark.parametrize("shape,axis", [((3, 1000), 1), ((40, 3), 0)])
+def test_cumprod(shape, axis):
+    x = rand(shape, F32, low=0.99, high=1.01)
+    _check("CumProd", {"x": x}, {"exclusive": 1}, {"ax": np.array(axis)}, exact=False)
+    _check("CumProd", {"x": x}, {"reverse": 1}, {"ax": np.array(axis)}, exact=False)
+
+
 def test_cumsum_int_and_half():
     _check("CumSum", {"x": _x((3, 300), np.int32)}, {}, {"ax": np.array(1)})
     _check("CumSum", {"x": _x((3, 300), F16)}, {"reverse": 1}, {"ax": np.array(1)}, exact=False)

@@ -106,6 +106,8 @@ _ROW_CASES = {
         {k: rand((6,), F16, low=0.5) for k in ("s", "b", "m", "v")},
         {},
     ),
+    "lpnorm-row": ("LpNormalization", rand((3, 1000), F16), {"axis": -1, "p": 1}, {}, {"tpr": 32}),
+    "lpnorm-axis0": ("LpNormalization", rand((5, 33)), {"axis": 0, "p": 2}, {}, {"block": 128}),
     "instancenorm": ("InstanceNormalization", rand((2, 6, 7, 9)), {}, {"s": rand((6,)), "b": rand((6,))}, {}),
 }
 

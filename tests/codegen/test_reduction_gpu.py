@@ -243,6 +243,14 @@ def test_instance_and_group_norm(dtype):
     check_on_gpu(m, {"x": x})
 
 
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_lpnorm(p, axis):
+    x = _x((4, 33, 1000), F16)
+    x[1, 2, :] = 0  # a zero norm gives zeros
+    check_on_gpu(make_node_model("LpNormalization", {"x": x}, {"axis": axis, "p": p}), {"x": x})
+
+
 @pytest.mark.parametrize("dtype", [F32, F16], ids=lambda d: np.dtype(d).name)
 def test_batchnorm_inference(dtype):
     x = _x((2, 6, 7, 9), dtype)
