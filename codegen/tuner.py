@@ -248,7 +248,9 @@ def tune_plan(
                     mod.load(compile_cubin(s.source, s.name, arch))
                     fn = mod.get_function(s.name)
                     if s.shared_bytes > 48 * 1024:
-                        fn.max_dynamic_shared_size_bytes = s.shared_bytes
+                        from graphc.runtime.cuda import allow_large_shared_memory
+
+                        allow_large_shared_memory(fn, s.shared_bytes)
                     functions[s.digest] = (fn, mod)
                     launches.append(
                         Launch(

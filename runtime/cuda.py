@@ -35,6 +35,18 @@ def device_arch(device: int = 0) -> str:
     return "sm_" + cupy.cuda.Device(device).compute_capability
 
 
+def allow_large_shared_memory(fn: Any, nbytes: int) -> None:
+    """Raise a kernel's dynamic shared memory limit above the default 48 KB (cupy 14's Function has
+    no setter for it; the driver call is the portable way)."""
+    from cupy.cuda import driver
+
+    attr = getattr(driver, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", 8)
+    try:
+        driver.funcSetAttribute(fn.ptr, attr, int(nbytes))
+    except Exception as e:
+        raise EngineError(f"kernel {getattr(fn, 'name', '?')} needs {nbytes} bytes of shared memory: {e}") from None
+
+
 def _numpy_dtype(name: str):
     try:
         return np.dtype(name)
@@ -167,7 +179,7 @@ class CUDAExecutor:
             for step in plan.steps:
                 for ln in step.launches:
                     if ln.shared_bytes > 48 * 1024:
-                        self.functions[ln.digest].max_dynamic_shared_size_bytes = ln.shared_bytes
+                        allow_large_shared_memory(self.functions[ln.digest], ln.shared_bytes)
             self.weights = DeviceWeights(plan, weights, device)
         self.default = CUDAContext(plan, memory, self.weights, self.functions, device)
 
