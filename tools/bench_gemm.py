@@ -216,6 +216,15 @@ def main(argv: list[str] | None = None) -> int:
                 from graphc.codegen.families.gemm import search_space
 
                 space = search_space(r.context(None))
+                if args.wgmma and mode in ("fp16", "bf16"):
+                    from graphc.codegen.families.gemm import candidates, problem_of
+
+                    prob = problem_of(r.context(None))
+                    space = [
+                        {k: v for k, v in q.items() if k[0] != "_"}
+                        for q in candidates(prob, "wgmma")
+                        if q["SPLITS"] == 1 or m * n < 2**22
+                    ]
                 cands = [None] + space[: args.tune_limit] if len(space) > args.tune_limit else [None, *space]
             best = None
             shown = []

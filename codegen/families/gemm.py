@@ -166,8 +166,6 @@ def problem_of(ctx: StepContext) -> Problem:
         a_sr, a_sk = max(K, 1), 1
     if N == 1:
         b_sr, b_sk = max(K, 1), 1
-    if K == 1:
-        a_sk, b_sk = (1, 1) if a_sr != 1 and b_sr != 1 else (a_sk, b_sk)
     # Batch dims: numpy broadcasting of sa[:-2] and sb[:-2].
     ba, bb = sa[:-2], sb[:-2]
     rank = max(len(ba), len(bb))
@@ -299,8 +297,18 @@ def threads_of(p: dict[str, Any]) -> int:
     return p["WM"] * p["WN"] * 32
 
 
+_KEYS = {
+    "mma": ("BM", "BN", "BK", "WM", "WN", "STAGES"),
+    "tf32": ("BM", "BN", "BK", "WM", "WN", "STAGES"),
+    "wgmma": ("BM", "BN", "BK", "STAGES"),
+    "simt": ("BM", "BN", "BK", "TM", "TN"),
+}
+
+
 def valid(prob: Problem, p: dict[str, Any]) -> bool:
-    path = p["path"]
+    path = p.get("path")
+    if path not in _KEYS or any(not isinstance(p.get(k), int) or p[k] <= 0 for k in _KEYS[path]):
+        return False
     bm, bn, bk, s = p["BM"], p["BN"], p["BK"], p.get("SPLITS", 1)
     if s < 1 or s > max(1, ceil_div(prob.K, bk)):
         return False
@@ -423,14 +431,15 @@ def heuristic(prob: Problem, path: str) -> dict[str, Any]:
     pool = candidates(prob, path)
     if not pool:
         raise ValueError("no valid GEMM configuration")
-    if path in ("mma", "tf32"):
-        bk = 16 if path == "tf32" else 32
+    if path != "simt":
+        bk = {"tf32": 16, "mma": 32, "wgmma": 64}[path]
+        lo, hi = (3, 6) if path == "wgmma" else (2, 4)
         deep = [p for p in pool if p["BK"] == bk] or pool
         best: dict[tuple, dict[str, Any]] = {}
         for p in deep:
             key = (p["BM"], p["BN"], p["SPLITS"])
             ktiles = ceil_div(ceil_div(prob.K, p["BK"]), p["SPLITS"])
-            want = max(2, min(4, ktiles))
+            want = max(lo, min(hi, ktiles))
             if p["STAGES"] <= want and (key not in best or p["STAGES"] > best[key]["STAGES"]):
                 best[key] = p
         pool = list(best.values()) or pool
@@ -496,17 +505,30 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
     if total == 0:
         return []  # an empty output: nothing to launch
     path = path_of(prob, ctx.allow_tf32)
+    if prob.batch > MAX_GRID_Z:
+        raise ctx.fail(f"a batch of {prob.batch} GEMMs is more than one launch takes ({MAX_GRID_Z})")
     if ctx.params:
-        p = dict(ctx.params)
-        p.setdefault("path", path)
-        p.setdefault("SPLITS", 1)
-        if p["path"] != path and (p["path"], path) not in (("simt", "tf32"), ("wgmma", "mma")):
-            raise ctx.fail(f"forced GEMM path {p['path']!r} does not fit {prob.dtype.name} (expects {path!r})")
+        # A full tile choice is taken as given (SPLITS 1 unless named); a partial one, such as
+        # {"path": "wgmma"} to use the sm_90a variant, is completed by that path's heuristic.
+        forced = dict(ctx.params)
+        fpath = forced.get("path", path)
+        if fpath != path and (fpath, path) not in (("simt", "tf32"), ("wgmma", "mma")):
+            raise ctx.fail(f"forced GEMM path {fpath!r} does not fit {prob.dtype.name} (expects {path!r})")
+        if "BM" in forced:
+            p = {"path": fpath, "SPLITS": 1, **forced}
+        else:
+            try:
+                p = {**public(heuristic(prob, fpath)), **forced}
+            except ValueError:
+                p = {"path": fpath, **forced}
         if not valid(prob, p):
             raise ctx.fail(f"forced GEMM parameters {ctx.params} are not valid for this problem")
-        path = p["path"]
+        path = fpath
     else:
-        p = heuristic(prob, path)
+        try:
+            p = heuristic(prob, path)
+        except ValueError as e:
+            raise ctx.fail(f"no GEMM kernel configuration fits M={prob.M} N={prob.N} K={prob.K}") from e
     p = public(p)
     ops = _operands(ctx)
     name = ctx.kernel_name()

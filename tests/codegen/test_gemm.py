@@ -341,3 +341,28 @@ def test_wgmma_needs_aligned_operands():
     prob = problem_of(standalone_context("MatMul", [(64, 33), (33, 64)], F16))
     assert not valid(prob, {"path": "wgmma", "BM": 128, "BN": 128, "BK": 64, "STAGES": 4})
     assert not candidates(prob, "wgmma")
+
+
+def test_k_zero_still_writes_the_output():
+    _, ks = gen("Gemm", [(5, 0), (0, 7), (7,)], F32)
+    (k,) = ks
+    assert k.grid[2] == 1 and k.workspace_bytes == 0 and "Cm[" in k.source
+
+
+def test_too_many_batches_fail_clearly():
+    ctx = standalone_context("MatMul", [(70000, 2, 8), (70000, 8, 2)], F32)
+    with pytest.raises(CompileError, match="batch of 70000"):
+        family_for(ctx).generate(ctx)
+
+
+def test_partial_params_complete_from_the_heuristic():
+    _, (k,) = gen("MatMul", [(4096, 1024), (1024, 4096)], F16, params={"path": "wgmma"})
+    assert k.params["path"] == "wgmma" and k.params["BM"] in (64, 128) and k.params["requires_arch"] == "sm_90a"
+    _, ks = gen("MatMul", [(64, 8192), (8192, 64)], F16, params={"SPLITS": 1})
+    assert ks[0].params["SPLITS"] == 1 and len(ks) == 1
+    ctx = standalone_context("MatMul", [(64, 33), (33, 64)], F16, params={"path": "wgmma"})
+    with pytest.raises(CompileError, match="not valid"):  # rows of 33 halves: no wgmma variant
+        family_for(ctx).generate(ctx)
+    ctx = standalone_context("MatMul", [(8, 8), (8, 8)], F32, params={"path": "mma"})
+    with pytest.raises(CompileError, match="does not fit"):
+        family_for(ctx).generate(ctx)

@@ -86,6 +86,7 @@ def _cases() -> list[Case]:
         (7, 127, 4096),
         (256, 384, 512),
         (1000, 33, 1),
+        (5, 7, 0),
     ]
     for mode in ("fp32", "tf32", "fp16", "bf16"):
         for m, n, k in odd:
