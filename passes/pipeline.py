@@ -54,5 +54,7 @@ def stages() -> list[Stage]:
         cleanup(),
         Pass("fuse_epilogues", fuse_epilogues, min_level=2),
         Pass("fuse_elementwise", fuse_elementwise, min_level=2),
+        # Fusion can leave Reshape(Reshape(x)) where it looked through a reshape: collapse them.
+        Pass("simplify", simplify),
         Pass("dce", eliminate_dead_code),
     ]
