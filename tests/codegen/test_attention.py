@@ -325,7 +325,7 @@ def test_variants_cover_the_template():
         path = k.params.get("path", "rotary")
         seen.add(path)
         if path == "flash":
-            seen.add("log2" if "gca_ex2(s[mi][j][e] - m_use)" in src else "natural")
+            seen.add("log2" if "fmaf(s[mi][j][e]" in src else "natural")
             seen.add(f"mi{k.params['BM'] // (16 * k.params['WARPS'])}")
         if "Mb[mi_]" in src:
             seen.add(f"{path}-mask-{'bool' if '!(' in src.split('Mb[mi_]')[0][-40:] else 'add'}")
