@@ -306,7 +306,7 @@ def candidates(prob: AttnProblem) -> list[dict[str, Any]]:
             p = {"path": "flash", "BM": bm, "BN": bn, "WARPS": w}
             if valid(prob, p):
                 out.append(p)
-    for w in (4, 8):
+    for w in (4, 8, 16):
         p = {"path": "simple", "WARPS": w}
         if valid(prob, p):
             out.append(p)
@@ -318,12 +318,14 @@ def heuristic(prob: AttnProblem) -> dict[str, Any]:
     a couple of waves of blocks; smaller ones for short or few sequences; the smallest that
     covers a very short query sequence (decode-like).
 
-    Measured on an H200 (tools/bench_attention.py --tune, fp16): 128 x 32 with 4 warps (two
-    16-row slabs a warp) was fastest for head dim 128 (290 against 237 TFLOP/s for 128 x 64 with 8
-    warps at 1x16x4096, 220 against 194 causal at 2x32x2048) and for non-causal head dim 64
-    (BERT seq 512: 227 against 207); causal head dim 64 (GPT-2 seq 1024) preferred 128 x 64."""
+    Measured on an H200 (driver 580.159.04, NVRTC 13.5, tools/bench_attention.py --tune, fp16):
+    128 x 32 with 4 warps (two 16-row slabs a warp) was fastest for head dim 128 (290 against 237
+    TFLOP/s for 128 x 64 with 8 warps at 1x16x4096, 220 against 194 causal at 2x32x2048) and for
+    non-causal head dim 64 (BERT seq 512: 227 against 207); causal head dim 64 (GPT-2 seq 1024)
+    preferred 128 x 64."""
     if path_of(prob) == "simple":
-        p = {"path": "simple", "WARPS": 4}
+        # 8 rows a block share each K/V tile: about twice as fast as 4 (H200, BERT/GPT-2 shapes)
+        p = {"path": "simple", "WARPS": 8 if prob.sq > 4 else 4}
         if not valid(prob, p):
             raise ValueError("no valid attention configuration (head dims too large for shared memory)")
         return p

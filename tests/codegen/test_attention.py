@@ -230,7 +230,7 @@ def test_kernel_geometry_and_args():
     ctx = attn3(2, 77, 90, 12, 4, 64, F32, mask=((2, 1, 1, 90), F32), extra=[None, None, ((2,), DType.int64)])
     (k,) = gen(ctx)
     assert k.args == ["x0", "x1", "x2", "x3", "x6", "y0"]
-    assert k.params["path"] == "simple" and k.grid == (ceil(77, 4), 12, 2)
+    assert k.params["path"] == "simple" and k.grid == (ceil(77, 8), 12, 2) and k.block == (256, 1, 1)
 
 
 def ceil(a, b):
