@@ -54,6 +54,11 @@ _LOW_FLOATS = (DType.float16, DType.bfloat16, DType.float32)
 _FLOAT_RESULT = frozenset({"ReduceL2", "ReduceLogSum", "ReduceLogSumExp"})
 # Per-thread register budget of the cached row path (elements of the row held per lane).
 ROW_CACHE_ELEMENTS = 32
+# Row reductions with fewer outputs than this split their rows over blocks, up to about this
+# many blocks in all (a few per SM of a large GPU).
+SPLIT_MAX_OUT = 264
+SPLIT_BLOCKS = 528
+_ACC_BYTES = {"float": 4, "double": 8, "long long": 8, "unsigned long long": 8}
 
 
 # ---- the anchor and its epilogue ---------------------------------------------------------------
@@ -285,19 +290,34 @@ def reduce_search_space(ctx: StepContext) -> list[dict[str, Any]]:
     view = reduce_view(ctx.spec(an.inputs[0]).shape, axes)
     if view.column:
         return [{"tx": 32, "ty": ty} for ty in (1, 4, 8, 16, 32)]
-    h = _reduce_default(ctx, an, view)["tpr"]
-    return [{"tpr": t} for t in sorted({max(1, min(1024, h * f)) for f in (0.25, 0.5, 1, 2, 4)}) if t >= 1]
+    default = _reduce_default(ctx, an, view)
+    h = default["tpr"]
+    space = [{"tpr": int(t)} for t in sorted({max(1, min(1024, int(h * f))) for f in (0.25, 0.5, 1, 2, 4)})]
+    if "splits" in default:
+        space += [{"tpr": 256, "splits": max(2, int(default["splits"] * f))} for f in (0.25, 0.5, 1, 2)]
+    return space
 
 
 def _reduce_default(ctx: StepContext, an: Anchor, view: ReduceView) -> dict[str, Any]:
     if view.column:
         tx = 32 if view.out >= 32 else pow2ceil(view.out)
         return {"tx": tx, "ty": max(1, min(256 // tx, pow2ceil(view.r)))}
-    itemsize = ctx.spec(an.inputs[0]).nbytes // max(1, math.prod(ctx.spec(an.inputs[0]).shape))
+    itemsize = _dtype(ctx, an.inputs[0]).itemsize
     vec = _vec_width(view.r, itemsize) if view.contiguous else 1
     nv = view.r // vec
+    if _splittable(an.op) and view.out < SPLIT_MAX_OUT and nv >= 8192:
+        # Few long rows: split each over several blocks (partials in the workspace), so that
+        # the GPU fills up; each part at least 2048 loads.
+        splits = min(ceil_div(nv, 2048), max(1, SPLIT_BLOCKS // view.out))
+        if splits > 1:
+            return {"tpr": 256, "splits": splits}
     # Eight loads in flight per lane before the shuffles.
     return {"tpr": max(1, min(1024, pow2ceil(ceil_div(nv, 8))))}
+
+
+def _splittable(op: str) -> bool:
+    """Reductions whose partial results combine with the reducer itself."""
+    return op not in ARG_OPS and op != "ReduceLogSumExp"
 
 
 def _generate_reduce(ctx: StepContext, an: Anchor) -> list[KernelSource]:
@@ -352,21 +372,11 @@ def _generate_reduce(ctx: StepContext, an: Anchor) -> list[KernelSource]:
         finalize = "gc_sqrt(acc)"
     elif op == "ReduceLogSum":
         finalize = "gc_log(acc)"
-    source = render(
-        "reduction.cu.j2",
-        name=name,
-        in_t=ct.storage,
+    common = dict(
         acc_t=acc_t,
-        load=ct.to_compute("s"),
-        transform=transform,
         epilogue=epi,
         epilogue_name=f"{name}_epi",
         out_total=view.out,
-        r_total=view.r,
-        base=view.base,
-        roff=view.roff,
-        vec=vec,
-        vec_bytes=vec * dt.itemsize,
         arg=arg,
         arg_max="true" if op == "ArgMax" else "false",
         arg_last="true" if arg and an.attrs.select_last_index else "false",
@@ -376,11 +386,112 @@ def _generate_reduce(ctx: StepContext, an: Anchor) -> list[KernelSource]:
         init=init,
         finalize=finalize,
         out_ct=out_ct,
+    )
+    kparams = {"op": op, "vec": vec, **params}
+    splits = int(params.get("splits", 1))
+    if splits > 1 and not view.column and _splittable(op):
+        return _split_reduce(ctx, an, view, name, ct, transform, vec, dt.itemsize, splits, layout, common, kparams)
+    source = render(
+        "reduction.cu.j2",
+        name=name,
+        in_t=ct.storage,
+        load=ct.to_compute("s"),
+        transform=transform,
+        r_total=view.r,
+        base=view.base,
+        roff=view.roff,
+        vec=vec,
+        vec_bytes=vec * dt.itemsize,
+        partial=False,
+        **common,
         **layout,
     )
     args = [an.inputs[0]] + _epilogue_args(ctx, an, epi)
-    kparams = {"op": op, "vec": vec, **params}
     return [KernelSource("reduction", name, source, grid, block, args, params=kparams)]
+
+
+def _split_reduce(
+    ctx: StepContext,
+    an: Anchor,
+    view: ReduceView,
+    name: str,
+    ct: Any,
+    transform: str,
+    vec: int,
+    itemsize: int,
+    splits: int,
+    layout: dict[str, Any],
+    common: dict[str, Any],
+    kparams: dict[str, Any],
+) -> list[KernelSource]:
+    """Two launches: every (row, part) reduces into the workspace, then each row's partials are
+    reduced (no transform: it was applied once) and finalized through the epilogue."""
+    nv = layout["nv"]
+    chunk = ceil_div(nv, splits)
+    splits = ceil_div(nv, chunk)  # no empty parts
+    acc_t = common["acc_t"]
+    part = render(
+        "reduction.cu.j2",
+        name=f"{name}_part",
+        in_t=ct.storage,
+        load=ct.to_compute("s"),
+        transform=transform,
+        r_total=view.r,
+        base=view.base,
+        roff=view.roff,
+        vec=vec,
+        vec_bytes=vec * itemsize,
+        partial=True,
+        splits=splits,
+        chunk=chunk,
+        **common,
+        **layout,
+    )
+    rpb = layout["rpb"]
+    ws_bytes = view.out * splits * _ACC_BYTES[acc_t]
+    k1 = KernelSource(
+        "reduction",
+        f"{name}_part",
+        part,
+        (ceil_div(view.out * splits, rpb), 1, 1),
+        (layout["threads"], 1, 1),
+        [an.inputs[0], "@workspace"],
+        params={**kparams, "splits": splits},
+        workspace_bytes=ws_bytes,
+    )
+    tpr = min(pow2ceil(splits), 256)
+    threads = max(tpr, 128)
+    final = render(
+        "reduction.cu.j2",
+        name=name,
+        in_t=acc_t,
+        load="s",
+        transform="x",
+        r_total=splits,
+        base=f"(o * {splits}ll)",
+        roff="r",
+        vec=1,
+        vec_bytes=_ACC_BYTES[acc_t],
+        partial=False,
+        layout="row",
+        tpr=tpr,
+        rpb=threads // tpr,
+        threads=threads,
+        nv=splits,
+        **common,
+    )
+    epi = common["epilogue"]
+    k2 = KernelSource(
+        "reduction",
+        name,
+        final,
+        (ceil_div(view.out, threads // tpr), 1, 1),
+        (threads, 1, 1),
+        ["@workspace"] + _epilogue_args(ctx, an, epi),
+        params={"op": kparams["op"], "splits": splits, "tpr": tpr},
+        workspace_bytes=ws_bytes,
+    )
+    return [k1, k2]
 
 
 # ---- row-wise: softmax family and normalizations ------------------------------------------------

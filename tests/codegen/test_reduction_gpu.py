@@ -100,6 +100,21 @@ def test_reduce_axes(shape, axes, dtype):
     check_on_gpu(_reduce("ReduceMax", x, axes), {"x": x})
 
 
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceL2", "ReduceSumSquare"])
+def test_reduce_split_rows(op):
+    """Few long rows: each is split over blocks, partials meet in the workspace."""
+    x = _x((3, 300001), F32)
+    x[1, 123456] = np.nan if op == "ReduceMax" else x[1, 123456]
+    check_on_gpu(_reduce(op, x, [1]), {"x": x})
+    y = _x((4, 100000), F16)
+    check_on_gpu(_reduce(op, y, None, keepdims=0), {"x": y})
+
+
+def test_global_pool_large_maps():
+    x = _x((1, 3, 512, 512), F16)
+    check_on_gpu(make_node_model("GlobalAveragePool", {"x": x}), {"x": x})
+
+
 def test_reduce_logsumexp_column_and_extremes():
     x = _x((3, 200, 9), F32, low=-50, high=50)
     x[0, :, 0] = -np.inf
