@@ -91,7 +91,9 @@ class CUDAContext:
         self.plan = plan
         self.device = device
         with cupy.cuda.Device(device):
-            self.stream = cupy.cuda.Stream(non_blocking=True)
+            # A blocking stream: it orders itself after work the caller queued on the legacy default
+            # stream (inputs produced there by cupy or torch), so input copies never race it.
+            self.stream = cupy.cuda.Stream(non_blocking=False)
             self.arena = cupy.empty(max(memory.arena_bytes, 1), dtype=cupy.uint8)
             self.workspace = cupy.empty(max(memory.workspace_bytes, 1), dtype=cupy.uint8)
             views: dict[str, Any] = dict(weights.arrays)

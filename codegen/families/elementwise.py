@@ -88,7 +88,7 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
             out_index="0",
         )
         vec_call = [
-            f"r{a[1:]}[k]" if a.startswith("s") else (f"w{a[3:]} + k" if a.startswith("out") else a)
+            f"r{a[1:]}.e[k]" if a.startswith("s") else (f"w{a[3:]}.e + k" if a.startswith("out") else a)
             for a in vec_epi.args
         ]
         ctx_vars = {"vec_epilogue": vec_epi, "vec_call": vec_call}
@@ -101,7 +101,7 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         block=BLOCK,
         total=total,
         vec=vec,
-        vec_bytes=vec * itemsize,
+        vec_type={16: "uint4", 8: "uint2", 4: "unsigned int", 2: "unsigned short"}[vec * itemsize],
         vec_inputs=rendered.inputs if vec > 1 else [],
         storage=storage,
         out_storage=out_storage,
