@@ -1,27 +1,38 @@
 #!/usr/bin/env bash
-# One batched session on a GPU machine: environment, GPU tests, zoo models on CUDA, quick benchmarks.
-# Everything is written under $OUT (default ./out). Usage: bash tools/gpu_session.sh [tests|models|bench|all]
+# One batched session on a GPU machine: environment, GPU tests, zoo models, PyTorch exports on CUDA in
+# fp32/fp16 (compile, save, load, compare with ONNX Runtime, bench), GEMM bench. Writes under $OUT
+# (at most 8 files). Usage: OUT=dir bash tools/gpu_session.sh
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-what=${1:-all}
 export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=4
+log="$OUT/session.log"
 {
-  date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
-  python3 -c "import sys, numpy, cupy, onnx, onnxruntime; print(sys.version); print('numpy', numpy.__version__, 'cupy', cupy.__version__, 'onnx', onnx.__version__, 'ort', onnxruntime.__version__)"
-  python3 -c "from cuda.bindings import nvrtc; print('nvrtc', nvrtc.nvrtcVersion())"
-  python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda)" 2>&1 | tail -1
-} > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
-python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
-if [[ $what == all || $what == tests ]]; then
-  timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 120 -rfE tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
-fi
-if [[ $what == all || $what == models ]]; then
-  timeout 240 python3 tools/check_models.py --zoo tiny --target cuda --precision fp32,fp16,bf16 \
-    --json "$OUT/zoo_tiny_cuda.json" --out "$OUT/zoo_tiny_cuda.md" 2>&1 | tail -20
-fi
-if [[ $what == all || $what == bench ]]; then
-  timeout 120 python3 tools/bench_gemm.py --quick 2>&1 | tee "$OUT/bench_gemm.txt" | tail -15
-  timeout 120 python3 tools/bench_conv.py --quick 2>&1 | tee "$OUT/bench_conv.txt" | tail -15
-fi
+  date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import sys, numpy, cupy, onnx, onnxruntime; print(sys.version.split()[0], 'numpy', numpy.__version__, 'cupy', cupy.__version__, 'onnx', onnx.__version__, 'ort', onnxruntime.__version__)"
+  python3 -c "from cuda.bindings import nvrtc; print('nvrtc', nvrtc.nvrtcVersion()[1:])"
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+} > "$log" 2>&1
+python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$log" 2>&1 || { cat "$log"; exit 1; }
+# PyTorch exports (TorchScript exporter, opset 17) in the background while the tests run.
+mkdir -p /tmp/exports
+for m in resnet50 mobilenetv2 bert vit gpt2; do
+  (timeout 200 python3 tools/export_torch.py --out /tmp/exports --models $m --exporter torchscript > /tmp/exports/$m.log 2>&1 &)
+done
+SECONDS=0
+timeout ${TESTS_S:-130} python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 -rfE tests > "$OUT/gpu_tests.log" 2>&1
+echo "gpu tests: rc=$? in ${SECONDS}s; $(tail -1 "$OUT/gpu_tests.log")" | tee -a "$log"
+SECONDS=0
+timeout ${ZOO_S:-70} python3 tools/check_models.py --zoo tiny --target cuda --precision fp32,fp16,bf16 \
+  --out "$OUT/zoo_tiny_cuda.md" > "$OUT/zoo.log" 2>&1
+echo "zoo tiny: rc=$? in ${SECONDS}s; $(tail -1 "$OUT/zoo.log")" | tee -a "$log"
+wait
+cat /tmp/exports/*.log | grep -E "ok|FAIL|Error" | tail -10 >> "$log"
+SECONDS=0
+timeout ${EXPORTS_S:-170} python3 tools/check_models.py --exports /tmp/exports --target cuda --precision fp16,fp32 \
+  --bench --iterations 50 --out "$OUT/exports_cuda.md" > "$OUT/exports.log" 2>&1
+echo "exports: rc=$? in ${SECONDS}s; $(tail -1 "$OUT/exports.log")" | tee -a "$log"
+SECONDS=0
+timeout ${GEMM_S:-40} python3 tools/bench_gemm.py --quick > "$OUT/bench_gemm.txt" 2>&1
+echo "gemm bench: rc=$? in ${SECONDS}s" | tee -a "$log"
+tail -12 "$OUT/bench_gemm.txt"
