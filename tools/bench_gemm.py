@@ -3,6 +3,7 @@
     python tools/bench_gemm.py                 # the default table (fp16, bf16, fp32, tf32)
     python tools/bench_gemm.py --quick         # fp16 4096^3 and two model shapes
     python tools/bench_gemm.py --dtype fp16 --shape 4096x4096x4096 --tune   # time the search space
+    python tools/bench_gemm.py --wgmma         # also the sm_90a wgmma variant (fp16/bf16, H100/H200)
 
 Times are CUDA-event medians over many launches after a warm-up, each launch reading another of
 several input sets (together larger than L2), so neither side is timed on cached operands. Each
