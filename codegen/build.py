@@ -25,6 +25,7 @@ class KernelSet:
     names: dict[str, str] = field(default_factory=dict)  # digest -> function name
     families: dict[str, str] = field(default_factory=dict)
     cubins: dict[str, dict[str, bytes]] = field(default_factory=dict)  # arch -> digest -> cubin
+    requires: dict[str, str] = field(default_factory=dict)  # digest -> the one arch it compiles for (sm_90a)
 
 
 def generate_kernels(
@@ -34,6 +35,7 @@ def generate_kernels(
     precision: str = "fp32",
     allow_tf32: bool = False,
     choices: dict[str, dict[str, Any]] | None = None,
+    hopper: bool = False,
 ) -> KernelSet:
     """Fill each step's launches from its family; errors name the node and op, all at once."""
     kernels = KernelSet()
@@ -45,7 +47,18 @@ def generate_kernels(
         ctx = StepContext(step, plan.tensors, weights, precision, allow_tf32, params=(choices or {}).get(step.name))
         try:
             fam = family_for(ctx)
-            sources: list[KernelSource] = fam.generate(ctx)
+            sources: list[KernelSource] = []
+            if hopper and fam.name == "gemm" and ctx.params is None and precision in ("fp16", "bf16"):
+                # An engine for Hopper alone: the sm_90a wgmma GEMM (0.67x cuBLAS at 4096^3 against
+                # 0.36x for mma.sync on an H200); where it does not fit the problem, mma.sync.
+                try:
+                    sources = fam.generate(
+                        StepContext(step, plan.tensors, weights, precision, allow_tf32, params={"path": "wgmma"})
+                    )
+                except CompileError as e:
+                    log.info("%s: no wgmma GEMM (%s); mma.sync instead", step.name, e)
+            if not sources:
+                sources = fam.generate(ctx)
         except CompileError as e:
             errors.append(str(e))
             continue
@@ -55,6 +68,8 @@ def generate_kernels(
             kernels.sources[d] = src.source
             kernels.names[d] = src.name
             kernels.families[d] = src.family
+            if src.params.get("requires_arch"):
+                kernels.requires[d] = src.params["requires_arch"]
             step.launches.append(
                 Launch(
                     src.name,
@@ -74,16 +89,19 @@ def generate_kernels(
 
 
 def compile_kernels(kernels: KernelSet, archs: list[str], cache_dir=None, progress=None) -> None:
-    jobs = [CompileJob(kernels.names[d], src, arch) for arch in archs for d, src in kernels.sources.items()]
+    """Cubin of every kernel for every arch; a kernel that requires an arch-specific target (sm_90a)
+    is compiled for that target and filed under its base arch, the only one it is built for."""
+    jobs, filed = [], []
+    for arch in archs:
+        for d, src in kernels.sources.items():
+            need = kernels.requires.get(d)
+            if need is not None and need.rstrip("a") != arch:
+                raise CompileError(f"kernel {kernels.names[d]} needs {need}; the engine also targets {arch}")
+            jobs.append(CompileJob(kernels.names[d], src, need or arch))
+            filed.append((arch, d))
     cubins = compile_all(jobs, cache_dir=cache_dir, progress=progress)
-    for job, cubin in zip(jobs, cubins, strict=True):
-        kernels.cubins.setdefault(job.arch, {})[_digest_of(kernels, job)] = cubin
-
-
-def _digest_of(kernels: KernelSet, job: CompileJob) -> str:
-    import hashlib
-
-    return hashlib.sha256(job.source.encode()).hexdigest()
+    for (arch, d), cubin in zip(filed, cubins, strict=True):
+        kernels.cubins.setdefault(arch, {})[d] = cubin
 
 
 def local_gpu_arch() -> str | None:
@@ -121,8 +139,11 @@ def build_cuda_engine(
         with phase("tune"):
             choices = tune_plan(plan, weights, mode=opts.tune, precision=opts.precision, allow_tf32=opts.allow_tf32)
         report["tuning"] = choices
+    hopper = archs == ["sm_90"]
     with phase("codegen"):
-        kernels = generate_kernels(plan, weights, precision=opts.precision, allow_tf32=opts.allow_tf32, choices=choices)
+        kernels = generate_kernels(
+            plan, weights, precision=opts.precision, allow_tf32=opts.allow_tf32, choices=choices, hopper=hopper
+        )
     ws = max((s.workspace_bytes for s in plan.steps), default=0)
     memory.workspace_bytes = align(ws) if ws else 0
     report["memory"]["workspace_bytes"] = memory.workspace_bytes
@@ -131,6 +152,7 @@ def build_cuda_engine(
     report["timings"] = phase.timings
     report["cuda"] = {
         "archs": archs,
+        "wgmma_kernels": sum(1 for a in kernels.requires.values() if a == "sm_90a"),
         "kernels": len(kernels.sources),
         "launches": sum(len(s.launches) for s in plan.steps),
         "families": _count(kernels.families.values()),

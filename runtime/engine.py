@@ -12,6 +12,25 @@ from graphc.runtime.errors import EngineInputError
 from graphc.runtime.plan import KernelPlan, MemoryPlan
 
 
+def _as_array(x: Any, target: str) -> Any:
+    """numpy and cupy arrays as they are; any other tensor (torch, jax...) through the CUDA array
+    interface or DLPack without a copy (cupy for cuda engines, numpy for cpu ones)."""
+    if isinstance(x, np.ndarray):
+        return x
+    if type(x).__module__.startswith("cupy"):
+        return x
+    if target == "cuda" and (hasattr(x, "__cuda_array_interface__") or hasattr(x, "__dlpack__")):
+        import cupy
+
+        return cupy.asarray(x) if hasattr(x, "__cuda_array_interface__") else cupy.from_dlpack(x)
+    if hasattr(x, "__dlpack__"):
+        try:
+            return np.from_dlpack(x)
+        except (RuntimeError, TypeError, BufferError):
+            pass
+    return np.asarray(x)
+
+
 @dataclass
 class IOSpec:
     name: str
@@ -53,12 +72,8 @@ class Engine:
         for name, spec in expected.items():
             if name not in feeds:
                 raise EngineInputError(f"input '{name}' ({spec.dtype}{spec.shape}) is missing")
-            x = feeds[name]
-            dtype = str(getattr(x, "dtype", None))
-            shape = list(getattr(x, "shape", ()))
-            if not hasattr(x, "dtype"):
-                x = np.asarray(x)
-                dtype, shape = str(x.dtype), list(x.shape)
+            x = _as_array(feeds[name], self.target)
+            dtype, shape = str(x.dtype), list(x.shape)
             if dtype != spec.dtype:
                 raise EngineInputError(f"input '{name}' has dtype {dtype}, the engine takes {spec.dtype}")
             if shape != spec.shape:

@@ -108,7 +108,12 @@ def save_engine(engine: Any, path: str | Path) -> None:
         "plan": plan.to_json(),
         "memory": memory_plan_to_json(engine.memory),
         "kernels": {
-            d: {"name": kernels.names[d], "family": kernels.families.get(d, ""), "args": arg_counts[d]}
+            d: {
+                "name": kernels.names[d],
+                "family": kernels.families.get(d, ""),
+                "args": arg_counts[d],
+                "requires_arch": kernels.requires.get(d),
+            }
             for d in (kernels.sources if kernels else {})
         },
         "archs": sorted(kernels.cubins) if kernels else [],
@@ -370,8 +375,15 @@ def _jit(ef: EngineFile, arch: str, names: dict[str, str], path: Path) -> dict[s
         "%s has no cubin for %s (it has %s): compiling the kept CUDA source with the local NVRTC", path, arch, built
     )
     digests = list(ef.sources)
+    needs = {d: k.get("requires_arch") for d, k in ef.manifest["kernels"].items()}
+    for d in digests:
+        if needs.get(d) and needs[d].rstrip("a") != arch:
+            raise EngineError(
+                f"{path}: kernel {names[d]} needs {needs[d]}, this GPU is {arch}: rebuild with "
+                f"`graphc compile MODEL.onnx -o {path} --arch {arch}`"
+            )
     try:
-        out = compile_all([CompileJob(names[d], ef.sources[d], arch) for d in digests])
+        out = compile_all([CompileJob(names[d], ef.sources[d], needs.get(d) or arch) for d in digests])
     except Exception as e:
         raise EngineError(
             f"{path}: compiling the kept source for {arch} failed ({e}); rebuild with "

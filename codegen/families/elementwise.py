@@ -101,7 +101,7 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         block=BLOCK,
         total=total,
         vec=vec,
-        vec_type={16: "uint4", 8: "uint2", 4: "unsigned int", 2: "unsigned short"}[vec * itemsize],
+        vec_type={16: "uint4", 8: "uint2", 4: "unsigned int", 2: "unsigned short"}.get(vec * itemsize, ""),
         vec_inputs=rendered.inputs if vec > 1 else [],
         storage=storage,
         out_storage=out_storage,

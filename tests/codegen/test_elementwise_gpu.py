@@ -14,10 +14,9 @@ pytestmark = pytest.mark.gpu
 F16, BF16 = TensorProto.FLOAT16, TensorProto.BFLOAT16
 
 
-def _model(nodes, inputs, outputs):
-    return helper.make_model(
-        helper.make_graph(nodes, "g", inputs, outputs), opset_imports=[helper.make_opsetid("", 17)]
-    )
+def _model(nodes, inputs, outputs, opset=20):
+    graph = helper.make_graph(nodes, "g", inputs, outputs)  # opset 20: Gelu is an op from 20 on
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def _vi(name, t, shape):
