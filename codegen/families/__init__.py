@@ -1,8 +1,10 @@
 """Kernel families; importing this package registers each with graphc.codegen.kernel.
 
-Order matters where several could match: the first match wins.
+Order matters where several could match: the first match wins (hence one import per line, in
+order, not sorted).
 """
 
+# isort: off
 from graphc.codegen.families import elementwise  # noqa: F401
 from graphc.codegen.families import reduction  # noqa: F401
 from graphc.codegen.families import data  # noqa: F401
@@ -10,3 +12,4 @@ from graphc.codegen.families import gemm  # noqa: F401
 from graphc.codegen.families import conv  # noqa: F401
 from graphc.codegen.families import pool  # noqa: F401
 from graphc.codegen.families import attention  # noqa: F401
+# isort: on
