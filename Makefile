@@ -10,7 +10,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 install: $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,nvrtc]'
 
 # The main job: build a zoo model, compile it (GPU when there is one, else CPU), run it, compare
 # with ONNX Runtime, print the report.
