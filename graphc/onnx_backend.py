@@ -12,6 +12,7 @@ interpreter. A CUDA runner (compile, then run the engine) plugs in through `_RUN
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,8 @@ from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupl
 
 from graphc.errors import GraphcError, InputError
 from graphc.ir.graph import Graph
+
+log = logging.getLogger(__name__)
 
 Feeds = Mapping[str, Any]
 Runner = Callable[[Graph, Feeds], Mapping[str, Any]]
@@ -48,9 +51,11 @@ def _device_type(device: str) -> Any:
 class GraphcRep(BackendRep):
     """A model prepared for repeated runs on one device."""
 
-    def __init__(self, graph: Graph, device: str = "CPU"):
+    def __init__(self, graph: Graph, device: str = "CPU", opt_level: int = 0):
         self.graph = graph
         self.device = device
+        self.opt_level = opt_level
+        self._optimized: dict[tuple, Graph] = {}
         self._runner = _RUNNERS[_device_type(device)]
         self.input_names = [v.name for v in graph.inputs]
         self.output_names = list(graph.output_names)
@@ -60,9 +65,29 @@ class GraphcRep(BackendRep):
         when the graph takes one input. Returns the outputs in graph-output order, as a tuple
         that also answers to output names (`outputs["y"]`)."""
         feeds = self._feeds(inputs)
-        results = self._runner(self.graph, feeds)
+        results = self._runner(self._graph_for(feeds), feeds)
         outputs = namedtupledict("Outputs", self.output_names)
         return outputs(*(results[name] for name in self.output_names))
+
+    def _graph_for(self, feeds: Mapping[str, Any]) -> Graph:
+        """The graph to run: as loaded, or (opt_level > 0) bound to these input shapes and
+        optimized, once per set of shapes. A graph whose shapes depend on run-time values cannot be
+        bound; it runs unoptimized, and the log says so."""
+        if self.opt_level <= 0:
+            return self.graph
+        key = tuple((k, tuple(np.shape(v))) for k, v in sorted(feeds.items()) if not isinstance(v, list))
+        if key not in self._optimized:
+            from graphc.errors import ShapeError
+            from graphc.ir.shapes import bind_shapes
+            from graphc.passes import OptimizeOptions, optimize
+
+            try:
+                bound = bind_shapes(self.graph, {k: s for k, s in key})
+                self._optimized[key] = optimize(bound, OptimizeOptions(opt_level=self.opt_level, verify=True)).graph
+            except ShapeError as e:
+                log.info("running '%s' unoptimized: %s", self.graph.name, e)
+                self._optimized[key] = self.graph
+        return self._optimized[key]
 
     def _feeds(self, inputs: Any) -> dict[str, Any]:
         if isinstance(inputs, Mapping):
@@ -115,7 +140,7 @@ class GraphcBackend(Backend):
                 f"graphc's ONNX backend cannot run on device {device!r} (supported: {', '.join(_device_names())})"
             )
         graph = load_onnx(model)
-        return GraphcRep(graph, device)
+        return GraphcRep(graph, device, opt_level=int(kwargs.get("opt_level", 0)))
 
     @classmethod
     def run_model(cls, model: Any, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[Any, ...]:

@@ -61,7 +61,13 @@ def _collapse_reshape(m, b):
 def _castlike_to_cast(m, b):
     node = m.root
     to = node.outputs[0].type.dtype.value
-    return b.add_node("Cast", [m.value("x")], {"to": to}, name=node.name, keep_name=True).outputs[0]
+    # CastLike's other attributes (saturate, round_mode) mean the same on Cast: keep them.
+    from graphc.ops.registry import get_op
+
+    cast_fields = get_op("Cast").attrs.__dataclass_fields__
+    attrs = {k: v for k, v in node.attrs.items() if k in cast_fields}
+    attrs["to"] = to
+    return b.add_node("Cast", [m.value("x")], attrs, name=node.name, keep_name=True).outputs[0]
 
 
 RULES: list[Rule] = [

@@ -60,6 +60,7 @@ class Case:
     data_sets: list[tuple[list[Any], list[Any]]]
     rtol: float
     atol: float
+    opt_level: int = 0  # > 0: bind the case's input shapes and run the optimizer first
 
 
 @dataclasses.dataclass
@@ -158,7 +159,7 @@ def run_case(case: Case) -> Result:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            rep = onnx_backend.prepare(case.model, "CPU")
+            rep = onnx_backend.prepare(case.model, "CPU", opt_level=case.opt_level)
     except UnsupportedOpError as e:
         missing = sorted({f"{dom + '.' if dom else ''}{op}" for op, dom, _, _ in e.unsupported})
         return done("unsupported", str(e), missing)
@@ -561,11 +562,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="fail (exit 1) if a case recorded as passed in this file does not pass now",
     )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
+    p.add_argument(
+        "--opt-level",
+        type=int,
+        default=0,
+        help="run each case through the optimizer at this level first (its input shapes bound)",
+    )
     args = p.parse_args(argv)
 
     expected = json.loads(args.expect.read_text()) if args.expect else None
     t0 = time.monotonic()
-    cases = collect_cases(args.filter)
+    cases = [dataclasses.replace(c, opt_level=args.opt_level) for c in collect_cases(args.filter)]
     if not cases:
         print(f"no case matches {args.filter!r}", file=sys.stderr)
         return 2
