@@ -45,6 +45,21 @@ class RenderedEpilogue:
     outputs: list[int] = field(default_factory=list)  # node output indices stored
 
 
+def step_operands(ctx) -> dict[int, Operand]:
+    """Every present input of a plan step as an Operand (weights carry their values, so that
+    size-1 constants are baked in)."""
+    from graphc.codegen.cuda_types import dtype_from_numpy_name
+
+    ops = {}
+    for i, name in enumerate(ctx.step.inputs):
+        if name is None:
+            continue
+        t = ctx.tensors[name]
+        const = ctx.weights.get(name) if t.kind == "weight" else None
+        ops[i] = Operand(i, dtype_from_numpy_name(t.dtype), tuple(t.shape), const)
+    return ops
+
+
 def broadcast_index(in_shape: Sequence[int], out_shape: Sequence[int], idx: str = "idx") -> str:
     """The linear index into an input broadcast (numpy rules) to out_shape, for output index idx."""
     in_shape = tuple(in_shape)

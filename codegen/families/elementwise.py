@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from graphc.codegen.cuda_types import cuda_type, dtype_from_numpy_name
-from graphc.codegen.epilogue import Operand, render_epilogue
+from graphc.codegen.epilogue import render_epilogue, step_operands
 from graphc.codegen.kernel import KernelSource, StepContext, grid_1d, register_family, render
 from graphc.ir.attrs import attrs_from_json
 from graphc.ops.fused import IN, OP, EpilogueOp, FusedAttrs, Ref
@@ -28,15 +28,7 @@ def step_epilogue(ctx: StepContext) -> tuple[tuple[EpilogueOp, ...], tuple[Ref, 
     return (EpilogueOp(step.op, attrs, args),), (OP(0),), 0
 
 
-def operands(ctx: StepContext) -> dict[int, Operand]:
-    ops = {}
-    for i, name in enumerate(ctx.step.inputs):
-        if name is None:
-            continue
-        t = ctx.tensors[name]
-        const = ctx.weights.get(name) if t.kind == "weight" else None
-        ops[i] = Operand(i, dtype_from_numpy_name(t.dtype), tuple(t.shape), const)
-    return ops
+operands = step_operands  # the families import it from here
 
 
 def _matches(ctx: StepContext) -> bool:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphc.codegen.cuda_types import cuda_type, dtype_from_numpy_name
-from graphc.codegen.epilogue import Operand, RenderedEpilogue, broadcast_index, render_epilogue
+from graphc.codegen.epilogue import Operand, RenderedEpilogue, broadcast_index, render_epilogue, step_operands
 from graphc.codegen.expr import lit
 from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, grid_1d, register_family, render
 from graphc.ir.attrs import attrs_from_json
@@ -458,17 +458,6 @@ def search_space(ctx: StepContext) -> list[dict[str, Any]]:
 # ---- rendering ----------------------------------------------------------------------------------
 
 
-def _operands(ctx: StepContext) -> dict[int, Operand]:
-    ops = {}
-    for i, name in enumerate(ctx.step.inputs):
-        if name is None:
-            continue
-        t = ctx.tensors[name]
-        const = ctx.weights.get(name) if t.kind == "weight" else None
-        ops[i] = Operand(i, dtype_from_numpy_name(t.dtype), tuple(t.shape), const)
-    return ops
-
-
 def _c_expr(ctx: StepContext, prob: Problem, ops: dict[int, Operand]) -> tuple[str | None, bool]:
     """beta * C[broadcast index] as a CUDA expression of `idx`, and whether C is a pointer."""
     if prob.c_index is None:
@@ -530,7 +519,7 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         except ValueError as e:
             raise ctx.fail(f"no GEMM kernel configuration fits M={prob.M} N={prob.N} K={prob.K}") from e
     p = public(p)
-    ops = _operands(ctx)
+    ops = step_operands(ctx)
     name = ctx.kernel_name()
     out_specs = [ctx.tensors[o] for o in step.outputs]
     rendered = render_epilogue(
