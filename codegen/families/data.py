@@ -847,29 +847,12 @@ def _resize_tables(ctx: StepContext, attrs, in_shape, plan, work: np.dtype):
 
 
 def interp_taps(x: np.ndarray, in_len: int, scale: float, attrs, work: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Input indices and weights (out_len, taps) of the interpolation window of each source
-    coordinate x: the window and weights of graphc.ops.resize._interp_axis (the reference),
-    computed the same way (tests check the two agree)."""
-    from graphc.ops.resize import tap_weights
+    """Input indices and weights (out_len, taps) of each output's interpolation window: the
+    reference's own (graphc.ops.resize.interp_window), in the kernel's working type."""
+    from graphc.ops.resize import interp_window
 
-    xf = np.floor(x)
-    ratio = np.where(x == xf, 1.0, x - xf)
-    w, n = tap_weights(ratio, scale, attrs)
-    pad = -(-n // 2)
-    xp = x + pad
-    p = np.floor(xp)
-    frac = xp - p
-    if n % 2 == 0:
-        off = np.where(frac == 0, -(n // 2), -(n // 2) + 1)
-    else:
-        base = -((n - 1) // 2)
-        off = np.where(frac <= 0.5, base, base + 1)
-    idx = (p + off - pad).astype(np.int64)[:, None] + np.arange(n)[None, :]
-    if attrs.exclude_outside:
-        w = np.where((idx < 0) | (idx >= in_len), 0.0, w)
-        total = w.sum(axis=1, keepdims=True)
-        w = w / np.where(total == 0, 1.0, total)
-    return np.clip(idx, 0, in_len - 1), w.astype(work)
+    idx, w = interp_window(x, in_len, scale, attrs)
+    return idx, w.astype(work)
 
 
 def _table(name: str, ctype: str, values: np.ndarray, fmt) -> str:

@@ -240,8 +240,9 @@ def tap_weights(ratio: np.ndarray, scale: float, attrs) -> tuple[np.ndarray, int
     return w / w.sum(axis=1, keepdims=True), n
 
 
-def _interp_axis(data: np.ndarray, axis: int, x: np.ndarray, scale: float, attrs) -> np.ndarray:
-    in_len = data.shape[axis]
+def interp_window(x: np.ndarray, in_len: int, scale: float, attrs) -> tuple[np.ndarray, np.ndarray]:
+    """Input indices (clipped into range) and weights, both (len(x), taps), of the interpolation
+    window of each source coordinate x. The CUDA Resize kernel bakes these same tables."""
     xf = np.floor(x)
     ratio = np.where(x == xf, 1.0, x - xf)
     w, n = tap_weights(ratio, scale, attrs)
@@ -260,7 +261,12 @@ def _interp_axis(data: np.ndarray, axis: int, x: np.ndarray, scale: float, attrs
         w = np.where((idx < 0) | (idx >= in_len), 0.0, w)
         total = w.sum(axis=1, keepdims=True)
         w = w / np.where(total == 0, 1.0, total)
-    idx = np.clip(idx, 0, in_len - 1)
+    return np.clip(idx, 0, in_len - 1), w
+
+
+def _interp_axis(data: np.ndarray, axis: int, x: np.ndarray, scale: float, attrs) -> np.ndarray:
+    idx, w = interp_window(x, data.shape[axis], scale, attrs)
+    n = idx.shape[1]
     bshape = [1] * data.ndim
     bshape[axis] = len(x)
     w = w.astype(data.dtype)
