@@ -107,7 +107,10 @@ def check(label: str, path: str, feeds: dict, args) -> list[dict]:
         row = {"model": label, "mode": f"{args.target}/{precision}"}
         try:
             t0 = time.perf_counter()
-            eng = graphc.compile(path, target=args.target, precision=precision, shapes=shapes, opt_level=args.opt_level)
+            arch = args.arch.split(",") if args.arch else None
+            eng = graphc.compile(
+                path, target=args.target, precision=precision, shapes=shapes, opt_level=args.opt_level, arch=arch
+            )
             row["compile_s"] = round(time.perf_counter() - t0, 2)
             rep = eng.report
             row["optimize_s"] = rep["timings"].get("optimize")
@@ -171,6 +174,7 @@ def main() -> int:
     p.add_argument("--target", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--precision", default="fp32")
     p.add_argument("--opt-level", type=int, default=2)
+    p.add_argument("--arch", help="comma-separated CUDA archs to build (default: graphc.compile's)")
     p.add_argument("--interpret", action="store_true")
     p.add_argument("--bench", action="store_true")
     p.add_argument("--iterations", type=int, default=100)

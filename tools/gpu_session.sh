@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One batched session on a GPU machine: environment, GPU tests, zoo models, PyTorch exports on CUDA in
 # fp32/fp16 (compile, save, load, compare with ONNX Runtime, bench), GEMM bench. Writes under $OUT
-# (at most 8 files). Usage: OUT=dir [PRECISIONS=fp16,fp32,bf16] [EXPORTER=both] bash tools/gpu_session.sh
+# (at most 8 files). Usage: OUT=dir [PRECISIONS=fp16,fp32,bf16] [EXPORTER=both] [ARCH=sm_90] bash tools/gpu_session.sh
+# Each step's time limit is a variable (TESTS_S, ZOO_S, EXPORTS_S, GEMM_S); 0 skips the step.
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -17,23 +18,23 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$log" 2>&1 || 
 # PyTorch exports (TorchScript exporter, opset 17) in the background while the tests run.
 mkdir -p /tmp/exports
 for m in resnet50 mobilenetv2 bert vit gpt2; do
-  (timeout 200 python3 tools/export_torch.py --out /tmp/exports --models $m --exporter ${EXPORTER:-torchscript} \
+  (timeout ${EXPORT_S:-240} python3 tools/export_torch.py --out /tmp/exports --models $m --exporter ${EXPORTER:-torchscript} \
     > /tmp/exports/$m.log 2>&1 &)
 done
 SECONDS=0
-timeout ${TESTS_S:-130} python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 -rfE tests > "$OUT/gpu_tests.log" 2>&1
+[ "${TESTS_S:-130}" != 0 ] && timeout ${TESTS_S:-130} python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 -rfE tests > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests: rc=$? in ${SECONDS}s; $(tail -1 "$OUT/gpu_tests.log")" | tee -a "$log"
 SECONDS=0
-timeout ${ZOO_S:-70} python3 tools/check_models.py --zoo tiny --target cuda --precision fp32,fp16,bf16 \
+[ "${ZOO_S:-70}" != 0 ] && timeout ${ZOO_S:-70} python3 tools/check_models.py --zoo tiny --target cuda --precision fp32,fp16,bf16 \
   --out "$OUT/zoo_tiny_cuda.md" > "$OUT/zoo.log" 2>&1
 echo "zoo tiny: rc=$? in ${SECONDS}s; $(tail -1 "$OUT/zoo.log")" | tee -a "$log"
 wait
 cat /tmp/exports/*.log | grep -E "ok|FAIL|Error" | tail -10 >> "$log"
 SECONDS=0
-timeout ${EXPORTS_S:-170} python3 tools/check_models.py --exports /tmp/exports --target cuda --precision ${PRECISIONS:-fp16,fp32} \
-  --bench --iterations 50 --out "$OUT/exports_cuda.md" > "$OUT/exports.log" 2>&1
+timeout ${EXPORTS_S:-170} python3 tools/check_models.py --exports /tmp/exports --target cuda --precision ${PRECISIONS:-fp16,fp32} ${ARCH:+--arch $ARCH} \
+  --bench --iterations 50 --out "$OUT/exports_cuda.md" --json "$OUT/exports_cuda.json" > "$OUT/exports.log" 2>&1
 echo "exports: rc=$? in ${SECONDS}s; $(tail -1 "$OUT/exports.log")" | tee -a "$log"
 SECONDS=0
-timeout ${GEMM_S:-40} python3 tools/bench_gemm.py --quick > "$OUT/bench_gemm.txt" 2>&1
+[ "${GEMM_S:-40}" != 0 ] && timeout ${GEMM_S:-40} python3 tools/bench_gemm.py --quick > "$OUT/bench_gemm.txt" 2>&1
 echo "gemm bench: rc=$? in ${SECONDS}s" | tee -a "$log"
 tail -12 "$OUT/bench_gemm.txt"
