@@ -17,9 +17,11 @@ log="$OUT/session.log"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$log" 2>&1 || { cat "$log"; exit 1; }
 # PyTorch exports (TorchScript exporter, opset 17) in the background while the tests run.
 mkdir -p /tmp/exports
+export_pids=()
 for m in resnet50 mobilenetv2 bert vit gpt2; do
-  (timeout ${EXPORT_S:-240} python3 tools/export_torch.py --out /tmp/exports --models $m --exporter ${EXPORTER:-torchscript} \
-    > /tmp/exports/$m.log 2>&1 &)
+  timeout ${EXPORT_S:-240} python3 tools/export_torch.py --out /tmp/exports --models $m --exporter ${EXPORTER:-torchscript} \
+    > /tmp/exports/$m.log 2>&1 &
+  export_pids+=($!)
 done
 SECONDS=0
 [ "${TESTS_S:-130}" != 0 ] && timeout ${TESTS_S:-130} python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 -rfE tests > "$OUT/gpu_tests.log" 2>&1
@@ -28,7 +30,7 @@ SECONDS=0
 [ "${ZOO_S:-70}" != 0 ] && timeout ${ZOO_S:-70} python3 tools/check_models.py --zoo tiny --target cuda --precision fp32,fp16,bf16 \
   --out "$OUT/zoo_tiny_cuda.md" > "$OUT/zoo.log" 2>&1
 echo "zoo tiny: rc=$? in ${SECONDS}s; $(tail -1 "$OUT/zoo.log")" | tee -a "$log"
-wait
+wait "${export_pids[@]}"  # the exports must be complete before they are checked
 cat /tmp/exports/*.log | grep -E "ok|FAIL|Error" | tail -10 >> "$log"
 SECONDS=0
 timeout ${EXPORTS_S:-170} python3 tools/check_models.py --exports /tmp/exports --target cuda --precision ${PRECISIONS:-fp16,fp32} ${ARCH:+--arch $ARCH} \
