@@ -53,6 +53,9 @@ def test_template_hash_covers_included_headers(tmp_path, monkeypatch):
     from graphc.codegen.tuner import template_hash
 
     assert {"gemm.cu.j2", "mma.cuh", "wgmma.cuh"} <= set(kernel.template_sources(["gemm.cu.j2"]))
+    # one header of PTX wrappers for every tensor-core family
+    assert "mma.cuh" in kernel.template_sources(["conv.cu.j2"])
+    assert "mma.cuh" in kernel.template_sources(["attention.cu.j2"])
     assert "reduce_common.cuh" in kernel.template_sources(["reduction.cu.j2"])
     shutil.copytree(kernel.TEMPLATE_DIR, tmp_path / "templates")
     monkeypatch.setattr(kernel, "TEMPLATE_DIR", tmp_path / "templates")
