@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.meta
 
 from graphc.errors import CompileError
 from graphc.runtime.plan import Step, TensorSpec
@@ -139,6 +140,23 @@ def render(template: str, **context: Any) -> str:
     common = (TEMPLATE_DIR / "common.cuh").read_text()
     body = _env().get_template(template).render(**context)
     return "// ---- common.cuh ----\n" + common + "\n// ---- " + template + " ----\n" + body
+
+
+def template_sources(templates: Sequence[str]) -> list[str]:
+    """Every template file that rendering `templates` reads: themselves and, transitively, the
+    files they `{% include %}` (the shared headers), sorted; common.cuh, which render() prepends,
+    is not among them."""
+    env = _env()
+    seen: set[str] = set()
+    todo = list(templates)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        text = (TEMPLATE_DIR / name).read_text()
+        todo += [t for t in jinja2.meta.find_referenced_templates(env.parse(text)) if t is not None]
+    return sorted(seen)
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -53,12 +53,15 @@ def step_signature(ctx: StepContext) -> str:
 
 
 def template_hash(family: str) -> str:
-    from graphc.codegen.kernel import TEMPLATE_DIR
+    """A hash of the family's templates (templates/<family>*), the headers they include (the
+    tensor-core kernels share mma.cuh) and common.cuh: a tuning record is reused only while none
+    of them has changed."""
+    from graphc.codegen.kernel import TEMPLATE_DIR, template_sources
 
+    own = sorted(p.name for p in TEMPLATE_DIR.glob(f"{family}*"))
     h = hashlib.sha256()
-    for p in sorted(TEMPLATE_DIR.glob(f"{family}*")) + [TEMPLATE_DIR / "common.cuh"]:
-        if p.exists():
-            h.update(p.read_bytes())
+    for name in [*template_sources(own), "common.cuh"]:
+        h.update((TEMPLATE_DIR / name).read_bytes())
     return h.hexdigest()[:16]
 
 

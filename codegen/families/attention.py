@@ -449,7 +449,7 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
             BN=p["BN"],
             warps=p["WARPS"],
             reverse=hi is not None and prob.nonpad_index is None,
-            mma_fn="gca_mma_bf16" if prob.dtype is DType.bfloat16 else "gca_mma_f16",
+            mma_fn="gc_mma_bf16" if prob.dtype is DType.bfloat16 else "gc_mma_f16",
             pack_fn="gc_pack_bf2" if prob.dtype is DType.bfloat16 else "gc_pack_h2",
             **common,
         )

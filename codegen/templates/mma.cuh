@@ -1,6 +1,10 @@
 {% raw %}
-// graphc: inline-PTX wrappers for tensor-core GEMM tiles (sm_80+): shared-memory addresses,
-// cp.async (16-byte, zero-filling out of bounds), ldmatrix and mma.sync. No CUDA headers.
+// graphc: inline-PTX wrappers for the tensor-core kernels (sm_80+), one copy shared by the GEMM
+// (mma and wgmma paths), convolution (tc) and flash-attention templates, each of which inlines this
+// file: shared-memory addresses, cp.async (16-byte, zero-filling), ldmatrix (x4, .trans), mma.sync
+// (f16/bf16 m16n8k16, tf32 m16n8k8; fp32 accumulators), fp32 -> tf32 and ex2.approx. No CUDA
+// headers. (The asm strings hold braces next to percent signs, which jinja2 would read as a
+// statement: hence the raw block.)
 
 __device__ __forceinline__ unsigned gc_smem_u32(const void* p) {
   unsigned r;
@@ -8,8 +12,9 @@ __device__ __forceinline__ unsigned gc_smem_u32(const void* p) {
   return r;
 }
 
-// 16 bytes global -> shared, bypassing L1. src_bytes = 0 writes 16 zero bytes and reads nothing
-// (the caller still passes a valid address, so no out-of-bounds address is ever formed).
+// 16 bytes global -> shared, bypassing L1. src_bytes < 16 fills the rest with zeros; src_bytes = 0
+// writes 16 zero bytes and reads nothing (the caller still passes a valid address, so no
+// out-of-bounds address is ever formed).
 __device__ __forceinline__ void gc_cp_async16(unsigned dst, const void* src, unsigned src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
@@ -54,9 +59,17 @@ __device__ __forceinline__ void gc_mma_tf32(float* d, const unsigned* a, const u
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+// fp32 -> tf32 bits (round to nearest, ties away), as the tensor cores read them.
 __device__ __forceinline__ unsigned gc_f2tf32(float f) {
   unsigned r;
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(f));
   return r;
+}
+
+// 2^x, about 2 ulp; ex2(-inf) = +0, which is how masked attention scores vanish.
+__device__ __forceinline__ float gc_ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 {% endraw %}

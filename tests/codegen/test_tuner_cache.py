@@ -44,3 +44,23 @@ def test_schema_version_mismatch_starts_afresh(tmp_path):
     c = TuningCache(path)
     assert c.get(key()) is None
     c.close()
+
+
+def test_template_hash_covers_included_headers(tmp_path, monkeypatch):
+    import shutil
+
+    import graphc.codegen.kernel as kernel
+    from graphc.codegen.tuner import template_hash
+
+    assert {"gemm.cu.j2", "mma.cuh", "wgmma.cuh"} <= set(kernel.template_sources(["gemm.cu.j2"]))
+    # one header of PTX wrappers for every tensor-core family
+    assert "mma.cuh" in kernel.template_sources(["conv.cu.j2"])
+    assert "mma.cuh" in kernel.template_sources(["attention.cu.j2"])
+    assert "reduce_common.cuh" in kernel.template_sources(["reduction.cu.j2"])
+    shutil.copytree(kernel.TEMPLATE_DIR, tmp_path / "templates")
+    monkeypatch.setattr(kernel, "TEMPLATE_DIR", tmp_path / "templates")
+    before = template_hash("gemm")
+    assert template_hash("gemm") == before
+    with open(tmp_path / "templates" / "mma.cuh", "a") as f:
+        f.write("// an edit to a shared header\n")
+    assert template_hash("gemm") != before
