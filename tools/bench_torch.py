@@ -65,6 +65,13 @@ class Row:
     errors: list[str] = field(default_factory=list)
 
 
+def torch_tf32_off() -> None:
+    """PyTorch's defaults allow TF32 in cuDNN convolutions; without --allow-tf32 both sides are fp32."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+
+
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     a = np.asarray(a, dtype=np.float64).ravel()
     b = np.asarray(b, dtype=np.float64).ravel()
@@ -142,7 +149,9 @@ def bench_model(name: str, precision: str, batch: int, args: argparse.Namespace,
         if args.device == "cuda":
             major, minor = torch.cuda.get_device_capability()
             arch = [f"sm_{major}{minor}"]
-        eng = graphc.compile(str(onnx_path), target=args.device, precision=precision, arch=arch)
+        eng = graphc.compile(
+            str(onnx_path), target=args.device, precision=precision, arch=arch, allow_tf32=args.allow_tf32
+        )
         row.graphc_compile_s = round(time.perf_counter() - t0, 2)
         row.graphc_arena_mib = round(eng.report["memory"]["arena_bytes"] / 2**20, 2)
         from graphc.bench import benchmark
@@ -240,11 +249,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iterations", type=int, default=100)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--allow-tf32", action="store_true", help="fp32 matmuls and convs on TF32 tensor cores, in graphc and PyTorch"
+    )
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--out", help="markdown table")
     p.add_argument("--json", help="rows as JSON")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.allow_tf32:
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    else:
+        torch_tf32_off()
     args.modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in args.modes if m not in MODES] + [m for m in args.models.split(",") if m not in export_torch.CASES]
     if bad:
