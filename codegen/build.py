@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -156,7 +157,16 @@ def build_cuda_engine(
         from graphc.codegen.tuner import tune_plan
 
         with phase("tune"):
-            choices = tune_plan(plan, weights, mode=opts.tune, precision=opts.precision, allow_tf32=opts.allow_tf32)
+            # With a cache_dir of its own (tests, CI) the tuning records live beside the kernels.
+            cache_path = Path(opts.cache_dir) / "tuning.sqlite" if opts.cache_dir else None
+            choices = tune_plan(
+                plan,
+                weights,
+                mode=opts.tune,
+                precision=opts.precision,
+                allow_tf32=opts.allow_tf32,
+                cache_path=cache_path,
+            )
         report["tuning"] = choices
     hopper = archs == ["sm_90"]
     with phase("codegen"):

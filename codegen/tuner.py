@@ -279,12 +279,16 @@ def tune_plan(
             except Exception as e:  # a failing candidate is infinitely slow
                 log.info("tuning %s: candidate %s failed: %s", step.name, params, e)
                 continue
-            if params is not None and (best is None or ms < best[0]):
-                best = (ms, params)
+            # The heuristic default (params None, kept as {}) competes too: a search space that holds
+            # nothing faster must not replace it with the best of slower candidates.
+            if best is None or ms < best[0]:
+                best = (ms, params or {})
         if best is not None:
             choices[step.name] = best[1]
             cache.put(key, best[1], best[0], len(space))
-            log.info("tuned %s: %s in %.4f ms (%d candidates)", step.name, best[1], best[0], len(space))
+            log.info(
+                "tuned %s: %s in %.4f ms (%d candidates)", step.name, best[1] or "the default", best[0], len(space)
+            )
     cache.close()
     return choices
 
