@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 FAST_CANDIDATES = 6
+MARGIN = 0.03  # a candidate replaces the heuristic default only when this much faster
 
 
 @dataclass(frozen=True)
@@ -170,8 +171,12 @@ class StepBench:
                     args.append(self.outputs[a])
             functions[ln.digest]((*ln.grid,), (*ln.block,), tuple(args), shared_mem=ln.shared_bytes)
 
-    def time(self, launches, functions, workspace, warmup: int = 3, reps: int = 20) -> float:
+    def time(self, launches, functions, workspace, warmup: int = 3, reps: int = 15, inner: int = 10) -> float:
+        """Median over `reps` of the mean of `inner` back-to-back runs: a step of a few microseconds
+        is below what one pair of events resolves reliably. With the L2 flush (large inputs) every
+        run is timed alone, so each starts cold."""
         cupy = self.cupy
+        inner = 1 if self.flush is not None else inner
         for i in range(warmup):
             self.run(launches, functions, workspace, i)
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
@@ -180,10 +185,11 @@ class StepBench:
             if self.flush is not None:
                 self.flush.fill(i & 0xFF)
             start.record()
-            self.run(launches, functions, workspace, i)
+            for j in range(inner):
+                self.run(launches, functions, workspace, i * inner + j)
             end.record()
             end.synchronize()
-            times.append(cupy.cuda.get_elapsed_time(start, end))
+            times.append(cupy.cuda.get_elapsed_time(start, end) / inner)
         return float(np.median(times))
 
     def output_bytes(self) -> dict[str, np.ndarray]:
@@ -238,6 +244,7 @@ def tune_plan(
         bench = StepBench(ctx, device)
         best: tuple[float, dict[str, Any]] | None = None
         reference: dict[str, np.ndarray] | None = None
+        default_ms = float("inf")  # stays so if the default itself fails: then the best candidate wins
         for params in [None, *space]:
             try:
                 sources: list[KernelSource] = fam.generate(
@@ -279,10 +286,13 @@ def tune_plan(
             except Exception as e:  # a failing candidate is infinitely slow
                 log.info("tuning %s: candidate %s failed: %s", step.name, params, e)
                 continue
-            # The heuristic default (params None, kept as {}) competes too: a search space that holds
-            # nothing faster must not replace it with the best of slower candidates.
-            if best is None or ms < best[0]:
-                best = (ms, params or {})
+            # The heuristic default (params None, kept as {}) competes too, with a head start: a
+            # candidate must beat it by MARGIN, since a gain inside the timing noise of a few-
+            # microsecond kernel did not hold in the whole graph (ResNet-50 on an H200 ran 3% slower).
+            if params is None:
+                best, default_ms = (ms, {}), ms
+            elif ms < default_ms * (1 - MARGIN) and (best is None or ms < best[0]):
+                best = (ms, params)
         if best is not None:
             choices[step.name] = best[1]
             cache.put(key, best[1], best[0], len(space))

@@ -36,7 +36,8 @@ def test_tuned_engine_is_correct_and_cached(name, tmp_path, monkeypatch):
         assert _cosine(np.asarray(out[k]), r) >= 0.999, k
     with sqlite3.connect(tmp_path / "tuning.sqlite") as db:
         (rows,) = db.execute("SELECT COUNT(*) FROM records").fetchone()
-    assert rows >= len(choices) > 0
+    # one record per distinct (family, template, signature): repeated layers share theirs
+    assert 0 < rows <= len(choices)
 
     class NoTiming:  # a cache hit must not bench a single candidate
         def __init__(self, *a, **k):
