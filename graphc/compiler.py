@@ -113,6 +113,11 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
 
         with phase("precision"):
             optimized = convert_precision(optimized, opts.precision)
+    if opts.target == "cuda" and opts.opt_level > 0:
+        from graphc.passes.gemm_weight_layout import k_major_gemm_weights
+
+        with phase("gemm_layout"):
+            optimized = k_major_gemm_weights(optimized)
     with phase("lower"):
         plan = lower_to_plan(optimized)
     with phase("memory_plan"):
