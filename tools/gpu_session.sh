@@ -3,6 +3,7 @@
 # fp32/fp16 (compile, save, load, compare with ONNX Runtime, bench), GEMM bench. Writes under $OUT
 # (at most 8 files). Usage: OUT=dir [PRECISIONS=fp16,fp32,bf16] [EXPORTER=both] [ARCH=sm_90] bash tools/gpu_session.sh
 # Each step's time limit is a variable (TESTS_S, ZOO_S, EXPORTS_S, GEMM_S); 0 skips the step.
+# (pytest gets no -q: pyproject's addopts has one, and -qq drops the "N passed" line.)
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -24,7 +25,7 @@ for m in resnet50 mobilenetv2 bert vit gpt2; do
   export_pids+=($!)
 done
 SECONDS=0
-[ "${TESTS_S:-130}" != 0 ] && timeout ${TESTS_S:-130} python3 -m pytest -m gpu -q -p no:cacheprovider -n 8 -rfE tests > "$OUT/gpu_tests.log" 2>&1
+[ "${TESTS_S:-130}" != 0 ] && timeout ${TESTS_S:-130} python3 -m pytest -m gpu -p no:cacheprovider -n 8 -rfE tests > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests: rc=$? in ${SECONDS}s; $(tail -1 "$OUT/gpu_tests.log")" | tee -a "$log"
 SECONDS=0
 [ "${ZOO_S:-70}" != 0 ] && timeout ${ZOO_S:-70} python3 tools/check_models.py --zoo tiny --target cuda --precision fp32,fp16,bf16 \
