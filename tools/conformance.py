@@ -587,7 +587,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"({time.monotonic() - t0:.0f} s)"
     )
 
-    out = args.out if args.out is not None else (None if expected is not None else DEFAULT_OUT)
+    # The committed report is the full run's: a --filter or --expect run writes one only when asked.
+    out = args.out if args.out is not None else (None if expected is not None or args.filter else DEFAULT_OUT)
     if out is not None:
         json_path = args.json or out.with_suffix(".json")
         write_reports(results, out, json_path, args.filter)

@@ -678,7 +678,33 @@ def _format_numbers(x: np.ndarray) -> np.ndarray:
     return np.asarray(s).astype(object)
 
 
-def cast_to(x: np.ndarray, dtype: DType, saturate: bool = True) -> np.ndarray:
+def to_float8e8m0(x: np.ndarray, saturate: bool, round_mode: str) -> np.ndarray:
+    """Cast to float8e8m0 (a bare power of two, 2^(e-127), e in 0..254; 255 is NaN) as Cast-24
+    defines it: the exponent of |x| as float32, rounded by `round_mode` -- "up" (away from zero: any
+    fraction bumps the exponent), "down" (toward zero: the fraction is dropped) or "nearest" (from
+    the first fraction bits; ties up except below the smallest normal). NaN and inf become NaN. With
+    `saturate` a value that would round past the largest exponent keeps it; without, it is NaN."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    exponent = ((bits >> 23) & 0xFF).astype(np.uint16)
+    special = exponent == 0xFF
+    if round_mode == "up":
+        bump = (bits & 0x7FFFFF) > 0
+    elif round_mode == "nearest":
+        half = (bits & 0x400000) > 0
+        rest = (bits & 0x3FFFFF) > 0
+        bump = half & (rest | (exponent > 0))
+    elif round_mode == "down":
+        bump = np.zeros(bits.shape, dtype=bool)
+    else:
+        raise ValueError(f"round_mode {round_mode!r}; the spec allows {', '.join(_ROUND_MODES)}")
+    bump &= ~special
+    if saturate:
+        bump &= exponent != 0xFE
+    out = np.where(special, 0xFF, exponent + bump).astype(np.uint8)
+    return out.view(ml_dtypes.float8_e8m0fnu)
+
+
+def cast_to(x: np.ndarray, dtype: DType, saturate: bool = True, round_mode: str = "up") -> np.ndarray:
     """ONNX Cast of x to `dtype` (numeric types, bool, string; float8, bfloat16, 4-bit types).
 
     - float -> int truncates toward zero (out of range is undefined in the spec); int -> narrower
@@ -686,6 +712,7 @@ def cast_to(x: np.ndarray, dtype: DType, saturate: bool = True) -> np.ndarray:
     - To float8 with `saturate`, values beyond the largest finite value (and +-inf) become
       +-max; without it they become NaN (inf for float8e5m2), as the spec's tables say.
     - To int4/uint4 the value wraps to 4 bits (ml_dtypes' conversion, which the ONNX tests use).
+    - To float8e8m0, `round_mode` applies (to_float8e8m0); it is ignored for every other type.
     """
     x = np.asarray(x)
     target = dtype.numpy
@@ -697,6 +724,8 @@ def cast_to(x: np.ndarray, dtype: DType, saturate: bool = True) -> np.ndarray:
         return _parse_strings(x, dtype)
     if x.dtype in _NARROW_FLOATS:
         x = x.astype(np.float32)  # exact
+    if dtype is DType.float8e8m0:
+        return to_float8e8m0(x.astype(np.float64) if x.dtype.kind in "iub" else x, saturate, round_mode)
     if dtype in _FLOAT8 and saturate and x.dtype.kind == "f":
         fmax = float(ml_dtypes.finfo(target).max)
         x = np.clip(x, -fmax, fmax)  # NaN stays NaN
@@ -731,7 +760,7 @@ register_op(
     "Cast",
     category=Category.ELEMENTWISE,
     infer=_cast_infer,
-    compute=lambda ins, a, n: [cast_to(ins[0], DType.from_onnx(a.to), bool(a.saturate))],
+    compute=lambda ins, a, n: [cast_to(ins[0], DType.from_onnx(a.to), bool(a.saturate), a.round_mode)],
 )
 
 
@@ -745,7 +774,9 @@ register_op(
     "CastLike",
     category=Category.ELEMENTWISE,
     infer=_castlike_infer,
-    compute=lambda ins, a, n: [cast_to(ins[0], DType.from_numpy(np.asarray(ins[1]).dtype), bool(a.saturate))],
+    compute=lambda ins, a, n: [
+        cast_to(ins[0], DType.from_numpy(np.asarray(ins[1]).dtype), bool(a.saturate), a.round_mode)
+    ],
 )
 
 

@@ -936,3 +936,36 @@ def test_errors_are_graphc_errors():
     x = np.zeros((2,), F32)
     with pytest.raises(GraphcError):
         graphc.load_onnx(make_node_model("Gelu", {"x": x}, {"approximate": "erf"}))
+
+
+@pytest.mark.parametrize("round_mode", ["up", "down", "nearest"])
+@pytest.mark.parametrize("saturate", [True, False])
+def test_cast_to_float8e8m0_rounding_matches_onnx(round_mode, saturate):
+    """Every rounding case: exact powers of two, ties (1.5 * 2^e), just above and below them,
+    subnormals, zero, negatives, the largest float32s (saturation), inf and NaN; the oracle is
+    onnx.numpy_helper's conversion (the ONNX tests' own)."""
+    from onnx.numpy_helper import to_float8e8m0
+
+    e = np.arange(-149, 128, dtype=np.float64)
+    base = np.exp2(e).astype(F32)
+    x = np.concatenate(
+        [
+            base,
+            base * F32(1.5),
+            np.nextafter(base * F32(1.5), F32(np.inf)),
+            np.nextafter(base * F32(1.5), F32(0)),
+            np.nextafter(base, F32(np.inf)),
+            -base * F32(1.25),
+            np.random.default_rng(0).standard_normal(200).astype(F32) * F32(1e3),
+            np.array([0.0, -0.0, np.finfo(F32).max, -np.finfo(F32).max, np.inf, -np.inf, np.nan], F32),
+        ]
+    )
+    got = cast_to(x, DType.float8e8m0, saturate=saturate, round_mode=round_mode)
+    want = to_float8e8m0(x, saturate, round_mode)
+    np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+    # float16 input goes through float32 exactly
+    h = x[np.abs(x) < 6e4].astype(np.float16)
+    np.testing.assert_array_equal(
+        cast_to(h, DType.float8e8m0, saturate, round_mode).view(np.uint8),
+        to_float8e8m0(h.astype(F32), saturate, round_mode).view(np.uint8),
+    )
