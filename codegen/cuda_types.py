@@ -48,7 +48,9 @@ def cuda_type(dtype: DType, where: str = "") -> CudaType:
         return CUDA_TYPES[dtype]
     except KeyError:
         raise CompileError(
-            f"{where}: dtype {dtype.name} has no CUDA kernels" if where else f"dtype {dtype.name} has no CUDA kernels"
+            f"{where.rstrip(': ')}: dtype {dtype.name} has no CUDA kernels"
+            if where
+            else f"dtype {dtype.name} has no CUDA kernels"
         ) from None
 
 

@@ -187,7 +187,7 @@ def render_epilogue(
         dt = dtype_from_numpy_name(spec.dtype)
         ct = cuda_type(dt, where)
         if t != dt:
-            raise ValueError(f"{where}: epilogue output {k} is {t.name}, tensor is {dt.name}")
+            raise ValueError(f"{where.rstrip(': ')}: epilogue output {k} is {t.name}, tensor is {dt.name}")
         lines.append(f"  out{k}[{out_index}] = {ct.to_storage(x)};")
         params.append(f"{ct.storage}* __restrict__ out{k}")
         call.append(f"out{k}")
