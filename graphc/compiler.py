@@ -105,6 +105,11 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
     with phase("optimize"):
         result = optimize(graph, OptimizeOptions(opt_level=opts.opt_level, verify=opts.verify, dump_ir=opts.dump_ir))
         optimized = result.graph
+    if opts.target == "cuda" and opts.opt_level == 0:
+        from graphc.passes.decompose_qdq import decompose_qdq
+
+        # The optimizer does this from level 1; the CUDA kernels need it at every level.
+        optimized = decompose_qdq(optimized)
     if opts.target == "cuda" and opts.opt_level > 0:
         with phase("layout"):
             optimized = _channels_last(optimized)

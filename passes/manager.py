@@ -17,6 +17,9 @@ Ordering rules (why the list below is in this order):
    first.
 6. Epilogue fusion (anchor + elementwise) before plain elementwise fusion, so that activations
    join their conv/matmul rather than a standalone elementwise kernel.
+7. Quantize/DequantizeLinear decomposition after the first cleanup (constant folding turns the
+   weights' DequantizeLinear into float constants with the op's own reference first) and before
+   the fusions, which then take the activations' quantize-dequantize arithmetic into epilogues.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 from graphc.passes.constant_folding import fold_constants
 from graphc.passes.cse import eliminate_common_subexpressions
 from graphc.passes.dce import eliminate_dead_code
+from graphc.passes.decompose_qdq import decompose_qdq
 from graphc.passes.fold_affine import fold_affine
 from graphc.passes.fold_batchnorm import fold_batchnorm
 from graphc.passes.fuse_attention import fuse_attention
@@ -32,6 +33,9 @@ def cleanup() -> FixedPoint:
 def stages() -> list[Stage]:
     return [
         cleanup(),
+        # After constant folding has turned DequantizeLinear of constant weights into float weights:
+        # the activations' Quantize/DequantizeLinear become elementwise ops, which later fuse.
+        Pass("decompose_qdq", decompose_qdq),
         # Level 2: the algebraic rewrites and fusions, each stage followed by cleanup.
         FixedPoint(
             "patterns",

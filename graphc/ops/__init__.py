@@ -14,6 +14,7 @@ from graphc.ops import (  # noqa: F401  (each module registers its ops on import
     losses,
     nn,
     normalization,
+    quantize,
     reduction,
     sequence,
     shape_ops,

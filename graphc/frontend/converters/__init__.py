@@ -9,6 +9,7 @@ from graphc.frontend.converters import (  # noqa: F401
     losses,
     nn,
     normalization,
+    quantize,
     reduction,
     sequence,
     shape_ops,
