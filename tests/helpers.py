@@ -43,9 +43,7 @@ def make_node_model(
     initializers = dict(initializers or {})
     order = list(input_order) if input_order is not None else [*inputs, *initializers]
     node = helper.make_node(op_type, order, list(outputs), domain=domain, **(attrs or {}))
-    g_inputs = [
-        helper.make_tensor_value_info(k, np_to_onnx_dtype(v.dtype), v.shape) for k, v in inputs.items()
-    ]
+    g_inputs = [helper.make_tensor_value_info(k, np_to_onnx_dtype(v.dtype), v.shape) for k, v in inputs.items()]
     g_outputs = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs if o]
     inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in initializers.items()]
     graph = helper.make_graph([node], f"test_{op_type}", g_inputs, g_outputs, inits)
@@ -131,3 +129,35 @@ def rand(
         lo = max(int(low), np.iinfo(dt).min)
         return np.asarray(rng.integers(lo, max(int(high), lo + 1) + 1, size=shape).astype(dt))
     return np.asarray(rng.uniform(low, high, size=shape).astype(dt))
+
+
+def quantize_zoo_model(name: str, folder) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A tiny zoo model quantized by ONNX Runtime's tool (QDQ format, uint8 activations calibrated
+    on three batches, per-channel int8 weights), and inputs for it."""
+    from pathlib import Path
+
+    from onnxruntime import quantization
+
+    import models
+
+    m = models.build(name, size="tiny")
+    src, dst = Path(folder) / f"{name}.onnx", Path(folder) / f"{name}.qdq.onnx"
+    onnx.save(m, src)
+
+    class Calibration(quantization.CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter([models.sample_inputs(name, m, seed=i) for i in range(3)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    quantization.quantize_static(
+        str(src),
+        str(dst),
+        Calibration(),
+        quant_format=quantization.QuantFormat.QDQ,
+        activation_type=quantization.QuantType.QUInt8,
+        weight_type=quantization.QuantType.QInt8,
+        per_channel=True,
+    )
+    return onnx.load(dst), models.sample_inputs(name, m, seed=7)

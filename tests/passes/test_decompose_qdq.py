@@ -14,7 +14,7 @@ from graphc.ir.shapes import bind_shapes
 from graphc.ops.quantize import broadcast_param
 from graphc.passes.decompose_qdq import decompose_qdq
 from graphc.passes.manager import OptimizeOptions, optimize
-from helpers import run_ort
+from helpers import quantize_zoo_model, run_ort
 
 RNG = np.random.default_rng(0)
 
@@ -155,3 +155,20 @@ def test_qdq_conv_compiles_for_cuda(precision):
 def test_cuda_at_opt_level_0_decomposes_too():
     eng = graphc.compile(_qdq_conv(), target="cuda", arch=["sm_90"], opt_level=0)
     assert all(s.op not in ("QuantizeLinear", "DequantizeLinear") for s in eng.plan.steps)
+
+
+@pytest.mark.parametrize("name", ["resnet", "bert"])
+def test_onnxruntime_quantized_zoo_model(name, tmp_path):
+    """A zoo model quantized by ONNX Runtime's own tool (QDQ, uint8 activations, per-channel int8
+    weights): the CPU engine equals ONNX Runtime running the Q/DQ ops, and the CUDA target compiles
+    it with no Quantize/DequantizeLinear left."""
+    pytest.importorskip("onnxruntime.quantization")
+    q, feeds = quantize_zoo_model(name, tmp_path)
+    assert sum(n.op_type == "QuantizeLinear" for n in q.graph.node) > 10
+    shapes = {k: v.shape for k, v in feeds.items()}
+    expected = run_ort(q, feeds)
+    got = graphc.compile(q, target="cpu", shapes=shapes).run(feeds)
+    for k, v in expected.items():
+        np.testing.assert_allclose(got[k], v, rtol=0, atol=1e-6 * float(np.abs(v).max()))
+    eng = graphc.compile(q, target="cuda", shapes=shapes, arch=["sm_90"], precision="fp16")
+    assert not {"QuantizeLinear", "DequantizeLinear"} & set(eng.report["ops_after"])
