@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import quantize_zoo_model
 
 import graphc
+from helpers import quantize_zoo_model
 
 pytestmark = pytest.mark.gpu
 
