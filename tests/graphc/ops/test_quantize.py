@@ -125,3 +125,62 @@ def test_scales_that_do_not_fit_name_the_node(scale_shape, attrs, message):
     with pytest.raises(ShapeError, match=message) as e:
         graphc.load_onnx(m)
     assert "QuantizeLinear node" in str(e.value)
+
+
+def _close_to_integer_definition(got: np.ndarray, expected: np.ndarray) -> None:
+    """The float computation may put an output on a rounding boundary one step off the integer one."""
+    diff = np.abs(got.astype(np.int32) - expected.astype(np.int32))
+    assert got.dtype == expected.dtype
+    assert diff.max() <= 1 and (diff > 0).mean() < 0.02, f"{(diff > 0).mean():.3f} of outputs differ"
+
+
+@pytest.mark.parametrize(("dtype", "per_column"), [(np.uint8, False), (np.int8, False), (np.uint8, True)])
+def test_qlinear_matmul_against_onnxruntime(dtype, per_column):
+    """Per-tensor a, per-tensor or per-column b (ONNX Runtime takes per-row scales for a only
+    per tensor)."""
+    from helpers import run_ort
+
+    m, k, n = 7, 33, 10
+    info = np.iinfo(dtype)
+    a = RNG.integers(info.min, info.max, size=(2, m, k)).astype(dtype)
+    inits = {
+        "a_s": np.float32(0.02),
+        "a_zp": np.array(3, dtype),
+        "b": RNG.integers(info.min, info.max, size=(k, n)).astype(dtype),
+        "b_s": RNG.uniform(0.01, 0.03, n).astype(np.float32) if per_column else np.float32(0.02),
+        "b_zp": np.full(n, 1, dtype) if per_column else np.array(1, dtype),
+        "y_s": np.float32(4.0),
+        "y_zp": np.array(5, dtype),
+    }
+    order = ["a", "a_s", "a_zp", "b", "b_s", "b_zp", "y_s", "y_zp"]
+    model = make_node_model("QLinearMatMul", {"a": a}, initializers=inits, input_order=order, opset=21)
+    expected = run_ort(model, {"a": a})["y"]
+    got = graphc.interpret(graphc.load_onnx(model), {"a": a})["y"]
+    _close_to_integer_definition(got, expected)
+
+
+def test_qlinear_conv_against_onnxruntime_and_for_cuda():
+    from helpers import run_ort
+
+    c_in, c_out = 6, 8
+    x = RNG.integers(0, 255, size=(1, c_in, 9, 7)).astype(np.uint8)
+    inits = {
+        "x_s": np.float32(0.03),
+        "x_zp": np.array(120, np.uint8),
+        "w": RNG.integers(-127, 127, size=(c_out, c_in, 3, 3)).astype(np.int8),
+        "w_s": RNG.uniform(0.001, 0.004, c_out).astype(np.float32),
+        "w_zp": np.zeros(c_out, np.int8),
+        "y_s": np.float32(0.05),
+        "y_zp": np.array(100, np.uint8),
+        "bias": RNG.integers(-2000, 2000, size=c_out).astype(np.int32),
+    }
+    order = ["x", "x_s", "x_zp", "w", "w_s", "w_zp", "y_s", "y_zp", "bias"]
+    model = make_node_model(
+        "QLinearConv", {"x": x}, {"pads": [1, 1, 1, 1], "strides": [1, 2]}, initializers=inits, input_order=order
+    )
+    expected = run_ort(model, {"x": x})["y"]
+    got = graphc.interpret(graphc.load_onnx(model), {"x": x})["y"]
+    _close_to_integer_definition(got, expected)
+    _close_to_integer_definition(graphc.compile(model, target="cpu").run({"x": x})["y"], expected)
+    eng = graphc.compile(model, target="cuda", arch=["sm_90"])  # no GPU needed to build it
+    assert "conv" in {ln.family for s in eng.plan.steps for ln in s.launches}
