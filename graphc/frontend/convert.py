@@ -41,8 +41,12 @@ def type_from_proto(tp: onnx.TypeProto, what: str) -> ValueType:
             return TensorType(dtype, None)
         dims = []
         for d in tt.shape.dim:
-            if d.HasField("dim_value"):
+            if d.HasField("dim_value") and d.dim_value >= 0:
                 dims.append(int(d.dim_value))
+            elif d.HasField("dim_value"):
+                # Some converters write -1 for "unknown"; the spec has no negative sizes.
+                log.warning("%s: dim %d is %d; read as unknown", what, len(dims), d.dim_value)
+                dims.append(None)
             elif d.HasField("dim_param") and d.dim_param:
                 dims.append(d.dim_param)
             else:
