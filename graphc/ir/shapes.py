@@ -60,10 +60,13 @@ def bind_shapes(
                 else:
                     label = f"'{d}'" if isinstance(d, str) else "unnamed"
                     example = ", ".join(str(x) if isinstance(x, int) else "..." for x in t.shape)
+                    cli = "x".join(str(x) if isinstance(x, int) else "N" for x in t.shape)
                     raise ShapeError(
                         f"input '{v.name}' ({t}) has symbolic dim {i} ({label}); give its size, e.g. "
                         f"shapes={{'{v.name}': ({example})}}"
                         + (f" or {{'{d}': N}}" if isinstance(d, str) else "")
+                        + f" (graphc compile: --shapes {v.name}:{cli}"
+                        + (f" or --shapes {d}=N)" if isinstance(d, str) else ")")
                     )
             new = t.with_shape(tuple(dims))
         nv = b.add_input(v.name, new)
