@@ -28,7 +28,8 @@ import logging
 import ml_dtypes
 import numpy as np
 
-from graphc.ir.graph import Graph, Node
+from graphc.ir.builder import GraphBuilder
+from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.types import DType
 from graphc.ops.quantize import INT_RANGES, broadcast_param
 from graphc.passes.rewrite import Const, Match, Op, Rule, Var, apply_rules
@@ -69,7 +70,7 @@ def _division_dtype(x: DType, s: np.ndarray, precision: int) -> DType:
     return DType.from_numpy(np.result_type(xs, ss))
 
 
-def _quantize(m: Match, b):
+def _quantize(m: Match, b: GraphBuilder) -> Value | None:
     root: Node = m.root
     x = m.value("x")
     out = root.outputs[0].ttype.dtype
@@ -98,7 +99,7 @@ def _quantize(m: Match, b):
     return b.op("Cast", [c], {"to": out.value}, name=name)
 
 
-def _dequantize(m: Match, b):
+def _dequantize(m: Match, b: GraphBuilder) -> Value | None:
     root: Node = m.root
     x = m.value("x")
     out = root.outputs[0].ttype.dtype

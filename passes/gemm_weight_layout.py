@@ -25,7 +25,8 @@ import logging
 
 import numpy as np
 
-from graphc.ir.graph import Graph, Node
+from graphc.ir.builder import GraphBuilder
+from graphc.ir.graph import Graph, Node, Value
 from graphc.ops.internal import INTERNAL_DOMAIN
 from graphc.passes.rewrite import Const, Match, Op, Rule, Var, apply_rules
 
@@ -47,12 +48,12 @@ def _sole_reader(m: Match, name: str) -> bool:
     return len(m.graph.users(m.values[name].name)) == 1 and not m.graph.is_output(m.values[name].name)
 
 
-def _transposed(m: Match, b) -> object:
+def _transposed(m: Match, b: GraphBuilder) -> Value:
     w = m.const("w")
     return b.add_constant(np.ascontiguousarray(w.T), f"{m.values['w'].name}/k_major")
 
 
-def _matmul(m: Match, b):
+def _matmul(m: Match, b: GraphBuilder) -> Value | None:
     root: Node = m.root
     alpha = 1.0
     if root.domain == INTERNAL_DOMAIN:
@@ -70,7 +71,7 @@ def _matmul(m: Match, b):
     ).outputs[0]
 
 
-def _gemm(m: Match, b):
+def _gemm(m: Match, b: GraphBuilder) -> Value | None:
     root: Node = m.root
     if root.attrs.transB or not _sole_reader(m, "w"):
         return None
