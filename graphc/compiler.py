@@ -102,6 +102,11 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
         graph = load_onnx(model)
     with phase("bind_shapes"):
         graph = bind_shapes(graph, opts.shapes)
+    if opts.target == "cuda":
+        from graphc.passes.decompose_conv_transpose import decompose_conv_transpose
+
+        # Before the optimizer, so that the convolution it becomes fuses like any other.
+        graph = decompose_conv_transpose(graph)
     with phase("optimize"):
         result = optimize(graph, OptimizeOptions(opt_level=opts.opt_level, verify=opts.verify, dump_ir=opts.dump_ir))
         optimized = result.graph
