@@ -104,9 +104,12 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
         graph = bind_shapes(graph, opts.shapes)
     if opts.target == "cuda":
         from graphc.passes.decompose_conv_transpose import decompose_conv_transpose
+        from graphc.passes.decompose_einsum import decompose_einsum
 
-        # Before the optimizer, so that the convolution it becomes fuses like any other.
-        graph = decompose_conv_transpose(graph)
+        # Ops the CUDA kernels cover only in another form, rewritten before the optimizer so that
+        # the convolutions and matmuls they become fuse like any others.
+        with phase("cuda_forms"):
+            graph = decompose_einsum(decompose_conv_transpose(graph))
     with phase("optimize"):
         result = optimize(graph, OptimizeOptions(opt_level=opts.opt_level, verify=opts.verify, dump_ir=opts.dump_ir))
         optimized = result.graph
