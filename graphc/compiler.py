@@ -105,11 +105,12 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
     if opts.target == "cuda":
         from graphc.passes.decompose_conv_transpose import decompose_conv_transpose
         from graphc.passes.decompose_einsum import decompose_einsum
+        from graphc.passes.decompose_window_ops import decompose_window_ops
 
         # Ops the CUDA kernels cover only in another form, rewritten before the optimizer so that
         # the convolutions and matmuls they become fuse like any others.
         with phase("cuda_forms"):
-            graph = decompose_einsum(decompose_conv_transpose(graph))
+            graph = decompose_window_ops(decompose_einsum(decompose_conv_transpose(graph)))
     with phase("optimize"):
         result = optimize(graph, OptimizeOptions(opt_level=opts.opt_level, verify=opts.verify, dump_ir=opts.dump_ir))
         optimized = result.graph
