@@ -3,6 +3,8 @@ target arch (in parallel, cached), and a CUDA executor where a GPU is present.""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +29,23 @@ class KernelSet:
     families: dict[str, str] = field(default_factory=dict)
     cubins: dict[str, dict[str, bytes]] = field(default_factory=dict)  # arch -> digest -> cubin
     requires: dict[str, str] = field(default_factory=dict)  # digest -> the one arch it compiles for (sm_90a)
+
+
+_NAME_PLACEHOLDER = "__graphc_kernel__"
+
+
+def content_named(src: KernelSource, base: str) -> KernelSource:
+    """The same kernel named after its code instead of its step: the twelve identical layers of a
+    transformer then share one source, one NVRTC compile per arch and one cubin in the engine. Every
+    name a family derives for a step (its kernels', its device functions') starts with the step's
+    `base` name (StepContext.kernel_name()), so that prefix is what is taken out before hashing.
+    The step stays in the plan (each Launch is listed under its step)."""
+    if not src.name.startswith(base):  # a family that names its kernel otherwise: only that name
+        base = src.name
+    body = src.source.replace(base, _NAME_PLACEHOLDER)
+    new_base = f"gc_{src.family}_{hashlib.sha256(body.encode()).hexdigest()[:16]}"
+    name = new_base + src.name[len(base) :]
+    return dataclasses.replace(src, name=name, source=body.replace(_NAME_PLACEHOLDER, new_base))
 
 
 def generate_kernels(
@@ -66,7 +85,8 @@ def generate_kernels(
             errors.append(str(e))
             continue
         step.workspace_bytes = max((s.workspace_bytes for s in sources), default=0)
-        for src in sources:
+        base = ctx.kernel_name()
+        for src in (content_named(s, base) for s in sources):
             d = src.digest
             kernels.sources[d] = src.source
             kernels.names[d] = src.name

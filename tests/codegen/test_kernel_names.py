@@ -1,0 +1,38 @@
+"""Kernels are named after their code: identical layers share one source (one NVRTC compile, one
+cubin), every launch's kernel is defined in its source, and the engine round-trips through its file."""
+
+from __future__ import annotations
+
+import re
+
+import graphc
+import models
+from graphc.runtime.format import read_engine
+
+
+def test_identical_layers_share_kernels(tmp_path):
+    m = models.build("bert", size="tiny", num_layers=3)
+    feeds = models.sample_inputs("bert", m)
+    eng = graphc.compile(
+        m, target="cuda", precision="fp16", shapes={k: v.shape for k, v in feeds.items()}, arch=["sm_90"]
+    )
+    launches = [ln for s in eng.plan.steps for ln in s.launches]
+    sources = eng.kernels.sources
+    assert len(sources) < len(launches) / 2  # three layers, one set of kernels
+    for ln in launches:
+        assert re.search(
+            rf"__global__\s+void\s+(__launch_bounds__\([^)]*\)\s+)?{ln.kernel}\s*\(", sources[ln.digest]
+        ), ln.kernel
+        assert ln.kernel.startswith(f"gc_{ln.family}_")
+    by_layer = {}
+    for s in eng.plan.steps:
+        if "layer." in s.name and s.launches:
+            role = s.name.split("layer.", 1)[1].split(".", 1)[1]
+            by_layer.setdefault(role, set()).add(tuple(ln.digest for ln in s.launches))
+    assert by_layer and all(len(d) == 1 for d in by_layer.values()), by_layer
+    # The engine file's validation (hashes, plan, each launch's kernel and argument count in its
+    # source) accepts the shared kernels; loading it needs a GPU, reading it does not.
+    path = tmp_path / "bert.engine"
+    eng.save(path)
+    ef = read_engine(path)
+    assert len(ef.sources) == len(sources)
