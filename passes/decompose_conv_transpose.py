@@ -29,7 +29,7 @@ import numpy as np
 from graphc.ir.builder import GraphBuilder
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ops.nn import conv_transpose_geometry
-from graphc.passes.rewrite import Const, Match, Op, Rule, Var, apply_rules
+from graphc.passes.rewrite import Const, Match, Op, Rule, Var, apply_rules, static_shape
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +43,6 @@ def conv_weight_of(w: np.ndarray, group: int) -> np.ndarray:
     per_group = w.reshape(group, c_in // group, m_g, *k).swapaxes(1, 2)
     conv_w = per_group.reshape(group * m_g, c_in // group, *k)
     return np.ascontiguousarray(np.flip(conv_w, axis=tuple(range(2, 2 + len(k)))))
-
-
-def _static(v: Value) -> tuple[int, ...] | None:
-    shape = getattr(v.type, "shape", None)
-    if shape is None or not all(isinstance(d, int) for d in shape):
-        return None
-    return tuple(shape)
 
 
 def _zero_insert(b: GraphBuilder, x: Value, shape: tuple[int, ...], strides: tuple[int, ...], name: str) -> Value:
@@ -70,8 +63,8 @@ def _zero_insert(b: GraphBuilder, x: Value, shape: tuple[int, ...], strides: tup
 
 def _rewrite(m: Match, b: GraphBuilder) -> Value | None:
     root: Node = m.root
-    shape = _static(root.inputs[0])
-    out = _static(root.outputs[0])
+    shape = static_shape(root.inputs[0])
+    out = static_shape(root.outputs[0])
     if shape is None or out is None:
         return None
     a = root.attrs

@@ -29,7 +29,7 @@ import numpy as np
 from graphc.ir.builder import GraphBuilder
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.types import DType
-from graphc.passes.rewrite import Match, Op, Rule, apply_rules
+from graphc.passes.rewrite import Match, Op, Rule, apply_rules, static_shape
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +128,8 @@ def _rewrite(m: Match, b: GraphBuilder) -> Value | None:
     ins = root.inputs
     if not ins or any(v is None for v in ins):
         return None
-    shapes = [getattr(v.type, "shape", None) for v in ins]
-    if any(s is None or not all(isinstance(d, int) for d in s) for s in shapes):
+    shapes = [static_shape(v) for v in ins]
+    if any(s is None for s in shapes):
         return None
     if ins[0].ttype.dtype not in FLOATS:
         return None

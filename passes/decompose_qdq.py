@@ -32,7 +32,7 @@ from graphc.ir.builder import GraphBuilder
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.types import DType
 from graphc.ops.quantize import INT_RANGES, broadcast_param
-from graphc.passes.rewrite import Const, Match, Op, Rule, Var, apply_rules
+from graphc.passes.rewrite import Const, Match, Op, Rule, Var, apply_rules_counted, static_shape
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +42,6 @@ RULE_DQ = "dequantize(x, s, zp) -> (float(x) - zp) * s"
 QUANT_OUT = frozenset({DType.int8, DType.uint8, DType.int16, DType.uint16})
 DEQUANT_IN = QUANT_OUT | {DType.int32}
 FLOATS = frozenset({DType.float32, DType.float16, DType.bfloat16, DType.float64})
-
-
-def _static_shape(v) -> tuple[int, ...] | None:
-    shape = getattr(v.type, "shape", None)
-    if shape is None or not all(isinstance(d, int) for d in shape):
-        return None
-    return tuple(shape)
 
 
 def _zero_point(m: Match) -> np.ndarray | None | bool:
@@ -74,7 +67,7 @@ def _quantize(m: Match, b: GraphBuilder) -> Value | None:
     root: Node = m.root
     x = m.value("x")
     out = root.outputs[0].ttype.dtype
-    shape = _static_shape(root.inputs[0])
+    shape = static_shape(root.inputs[0])
     zp = _zero_point(m)
     if out not in QUANT_OUT or x.ttype.dtype not in FLOATS | {DType.int32} or shape is None or zp is False:
         return None
@@ -103,7 +96,7 @@ def _dequantize(m: Match, b: GraphBuilder) -> Value | None:
     root: Node = m.root
     x = m.value("x")
     out = root.outputs[0].ttype.dtype
-    shape = _static_shape(root.inputs[0])
+    shape = static_shape(root.inputs[0])
     zp = _zero_point(m)
     if x.ttype.dtype not in DEQUANT_IN or out not in FLOATS or shape is None or zp is False:
         return None
@@ -131,9 +124,4 @@ RULES = [
 
 def decompose_qdq(graph: Graph, *, fired: list[str] | None = None) -> Graph:
     """The two rewrites above, one sweep (their results hold no Quantize/DequantizeLinear)."""
-    fired = [] if fired is None else fired
-    before = len(fired)
-    out = apply_rules(graph, RULES, fired=fired)
-    if len(fired) > before:
-        log.info("decomposed %d QuantizeLinear/DequantizeLinear nodes into elementwise ops", len(fired) - before)
-    return out
+    return apply_rules_counted(graph, RULES, "Quantize/DequantizeLinear nodes as elementwise ops", fired=fired)

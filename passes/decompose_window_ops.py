@@ -20,18 +20,11 @@ import numpy as np
 from graphc.ir.builder import GraphBuilder
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.types import DType
-from graphc.passes.rewrite import Match, Op, Rule, Var, apply_rules
+from graphc.passes.rewrite import Match, Op, Rule, Var, apply_rules, static_shape
 
 RULE_LRN = "lrn(x) -> x / (bias + alpha * avgpool_c(x^2))^beta"
 RULE_LP = "lp_pool(x) -> (k * avgpool(|x|^p))^(1/p)"
 FLOATS = frozenset({DType.float32, DType.float16, DType.bfloat16, DType.float64})
-
-
-def _static(v: Value) -> tuple[int, ...] | None:
-    shape = getattr(v.type, "shape", None)
-    if shape is None or not all(isinstance(d, int) for d in shape):
-        return None
-    return tuple(shape)
 
 
 def _scalar(b: GraphBuilder, value: float, dtype: DType, name: str) -> Value:
@@ -41,7 +34,7 @@ def _scalar(b: GraphBuilder, value: float, dtype: DType, name: str) -> Value:
 def _lrn(m: Match, b: GraphBuilder) -> Value | None:
     root: Node = m.root
     x = m.value("x")
-    shape = _static(root.inputs[0])
+    shape = static_shape(root.inputs[0])
     dt = x.ttype.dtype
     if shape is None or dt not in FLOATS:
         return None
@@ -68,7 +61,7 @@ def _lp_pool(m: Match, b: GraphBuilder) -> Value | None:
     x = m.value("x")
     dt = x.ttype.dtype
     a, name = root.attrs, root.name
-    if _static(root.inputs[0]) is None or dt not in FLOATS or a.ceil_mode:
+    if static_shape(root.inputs[0]) is None or dt not in FLOATS or a.ceil_mode:
         return None
     p = float(a.p)
     if p == 2.0:

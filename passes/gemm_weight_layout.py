@@ -28,7 +28,7 @@ import numpy as np
 from graphc.ir.builder import GraphBuilder
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ops.internal import INTERNAL_DOMAIN
-from graphc.passes.rewrite import Const, Match, Op, Rule, Var, apply_rules
+from graphc.passes.rewrite import Const, Match, Op, Rule, Var, apply_rules_counted
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +97,4 @@ RULES = [
 
 def k_major_gemm_weights(graph: Graph, *, fired: list[str] | None = None) -> Graph:
     """The rewrite above, one sweep (its results never match again: trans_b is set)."""
-    fired = [] if fired is None else fired
-    before = len(fired)
-    out = apply_rules(graph, RULES, fired=fired)
-    if len(fired) > before:
-        log.info("k-major GEMM weights: %d GEMMs read their weight transposed", len(fired) - before)
-    return out
+    return apply_rules_counted(graph, RULES, "GEMMs reading their weight K-major", fired=fired)

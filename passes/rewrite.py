@@ -25,6 +25,7 @@ import numpy as np
 
 from graphc.ir.builder import GraphBuilder
 from graphc.ir.graph import Graph, Node, Value
+from graphc.ir.types import TensorType
 from graphc.passes.provenance import origins_of
 
 log = logging.getLogger(__name__)
@@ -237,3 +238,19 @@ def apply_rules(graph: Graph, rules: Sequence[Rule], *, fired: list[str] | None 
     b.set_outputs([mapv(v) for v in graph.outputs], graph.output_names)
     b.meta["origins"] = origins
     return eliminate_dead_code(b.build(verify=False))
+
+
+def apply_rules_counted(graph: Graph, rules: Sequence[Rule], what: str, *, fired: list[str] | None = None) -> Graph:
+    """apply_rules, logging how many nodes `what` describes were rewritten (at INFO)."""
+    fired = [] if fired is None else fired
+    before = len(fired)
+    out = apply_rules(graph, rules, fired=fired)
+    if len(fired) > before:
+        log.info("%s: %d", what, len(fired) - before)
+    return out
+
+
+def static_shape(v: Value) -> tuple[int, ...] | None:
+    """The value's shape when every dim is a number (a tensor after bind_shapes), else None."""
+    t = v.type
+    return t.static_shape if isinstance(t, TensorType) and t.is_static else None
