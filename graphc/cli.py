@@ -257,7 +257,11 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         f"no reuse {mem.naive_bytes} B), workspace {mem.workspace_bytes} B, "
         f"weights {sum(w.nbytes for w in ef.weights.values())} B"
     )
-    print(f"steps: {len(ef.plan.steps)} ({sum(1 for s in ef.plan.steps if s.alias)} views)")
+    launches = [ln for s in ef.plan.steps for ln in s.launches]
+    print(
+        f"steps: {len(ef.plan.steps)} ({sum(1 for s in ef.plan.steps if s.alias)} views), "
+        f"{len(launches)} launches of {len({ln.digest for ln in launches})} distinct kernels"
+    )
     for s in ef.plan.steps:
         tag = "view" if s.alias else s.kind
         fused = f" <- {', '.join(s.origins)}" if len(s.origins) > 1 or (s.origins and s.origins[0] != s.name) else ""
