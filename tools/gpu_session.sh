@@ -42,7 +42,7 @@ python3 -c "import graphc.codegen" >> "$log" 2>&1 || { cat "$log"; exit 1; }
 
 # PyTorch exports in the background while the tests run.
 export_pids=()
-if [ "$EXPORTS_S" != 0 ]; then
+if [ "$EXPORTS_S" != 0 ] || [ "$QUANT_S" != 0 ]; then
   mkdir -p /tmp/exports
   for m in resnet50 mobilenetv2 bert vit gpt2; do
     timeout ${EXPORT_S:-240} python3 tools/export_torch.py --out /tmp/exports --models $m --exporter ${EXPORTER:-torchscript} \
@@ -53,7 +53,7 @@ fi
 step "gpu tests" "$TESTS_S" "$OUT/gpu_tests.log" python3 -m pytest -m gpu -p no:cacheprovider -n 8 -rfE tests
 step "zoo tiny" "$ZOO_S" /tmp/zoo.log python3 tools/check_models.py --zoo tiny --target cuda --precision fp32,fp16,bf16 \
   --out "$OUT/zoo_tiny_cuda.md"
-if [ "$EXPORTS_S" != 0 ]; then
+if [ ${#export_pids[@]} != 0 ]; then
   wait "${export_pids[@]}"  # the exports must be complete before they are checked
   cat /tmp/exports/*.log | grep -E "ok|FAIL|Error" | tail -10 >> "$log"
 fi
