@@ -31,7 +31,7 @@ import numpy as np
 from graphc.ir.builder import GraphBuilder
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.types import DType
-from graphc.ops.quantize import INT_RANGES, broadcast_param
+from graphc.ops.quantize import INT_RANGES, broadcast_param, division_dtype
 from graphc.passes.rewrite import Const, Match, Op, Rule, Var, apply_rules_counted, static_shape
 
 log = logging.getLogger(__name__)
@@ -53,16 +53,6 @@ def _zero_point(m: Match) -> np.ndarray | None | bool:
     return False if zp is None else zp
 
 
-def _division_dtype(x: DType, s: np.ndarray, precision: int) -> DType:
-    """The type of x / s as QuantizeLinear's reference divides (numpy promotion; bfloat16 and
-    float8e8m0 scales as float32), or `precision` when set."""
-    if precision:
-        return DType.from_onnx(precision)
-    xs = np.float32 if x is DType.bfloat16 else x.numpy
-    ss = np.float32 if s.dtype in (np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e8m0fnu)) else s.dtype
-    return DType.from_numpy(np.result_type(xs, ss))
-
-
 def _quantize(m: Match, b: GraphBuilder) -> Value | None:
     root: Node = m.root
     x = m.value("x")
@@ -73,7 +63,7 @@ def _quantize(m: Match, b: GraphBuilder) -> Value | None:
         return None
     a = root.attrs
     s = m.const("s")
-    div = _division_dtype(x.ttype.dtype, s, a.precision)
+    div = DType.from_numpy(division_dtype(x.ttype.dtype.numpy, s.dtype, a.precision))
     work = DType.float64 if div is DType.float64 else DType.float32
     name = root.name
     xd = x if x.ttype.dtype is div else b.op("Cast", [x], {"to": div.value}, name=f"{name}/x")

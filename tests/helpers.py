@@ -132,32 +132,18 @@ def rand(
 
 
 def quantize_zoo_model(name: str, folder) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """A tiny zoo model quantized by ONNX Runtime's tool (QDQ format, uint8 activations calibrated
-    on three batches, per-channel int8 weights), and inputs for it."""
+    """A tiny zoo model quantized by ONNX Runtime's tool (tools/check_quantized.py quantize_qdq: QDQ
+    format, uint8 activations calibrated on three batches, per-channel int8 weights), and inputs."""
+    import sys
     from pathlib import Path
 
-    from onnxruntime import quantization
-
     import models
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from check_quantized import quantize_qdq
 
     m = models.build(name, size="tiny")
     src, dst = Path(folder) / f"{name}.onnx", Path(folder) / f"{name}.qdq.onnx"
     onnx.save(m, src)
-
-    class Calibration(quantization.CalibrationDataReader):
-        def __init__(self) -> None:
-            self.batches = iter([models.sample_inputs(name, m, seed=i) for i in range(3)])
-
-        def get_next(self):
-            return next(self.batches, None)
-
-    quantization.quantize_static(
-        str(src),
-        str(dst),
-        Calibration(),
-        quant_format=quantization.QuantFormat.QDQ,
-        activation_type=quantization.QuantType.QUInt8,
-        weight_type=quantization.QuantType.QInt8,
-        per_channel=True,
-    )
+    quantize_qdq(src, dst, [models.sample_inputs(name, m, seed=i) for i in range(3)])
     return onnx.load(dst), models.sample_inputs(name, m, seed=7)

@@ -26,17 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
+from bench_torch import cosine  # noqa: E402
 from check_models import export_inputs  # noqa: E402
 
 import graphc  # noqa: E402
 
 CALIBRATION_BATCHES = 4
 MARGIN = 1e-3
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 def ort_run(path: str, feeds: dict, optimize: bool) -> list[np.ndarray]:
@@ -49,12 +45,14 @@ def ort_run(path: str, feeds: dict, optimize: bool) -> list[np.ndarray]:
     return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
-def quantize(src: Path, dst: Path, spec: Path, batch: int, seq: int) -> None:
+def quantize_qdq(src: Path, dst: Path, batches: list[dict]) -> None:
+    """ONNX Runtime's quantize_static in the QDQ format: uint8 activations calibrated on `batches`
+    (feed dicts), per-channel int8 weights. tests/helpers.py quantizes the zoo models with it too."""
     from onnxruntime import quantization as q
 
     class Calibration(q.CalibrationDataReader):
         def __init__(self) -> None:
-            self.batches = iter([export_inputs(spec, batch, seq, seed=i) for i in range(CALIBRATION_BATCHES)])
+            self.batches = iter(batches)
 
         def get_next(self):
             return next(self.batches, None)
@@ -90,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.models.split(","):
             src, spec = args.exports / f"{name}.{args.exporter}.onnx", args.exports / f"{name}.json"
             dst = Path(tmp) / f"{name}.qdq.onnx"
-            quantize(src, dst, spec, args.batch, args.seq)
+            calibration = [export_inputs(spec, args.batch, args.seq, seed=i) for i in range(CALIBRATION_BATCHES)]
+            quantize_qdq(src, dst, calibration)
             import onnx
 
             n_q = sum(n.op_type == "QuantizeLinear" for n in onnx.load(dst, load_external_data=False).graph.node)

@@ -22,13 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import export_torch  # noqa: E402
 import numpy as np  # noqa: E402
+from bench_torch import cosine  # noqa: E402
 
 DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 def main(argv: list[str] | None = None) -> int:

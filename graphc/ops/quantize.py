@@ -147,11 +147,8 @@ def _quantize_compute(ins, attrs, n):
     if zp is not None:
         out = DType.from_numpy(np.asarray(zp).dtype)
     s = broadcast_param(scale, x.shape, attrs.axis, attrs.block_size)
-    if attrs.precision:
-        p = DType.from_onnx(attrs.precision).numpy
-        q = x.astype(p) / s.astype(p)
-    else:
-        q = _promote(x, s)
+    p = division_dtype(x.dtype, s.dtype, attrs.precision)
+    q = x.astype(p) / s.astype(p)
     if out in INT_RANGES:
         lo, hi = INT_RANGES[out]
         r = np.rint(q.astype(np.float64))
@@ -167,14 +164,18 @@ def _quantize_compute(ins, attrs, n):
     return [cast_to(q.astype(np.float32), out)]
 
 
-def _promote(x: np.ndarray, s: np.ndarray) -> np.ndarray:
-    """x / s in numpy's promoted type of the two (bfloat16 and float8e8m0 scales divide in float32)."""
-    sd = s.dtype
-    if sd in (np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e8m0fnu)):
-        s = s.astype(np.float32)
-    if x.dtype == np.dtype(ml_dtypes.bfloat16):
-        x = x.astype(np.float32)
-    return x / s
+# numpy has no arithmetic promotion for these: they take part as float32.
+_AS_FLOAT32 = (np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e8m0fnu))
+
+
+def division_dtype(x: np.dtype, s: np.dtype, precision: int = 0) -> np.dtype:
+    """The type QuantizeLinear divides x by its scale in: `precision` when set, else numpy's
+    promotion of the two (bfloat16 and float8e8m0 taken as float32). passes/decompose_qdq.py
+    divides in the same type."""
+    if precision:
+        return DType.from_onnx(precision).numpy
+    widen = [np.dtype(np.float32) if d in _AS_FLOAT32 else d for d in (np.dtype(x), np.dtype(s))]
+    return np.result_type(*widen)
 
 
 def dequantize_output_dtype(ctx: InferContext) -> DType:
@@ -199,7 +200,7 @@ def _dequantize_compute(ins, attrs, n):
     if zp is not None and xt not in FLOAT8:
         dx = dx - broadcast_param(np.asarray(zp), x.shape, attrs.axis, attrs.block_size).astype(np.float32)
     s = broadcast_param(scale, x.shape, attrs.axis, attrs.block_size)
-    if s.dtype in (np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e8m0fnu)):
+    if s.dtype in _AS_FLOAT32:
         s = s.astype(np.float32)
     return [(dx * s).astype(out)]
 
