@@ -105,20 +105,17 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
     if opts.target == "cuda":
         from graphc.passes.decompose_conv_transpose import decompose_conv_transpose
         from graphc.passes.decompose_einsum import decompose_einsum
+        from graphc.passes.decompose_qdq import decompose_qdq
         from graphc.passes.decompose_window_ops import decompose_window_ops
 
         # Ops the CUDA kernels cover only in another form, rewritten before the optimizer so that
         # the convolutions and matmuls they become fuse like any others.
         with phase("cuda_forms"):
-            graph = decompose_window_ops(decompose_einsum(decompose_conv_transpose(graph)))
+            for rewrite in (decompose_conv_transpose, decompose_einsum, decompose_window_ops, decompose_qdq):
+                graph = rewrite(graph)
     with phase("optimize"):
         result = optimize(graph, OptimizeOptions(opt_level=opts.opt_level, verify=opts.verify, dump_ir=opts.dump_ir))
         optimized = result.graph
-    if opts.target == "cuda" and opts.opt_level == 0:
-        from graphc.passes.decompose_qdq import decompose_qdq
-
-        # The optimizer does this from level 1; the CUDA kernels need it at every level.
-        optimized = decompose_qdq(optimized)
     if opts.target == "cuda" and opts.opt_level > 0:
         with phase("layout"):
             optimized = _channels_last(optimized)
