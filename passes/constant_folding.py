@@ -1,9 +1,11 @@
 """Constant folding: evaluate with the interpreter's op references every node whose inputs are all
 constants (or whose value follows from static types, like Shape), and replace it by a constant.
 
-Size policy: a result is materialized only if it is no bigger than `max(FOLD_SMALL_BYTES,
-inputs' bytes)`: transposing or rescaling a weight folds, but expanding a scalar into a large
-tensor does not, since computing it at run time is cheaper than storing and reading it.
+Size policy: a result is materialized only if it has no more elements than its inputs together,
+or fits in FOLD_SMALL_BYTES: transposing, rescaling or dequantizing a weight folds (an int8 weight
+becomes a float one of the same element count, which the float kernels need anyway), but expanding
+a scalar into a large tensor does not, since computing it at run time is cheaper than storing and
+reading it.
 """
 
 from __future__ import annotations
@@ -64,11 +66,11 @@ def _fold(node, ins: list[Value | None], consts: dict[str, np.ndarray], small_by
     present = [v for v in ins if v is not None]
     if not present or any(v.name not in consts for v in present):
         return None
-    in_bytes = sum(consts[v.name].nbytes for v in present)
+    in_elems = sum(consts[v.name].size for v in present)
     for o in node.outputs:
         t = o.type
-        if t.is_static and t.nbytes > max(small_bytes, in_bytes):
-            log.debug("not folding %s '%s': %d bytes from %d", node.op, node.name, t.nbytes, in_bytes)
+        if t.is_static and not _small_enough(t.numel, t.nbytes, in_elems, small_bytes):
+            log.debug("not folding %s '%s': %d elements from %d", node.op, node.name, t.numel, in_elems)
             return None
     args = [None if v is None else consts[v.name] for v in ins]
     try:
@@ -79,6 +81,10 @@ def _fold(node, ins: list[Value | None], consts: dict[str, np.ndarray], small_by
         return None
     outs = [np.asarray(o) for o in outs[: len(node.outputs)]]
     for o, v in zip(outs, node.outputs, strict=True):
-        if o.nbytes > max(small_bytes, in_bytes) or o.dtype != v.type.dtype.numpy:
+        if not _small_enough(o.size, o.nbytes, in_elems, small_bytes) or o.dtype != v.type.dtype.numpy:
             return None
     return outs
+
+
+def _small_enough(elems: int, nbytes: int, in_elems: int, small_bytes: int) -> bool:
+    return nbytes <= small_bytes or elems <= in_elems

@@ -108,6 +108,23 @@ def test_constant_folding_size_cap():
     np.testing.assert_allclose(graphc.interpret(out, {"x": x})["y"], graphc.interpret(g, {"x": x})["y"], rtol=1e-6)
 
 
+def test_constant_folding_dequantizes_large_int8_weights():
+    """DequantizeLinear of a 256 KiB int8 weight folds into a 1 MiB float one (same element count),
+    so the convolution after it sees a constant weight (the layout pass needs one)."""
+    wq = np.random.default_rng(2).integers(-127, 127, size=(512, 512)).astype(np.int8)
+    nodes = [
+        helper.make_node("DequantizeLinear", ["wq", "ws"], ["w"], axis=0),
+        helper.make_node("MatMul", ["x", "w"], ["y"]),
+    ]
+    inits = [("wq", wq), ("ws", np.full(512, 0.01, np.float32))]
+    m = _model(nodes, [_vi("x", [4, 512])], [_vi("y", [4, 512])], inits)
+    g = graphc.load_onnx(m)
+    out = fold_constants(g)
+    assert out.op_counts() == {"MatMul": 1}
+    (w,) = [c.data for c in out.constants.values()]
+    np.testing.assert_array_equal(w, wq.astype(np.float32) * np.float32(0.01))
+
+
 @pytest.mark.parametrize(
     "node,inits,expect_removed",
     [
