@@ -194,17 +194,21 @@ def _value_from_json(v: Any, field_type: Any = None) -> Any:
         dt = next((d.numpy for d in DType if d.numpy.name == v["__tensor__"]), np.dtype(v["__tensor__"]))
         return TensorAttr(np.array(v["data"], dtype=dt).reshape(v["shape"]))
     if isinstance(v, dict) and "__attrs__" in v:
-        from graphc.ops.registry import get_op
+        from graphc.ir.registry import get_op
 
         op = v.get("op_type") or ""
-        cls = get_op(op, v.get("domain", "")).attrs if op else None
-        if cls is None:
-            raise ValueError(f"cannot rebuild attrs {v['__attrs__']}")
-        return attrs_from_json(cls, v["fields"])
+        if not op:
+            raise ValueError(f"cannot rebuild attrs {v['__attrs__']!r}: no op_type")
+        return attrs_from_json(get_op(op, v.get("domain", "")).attrs, v["fields"])
     if isinstance(v, dict) and "__dataclass__" in v:
-        from graphc.ops import fused
+        # A closed table of the nested value classes attrs may hold: a data file never picks
+        # which callable runs (this once called whatever name graphc.ops.fused held).
+        from graphc.ir.fused import EpilogueOp, Ref
 
-        cls = getattr(fused, v["__dataclass__"])
+        classes: dict[str, type] = {"Ref": Ref, "EpilogueOp": EpilogueOp}
+        cls = classes.get(v["__dataclass__"]) if isinstance(v["__dataclass__"], str) else None
+        if cls is None:
+            raise ValueError(f"attrs hold an unknown value class {v['__dataclass__']!r}")
         return cls(**{k: _value_from_json(x) for k, x in v["fields"].items()})
     return v
 

@@ -417,6 +417,11 @@ def _bitshift(a: np.ndarray, b: np.ndarray, attrs: Any) -> np.ndarray:
     return np.left_shift(a, b)
 
 
+# Binary ops whose two inputs may be swapped (the trait rewrites ask for; Max/Min are exact too:
+# both propagate NaN from either side). Bitwise And/Or/Xor are commutative as well.
+COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal"})
+
+
 def _binary_compute(fn: Callable[[np.ndarray, np.ndarray, Any], Any]):
     def compute(ins: list, attrs: Any, n: int) -> list[np.ndarray]:
         a, b = np.asarray(ins[0]), np.asarray(ins[1])
@@ -426,7 +431,13 @@ def _binary_compute(fn: Callable[[np.ndarray, np.ndarray, Any], Any]):
 
 
 for _name, _fn2 in BINARY_ARITH.items():
-    register_op(_name, category=Category.ELEMENTWISE, infer=_broadcast_infer, compute=_binary_compute(_fn2))
+    register_op(
+        _name,
+        category=Category.ELEMENTWISE,
+        infer=_broadcast_infer,
+        compute=_binary_compute(_fn2),
+        commutative=_name in COMMUTATIVE,
+    )
 
 # ---- Pow ---------------------------------------------------------------------------------------
 
@@ -493,7 +504,13 @@ VARIADIC = {
     "Mean": _variadic_compute(np.add, mean=True),
 }
 for _name, _compute in VARIADIC.items():
-    register_op(_name, category=Category.ELEMENTWISE, infer=_broadcast_infer, compute=_compute)
+    register_op(
+        _name,
+        category=Category.ELEMENTWISE,
+        infer=_broadcast_infer,
+        compute=_compute,
+        commutative=_name in COMMUTATIVE,
+    )
 
 # ---- comparisons, logic, bitwise ---------------------------------------------------------------
 
@@ -524,7 +541,13 @@ def _to_bool_compute(fn: Callable[[np.ndarray, np.ndarray], Any]):
 
 
 for _name, _fn3 in {**COMPARE, **LOGICAL}.items():
-    register_op(_name, category=Category.ELEMENTWISE, infer=_compare_infer, compute=_to_bool_compute(_fn3))
+    register_op(
+        _name,
+        category=Category.ELEMENTWISE,
+        infer=_compare_infer,
+        compute=_to_bool_compute(_fn3),
+        commutative=_name in COMMUTATIVE,
+    )
 
 for _name, _fn3 in BITWISE.items():
     register_op(
@@ -532,6 +555,7 @@ for _name, _fn3 in BITWISE.items():
         category=Category.ELEMENTWISE,
         infer=_broadcast_infer,
         compute=_binary_compute(lambda a, b, at, f=_fn3: f(a, b)),
+        commutative=True,
     )
 
 # ---- PRelu, Clip, Where ------------------------------------------------------------------------

@@ -221,7 +221,9 @@ def _register_reduce(
         axes = reduce_axes(x, ins[1] if len(ins) > 1 else None, attrs.noop_with_empty_axes)
         return [_finish(kernel(x, axes), x, axes, attrs.keepdims)]
 
-    register_op(op, category=Category.REDUCTION, infer=infer, compute=compute, static_inputs=(1,))
+    register_op(
+        op, category=Category.REDUCTION, infer=infer, compute=compute, static_inputs=(1,), axis_reduction=True
+    )
 
 
 _NUM = "numeric types: float16/32/64, bfloat16, (u)int32/64"
