@@ -10,39 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
-
-class TensorAttr:
-    """A hashable, immutable wrapper of a tensor-valued attribute (e.g. ConstantOfShape.value)."""
-
-    __slots__ = ("_array", "_digest")
-
-    def __init__(self, array: np.ndarray):
-        arr = np.array(array, copy=True)
-        arr.setflags(write=False)
-        self._array = arr
-        self._digest = hashlib.sha1(repr((arr.dtype.str, arr.shape)).encode() + arr.tobytes()).hexdigest()
-
-    @property
-    def array(self) -> np.ndarray:
-        return self._array
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, TensorAttr) and self._digest == other._digest
-
-    def __hash__(self) -> int:
-        return hash(self._digest)
-
-    def __repr__(self) -> str:
-        a = self._array
-        if a.size <= 8:
-            return f"tensor({a.dtype}{list(a.shape)}: {a.ravel().tolist()})"
-        return f"tensor({a.dtype}{list(a.shape)} sha1={self._digest[:10]})"
+# The runtime's own: a reference kernel sees the same tensor attribute in the interpreter and in
+# a CPU engine.
+from graphc.runtime.attrs import TensorAttr
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,16 +5,18 @@ definitions live in graphc.ops and register into it when the op library is loade
 (`graphc.ops.load()`, which importing any graphc.ops module does). The IR never imports graphc.ops:
 a lookup before the library is loaded is a clear error, not a hidden import.
 
-An op is defined once, with `register_op`:
+An op is defined once: its numpy kernel in graphc.runtime.reference, and its type inference and
+traits with `register_op` in graphc.ops:
 
-    register_op("Relu", category=Category.ELEMENTWISE,
-                infer=same_as_input, compute=lambda ins, a, n: [np.maximum(ins[0], 0)])
+    register_kernel("Relu", lambda ins, a, n: [np.maximum(ins[0], 0)])     # runtime/reference
+    register_op("Relu", category=Category.ELEMENTWISE, infer=same_as_input)  # graphc/ops
 
 - `infer(ctx) -> list[ValueType]` computes output types from input types, attributes and the
   values of inputs known at build time (constants, shapes of static tensors); it raises through
   `ctx.fail(...)`, which names the node and op.
 - `compute(inputs, attrs, num_outputs) -> list[np.ndarray]` is the numpy reference the
-  interpreter runs. It must be vectorized (no Python loops over tensor elements).
+  interpreter runs. It must be vectorized (no Python loops over tensor elements). Left out, it is
+  the kernel of the same (domain, op) in graphc.runtime.reference, the code a CPU engine runs.
 - traits (`category`, `commutative`, `axis_reduction`, and the derived `elementwise`) are what
   passes and codegen ask instead of keeping op lists of their own.
 - `value_infer(ctx)`, optional, gives output values known from types alone (Shape, Size), so
@@ -35,6 +37,7 @@ import numpy as np
 from graphc.errors import ShapeError
 from graphc.ir.attrs import Attrs, onnx_attrs_class
 from graphc.ir.types import DType, SequenceType, TensorType, ValueType
+from graphc.runtime.reference import get_kernel
 
 
 class Category(enum.Enum):
@@ -132,8 +135,8 @@ def register_op(
     op_type: str,
     *,
     infer: InferFn,
-    compute: ComputeFn,
     category: Category,
+    compute: ComputeFn | None = None,
     domain: str = "",
     attrs: type[Attrs] | None = None,
     value_infer: ValueInferFn | None = None,
@@ -148,6 +151,13 @@ def register_op(
         raise ValueError(f"op {op_type!r} (domain {domain!r}) is registered twice")
     if attrs is None:
         attrs = onnx_attrs_class(op_type, domain)
+    if compute is None:
+        # The reference is the runtime's kernel of the same name, so the interpreter and a CPU
+        # engine run the same code.
+        try:
+            compute = get_kernel(op_type, domain)
+        except KeyError as e:
+            raise ValueError(f"op {op_type!r} (domain {domain!r}) has no reference kernel: {e}") from None
     opdef = OpDef(
         op_type=op_type,
         domain=domain,

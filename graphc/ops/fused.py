@@ -1,23 +1,16 @@
 """The Fused op (graphc domain): registration of the IR's fused node (graphc.ir.fused).
 
-Its inference and numpy reference run the anchor's and the epilogue ops' own definitions, so a
-fused node means exactly what the nodes it replaced meant.
+Its inference (here) and numpy kernel (graphc.runtime.reference.fused) run the anchor's and the
+epilogue ops' own definitions, so a fused node means exactly what the nodes it replaced meant.
 """
 
 from __future__ import annotations
 
 from graphc.ir.fused import ACC, FUSED_DOMAIN, IN, OP, EpilogueOp, FusedAttrs, Ref
 from graphc.ir.registry import Category, InferContext, get_op, register_op
+from graphc.runtime.reference.fused import resolve
 
 __all__ = ["ACC", "FUSED_DOMAIN", "IN", "OP", "EpilogueOp", "FusedAttrs", "Ref"]
-
-
-def _resolve(ref: Ref, acc, inputs, results):
-    if ref.kind == "acc":
-        return acc
-    if ref.kind == "in":
-        return inputs[ref.index]
-    return results[ref.index]
 
 
 def _fused_infer(ctx: InferContext):
@@ -37,7 +30,7 @@ def _fused_infer(ctx: InferContext):
     types: list = []
     for e in a.epilogue:
         opdef = get_op(e.op)
-        arg_types = [_resolve(r, acc_t, ctx.input_types, types) for r in e.args]
+        arg_types = [resolve(r, acc_t, ctx.input_types, types) for r in e.args]
         sub = InferContext(
             op=e.op,
             node_name=ctx.node_name,
@@ -47,18 +40,7 @@ def _fused_infer(ctx: InferContext):
             num_outputs=1,
         )
         types.append(opdef.infer(sub)[0])
-    return [_resolve(r, acc_t, ctx.input_types, types) for r in a.outputs]
-
-
-def _fused_compute(inputs, a: FusedAttrs, n):
-    acc = None
-    if a.anchor_op is not None:
-        acc = get_op(a.anchor_op, a.anchor_domain).compute(list(inputs[: a.anchor_inputs]), a.anchor_attrs, 1)[0]
-    results: list = []
-    for e in a.epilogue:
-        args = [_resolve(r, acc, inputs, results) for r in e.args]
-        results.append(get_op(e.op).compute(args, e.attrs, 1)[0])
-    return [_resolve(r, acc, inputs, results) for r in a.outputs]
+    return [resolve(r, acc_t, ctx.input_types, types) for r in a.outputs]
 
 
 register_op(
@@ -67,6 +49,5 @@ register_op(
     attrs=FusedAttrs,
     category=Category.FUSED,
     infer=_fused_infer,
-    compute=_fused_compute,
     doc="An anchor op (or none) with an epilogue DAG of elementwise ops.",
 )
