@@ -28,6 +28,10 @@ KernelFactory = Callable[[Step], StepFn]
 
 def check_attrs_schema(version: Any, path: Any = "engine") -> None:
     """Refuse an engine whose attrs were written against another version of the attrs table."""
+    if version is None:
+        raise EngineError(
+            f"{path}: it records no attrs table version (written by an older graphc): rebuild the engine"
+        )
     if version != SCHEMA_VERSION:
         raise EngineError(
             f"{path}: its step attrs follow attrs table version {version!r}, this runtime reads version "

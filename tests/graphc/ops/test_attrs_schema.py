@@ -134,3 +134,86 @@ def test_make_record_fills_defaults_and_refuses_unknown_fields():
     with pytest.raises(AttributeError):
         r.kernel_shape = (3, 3)
     assert TensorAttr(np.zeros(2)) == TensorAttr(np.zeros(2))
+
+
+# ---- the loader uses the table -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def conv_engine(tmp_path_factory):
+    import graphc
+    from helpers import make_node_model
+
+    rng = np.random.default_rng(1)
+    feeds = {
+        "x": rng.standard_normal((1, 3, 6, 6)).astype(np.float32),
+        "w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
+    }
+    model = make_node_model("Conv", feeds, {"pads": [1, 1, 1, 1]})
+    eng = graphc.compile(model, target="cpu")
+    path = tmp_path_factory.mktemp("eng") / "conv.engine"
+    eng.save(path)
+    return eng, feeds, path
+
+
+def _edit(path, out, edit):
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        items = {n: z.read(n) for n in z.namelist()}
+    m = json.loads(items["manifest.json"])
+    edit(m)
+    items["manifest.json"] = json.dumps(m).encode()
+    with zipfile.ZipFile(out, "w") as z:
+        for n, d in items.items():
+            z.writestr(n, d)
+    return out
+
+
+def _real_steps(m):
+    return [s for s in m["plan"]["steps"] if not s.get("alias")]
+
+
+def test_loaded_engine_runs_through_the_table(conv_engine):
+    import graphc.runtime
+
+    eng, feeds, path = conv_engine
+    loaded = graphc.runtime.load(path)
+    got, want = loaded.run(feeds), eng.run(feeds)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda m: m.update(attrs_schema=attrs_schema.SCHEMA_VERSION + 1), "attrs table version"),
+        (lambda m: m.pop("attrs_schema"), "no attrs table version"),
+        (lambda m: _real_steps(m)[0].update(op="dataclass"), "has no CPU kernel"),
+        (lambda m: _real_steps(m)[0].update(op="get_op", domain="graphc"), "has no CPU kernel"),
+        (lambda m: _real_steps(m)[0]["attrs"].update(group="1"), "expected an int"),
+        (lambda m: _real_steps(m)[0]["attrs"].update(__class__="x"), "unknown attribute"),
+    ],
+)
+def test_loader_refuses_attrs_that_do_not_fit(conv_engine, tmp_path, edit, message):
+    import graphc.runtime
+    from graphc.runtime import EngineError
+
+    _, _, path = conv_engine
+    with pytest.raises(EngineError, match=message):
+        graphc.runtime.load(_edit(path, tmp_path / "bad.engine", edit))
+
+
+def test_fused_step_referring_to_a_missing_input_is_refused():
+    from graphc.runtime import EngineError
+    from graphc.runtime.cpu import reference_kernel
+    from graphc.runtime.plan import Step
+
+    fa = FusedAttrs(epilogue=(EpilogueOp("Add", get_op("Add").attrs(), (IN(0), IN(3))),), outputs=(OP(0),))
+    data = json.loads(json.dumps(attrs_to_json(fa)))
+    ok = Step(0, "n0", "Fused[Elementwise]", "Fused", "graphc", data, ["a", "b", "c", "d"], ["y"])
+    x = np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(reference_kernel(ok)([x, None, None, x])[0], x + x)
+    bad = Step(0, "n0", "Fused[Elementwise]", "Fused", "graphc", data, ["a", "b"], ["y"])
+    with pytest.raises(EngineError, match="step 'n0'.*input the step does not have"):
+        reference_kernel(bad)
