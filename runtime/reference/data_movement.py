@@ -411,10 +411,6 @@ def _unique_compute(ins, attrs, n):
     outs = [y, first.astype(np.int64), inverse.astype(np.int64), counts.astype(np.int64)]
     return outs[: max(n, 1)]
 
-
-# Resize is long enough for a module of its own; importing it registers it.
-from graphc.runtime.reference import resize as _resize  # noqa: E402, F401
-
 register_kernel("Transpose", _transpose_compute)
 register_kernel("Tile", _tile_compute)
 register_kernel("Concat", _concat_compute)
