@@ -15,8 +15,8 @@ traits with `register_op` in graphc.ops:
   values of inputs known at build time (constants, shapes of static tensors); it raises through
   `ctx.fail(...)`, which names the node and op.
 - `compute(inputs, attrs, num_outputs) -> list[np.ndarray]` is the numpy reference the
-  interpreter runs. It must be vectorized (no Python loops over tensor elements). Left out, it is
-  the kernel of the same (domain, op) in graphc.runtime.reference, the code a CPU engine runs.
+  interpreter runs: always the kernel of the same (domain, op) in graphc.runtime.reference, the
+  code a CPU engine runs. It must be vectorized (no Python loops over tensor elements).
 - traits (`category`, `commutative`, `axis_reduction`, and the derived `elementwise`) are what
   passes and codegen ask instead of keeping op lists of their own.
 - `value_infer(ctx)`, optional, gives output values known from types alone (Shape, Size), so
@@ -136,7 +136,6 @@ def register_op(
     *,
     infer: InferFn,
     category: Category,
-    compute: ComputeFn | None = None,
     domain: str = "",
     attrs: type[Attrs] | None = None,
     value_infer: ValueInferFn | None = None,
@@ -151,13 +150,12 @@ def register_op(
         raise ValueError(f"op {op_type!r} (domain {domain!r}) is registered twice")
     if attrs is None:
         attrs = onnx_attrs_class(op_type, domain)
-    if compute is None:
-        # The reference is the runtime's kernel of the same name, so the interpreter and a CPU
-        # engine run the same code.
-        try:
-            compute = get_kernel(op_type, domain)
-        except KeyError as e:
-            raise ValueError(f"op {op_type!r} (domain {domain!r}) has no reference kernel: {e}") from None
+    # The reference is the runtime's kernel of the same name, never a function given here, so the
+    # interpreter and a CPU engine (which has only the runtime) run the same code.
+    try:
+        compute = get_kernel(op_type, domain)
+    except KeyError as e:
+        raise ValueError(f"op {op_type!r} (domain {domain!r}) has no reference kernel: {e}") from None
     opdef = OpDef(
         op_type=op_type,
         domain=domain,
