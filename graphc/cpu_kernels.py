@@ -1,18 +1,9 @@
-"""Kernels of the CPU target: the ops' numpy references, rebuilt from a plan step."""
+"""Kernels of the CPU target, for the compiler's in-memory engines: the runtime's own factory.
 
-from __future__ import annotations
+A compiled CPU engine runs exactly what a loaded one runs: the numpy reference kernels with attrs
+decoded from the step's JSON through the runtime's closed attrs table (graphc.runtime.cpu).
+"""
 
-from graphc.ir.attrs import attrs_from_json
-from graphc.ops.registry import get_op
-from graphc.runtime.plan import Step
+from graphc.runtime.cpu import reference_kernel as cpu_kernel
 
-
-def cpu_kernel(step: Step):
-    opdef = get_op(step.op, step.domain)
-    attrs = attrs_from_json(opdef.attrs, step.attrs)
-    n_out = len(step.outputs)
-
-    def run(inputs):
-        return opdef.compute(inputs, attrs, n_out)
-
-    return run
+__all__ = ["cpu_kernel"]

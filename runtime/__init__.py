@@ -1,5 +1,5 @@
-"""graphc.runtime: load and run engines. Imports nothing of the compiler (no onnx, no jinja2)
-for CUDA engines; CPU engines run the compiler's numpy references."""
+"""graphc.runtime: load and run engines. Imports nothing of the compiler (no onnx, no jinja2):
+CPU engines run the runtime's own numpy reference kernels (graphc.runtime.reference)."""
 
 from __future__ import annotations
 

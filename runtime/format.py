@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from graphc.runtime.attrs_schema import SCHEMA_VERSION as ATTRS_SCHEMA_VERSION
 from graphc.runtime.errors import EngineError
 from graphc.runtime.plan import (
     ALIAS,
@@ -103,6 +104,7 @@ def save_engine(engine: Any, path: str | Path) -> None:
         "graphc_version": __version__,
         "target": engine.target,
         "build": engine.build_info,
+        "attrs_schema": ATTRS_SCHEMA_VERSION,  # the version of the attrs table the steps' attrs follow
         "inputs": [vars(s) for s in engine.inputs],
         "outputs": [vars(s) for s in engine.outputs],
         "plan": plan.to_json(),
@@ -340,15 +342,10 @@ def load(path: str | Path, device: int = 0):
     m = ef.manifest
     report = m.get("report", {})
     if m["target"] == "cpu":
-        from graphc.runtime.cpu import CPUExecutor
+        from graphc.runtime.cpu import CPUExecutor, check_attrs_schema, reference_kernel
 
-        try:
-            from graphc.cpu_kernels import cpu_kernel
-        except ImportError as e:
-            raise EngineError(
-                "cpu engines run the compiler's numpy references: install graphc with its compiler dependencies"
-            ) from e
-        executor = CPUExecutor(ef.plan, ef.memory, ef.weights, cpu_kernel)
+        check_attrs_schema(m.get("attrs_schema"), path)
+        executor = CPUExecutor(ef.plan, ef.memory, ef.weights, reference_kernel)
         return Engine("cpu", ef.plan, ef.memory, ef.weights, executor, report, m["build"])
     from graphc.runtime.cuda import CUDAExecutor, device_arch
 

@@ -16,8 +16,8 @@ import numpy as np
 from graphc.errors import ShapeError
 from graphc.ir.attrs import Attrs
 from graphc.ir.graph import Constant, Graph, Node, Value
+from graphc.ir.registry import InferContext, OpDef, get_op
 from graphc.ir.types import TensorType, ValueType
-from graphc.ops.registry import InferContext, OpDef, get_op
 
 # Values of at most this many elements are computed at build time when all their inputs are
 # known; bigger ones are left to constant folding, which has its own size policy.

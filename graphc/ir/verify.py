@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from graphc.errors import GraphcError, VerificationError
 from graphc.ir.graph import Graph
-from graphc.ops.registry import InferContext, get_op
+from graphc.ir.registry import InferContext, get_op
 
 
 def verify_graph(graph: Graph, *, check_types: bool = True) -> None:

@@ -3,6 +3,9 @@
 - graphc.MatMul: a (batched) matmul with transposed-operand flags and a scale, so that transpose
   elimination can fold a Transpose of the last two dims into the matmul that reads it:
   Y = alpha * op(A) @ op(B), op(X) = X with its last two dims swapped when the flag is set.
+
+This module holds type inference and traits; the numpy kernels are in
+graphc.runtime.reference.internal.
 """
 
 from __future__ import annotations
@@ -10,12 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import numpy as np
-
 from graphc.ir.attrs import Attrs
 from graphc.ops.registry import Category, InferContext, broadcast_shapes, register_op
-
-INTERNAL_DOMAIN = "graphc"
+from graphc.runtime.reference.internal import INTERNAL_DOMAIN as INTERNAL_DOMAIN
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,26 +50,11 @@ def _matmul_t_infer(ctx: InferContext):
     return [a.with_shape(None if batch is None else (*batch, sa[-2], sb[-1]))]
 
 
-def _matmul_t_compute(ins, attrs, n):
-    a, b = ins[0], ins[1]
-    if attrs.trans_a:
-        a = np.swapaxes(a, -1, -2)
-    if attrs.trans_b:
-        b = np.swapaxes(b, -1, -2)
-    dt = a.dtype
-    acc = np.float32 if dt in (np.float16,) or dt.name == "bfloat16" else dt
-    y = np.matmul(a.astype(acc), b.astype(acc))
-    if attrs.alpha != 1.0:
-        y = y * np.asarray(attrs.alpha, dtype=acc)
-    return [y.astype(dt)]
-
-
 register_op(
     "MatMul",
     domain=INTERNAL_DOMAIN,
     attrs=MatMulTAttrs,
     category=Category.MATMUL,
     infer=_matmul_t_infer,
-    compute=_matmul_t_compute,
     doc="Batched matmul with transposed-operand flags and a scale.",
 )

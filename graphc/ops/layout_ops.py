@@ -10,6 +10,9 @@ CUDA target; no ONNX file contains them.
 
 Their inference and numpy references are the ONNX ops' own, through a transpose to NCHW and back,
 so an NHWC op means exactly what the NCHW op it replaced meant.
+
+This module holds the attrs classes, type inference and traits; the numpy kernels are in
+graphc.runtime.reference.layout_ops.
 """
 
 from __future__ import annotations
@@ -17,16 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import numpy as np
-
 from graphc.ir.attrs import Attrs, onnx_attrs_class
 from graphc.ir.types import TensorType
 from graphc.ops.registry import Category, InferContext, get_op, register_op
-
-LAYOUT_DOMAIN = "graphc"
-
-TO_NHWC = (0, 2, 3, 1)  # Transpose perm NCHW -> NHWC
-TO_NCHW = (0, 3, 1, 2)  # Transpose perm NHWC -> NCHW
+from graphc.runtime.reference.layout_ops import LAYOUT_DOMAIN as LAYOUT_DOMAIN
+from graphc.runtime.reference.layout_ops import TO_NCHW as TO_NCHW
+from graphc.runtime.reference.layout_ops import TO_NHWC as TO_NHWC
+from graphc.runtime.reference.layout_ops import onnx_equivalent as onnx_equivalent
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,11 +73,6 @@ class GlobalPoolNHWCAttrs(Attrs):
 class GlobalMaxPoolNHWCAttrs(Attrs):
     op_type: ClassVar[str] = "GlobalMaxPoolNHWC"
     domain: ClassVar[str] = LAYOUT_DOMAIN
-
-
-def onnx_equivalent(op: str) -> str:
-    """The ONNX op an NHWC op stands for ("ConvNHWC" -> "Conv")."""
-    return op[: -len("NHWC")]
 
 
 def to_onnx_attrs(op: str, attrs: Attrs) -> Attrs:
@@ -127,14 +122,6 @@ def _conv_infer(ctx: InferContext):
     return [y.with_shape(_nhwc(y.shape))]
 
 
-def _conv_compute(ins, attrs, n):
-    x = np.transpose(ins[0], TO_NCHW)
-    w = np.transpose(ins[1], TO_NCHW)
-    args = [x, w, *ins[2:3]]
-    y = get_op("Conv").compute(args, to_onnx_attrs("ConvNHWC", attrs), 1)[0]
-    return [np.ascontiguousarray(np.transpose(y, TO_NHWC))]
-
-
 def _pool_infer(op: str):
     def infer(ctx: InferContext):
         x = _check_rank4(ctx, 0)
@@ -148,23 +135,12 @@ def _pool_infer(op: str):
     return infer
 
 
-def _pool_compute(op: str):
-    def compute(ins, attrs, n):
-        x = np.transpose(ins[0], TO_NCHW)
-        onnx_attrs = to_onnx_attrs(op, attrs) if op in ("MaxPoolNHWC", "AveragePoolNHWC") else None
-        y = get_op(onnx_equivalent(op)).compute([x], onnx_attrs, 1)[0]
-        return [np.ascontiguousarray(np.transpose(y, TO_NHWC))]
-
-    return compute
-
-
 register_op(
     "ConvNHWC",
     domain=LAYOUT_DOMAIN,
     attrs=ConvNHWCAttrs,
     category=Category.CONV,
     infer=_conv_infer,
-    compute=_conv_compute,
     doc="2-D convolution, channels last: X (N,H,W,C), W (K,R,S,C/group), B (K,) -> (N,P,Q,K).",
 )
 for _op, _attrs in (
@@ -179,6 +155,5 @@ for _op, _attrs in (
         attrs=_attrs,
         category=Category.POOL,
         infer=_pool_infer(_op),
-        compute=_pool_compute(_op),
         doc=f"{onnx_equivalent(_op)} over a channels-last (N,H,W,C) input.",
     )

@@ -5,24 +5,17 @@ IR forms are the newest ONNX versions (GroupNormalization: scale and bias per ch
 the frontend converts opset 18's per-group form). Statistics are computed in float32, or in
 float64 when an input is float64 (or `stash_type` asks for it), and the result is cast back to
 the output dtype once: float16 inputs neither overflow in x*x nor lose the mean.
+
+This module holds type inference and traits; the numpy kernels are in
+graphc.runtime.reference.normalization.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import onnx.defs
 
 from graphc.ir.types import DType, Shape, TensorType
 from graphc.ops.registry import Category, InferContext, register_op
-
-
-def compute_dtype(*arrays: np.ndarray | None, stash_type: int | None = None) -> np.dtype:
-    """float64 if any input (or the stash type) is float64, else float32."""
-    if stash_type == DType.float64.value:
-        return np.dtype(np.float64)
-    if any(a is not None and a.dtype == np.float64 for a in arrays):
-        return np.dtype(np.float64)
-    return np.dtype(np.float32)
 
 
 def _float_type(ctx: InferContext, i: int, name: str) -> TensorType:
@@ -60,11 +53,6 @@ def _check_unidirectional(ctx: InferContext, x: TensorType, i: int, name: str) -
             ctx.fail(f"{name} {t} does not broadcast to the input {x}")
 
 
-def _channel_view(v: np.ndarray, ndim: int, cd: np.dtype) -> np.ndarray:
-    """A per-channel vector (C,) shaped to broadcast against (N, C, D1, ...)."""
-    return np.asarray(v, dtype=cd).reshape((-1,) + (1,) * (ndim - 2))
-
-
 # ---- BatchNormalization ------------------------------------------------------------------------
 
 
@@ -82,31 +70,7 @@ def _bn_infer(ctx: InferContext) -> list[TensorType]:
     return [x, stat, stat][: max(ctx.num_outputs, 1)]
 
 
-def _bn_compute(ins: list, attrs, n: int) -> list[np.ndarray]:
-    x, scale, bias, mean, var = ins[:5]
-    cd = compute_dtype(x, scale, bias, mean, var)
-    xc = x.astype(cd)
-    if attrs.training_mode:
-        axes = (0, *range(2, x.ndim))
-        cur_mean = xc.mean(axis=axes)
-        cur_var = ((xc - _channel_view(cur_mean, x.ndim, cd)) ** 2).mean(axis=axes)
-        use_mean, use_var = cur_mean, cur_var
-    else:
-        use_mean, use_var = mean.astype(cd), var.astype(cd)
-    inv = 1.0 / np.sqrt(use_var + cd.type(attrs.epsilon))
-    y = (xc - _channel_view(use_mean, x.ndim, cd)) * _channel_view(inv * scale.astype(cd), x.ndim, cd)
-    y = y + _channel_view(bias, x.ndim, cd)
-    outs = [y.astype(x.dtype)]
-    if n > 1:
-        m = cd.type(attrs.momentum)
-        one = cd.type(1)
-        running_mean = mean.astype(cd) * m + cur_mean * (one - m)
-        running_var = var.astype(cd) * m + cur_var * (one - m)
-        outs += [running_mean.astype(mean.dtype), running_var.astype(var.dtype)]
-    return outs[: max(n, 1)]
-
-
-register_op("BatchNormalization", category=Category.NORMALIZATION, infer=_bn_infer, compute=_bn_compute)
+register_op("BatchNormalization", category=Category.NORMALIZATION, infer=_bn_infer)
 
 # ---- InstanceNormalization ---------------------------------------------------------------------
 
@@ -120,23 +84,7 @@ def _in_infer(ctx: InferContext) -> list[TensorType]:
     return [x]
 
 
-def _normalize(xc: np.ndarray, axes: tuple[int, ...], eps: float) -> np.ndarray:
-    """(x - mean) / sqrt(var + eps) over `axes`, variance in two passes (never negative)."""
-    mean = xc.mean(axis=axes, keepdims=True)
-    d = xc - mean
-    var = (d * d).mean(axis=axes, keepdims=True)
-    return d / np.sqrt(var + xc.dtype.type(eps))
-
-
-def _in_compute(ins: list, attrs, n: int) -> list[np.ndarray]:
-    x, scale, bias = ins[:3]
-    cd = compute_dtype(x, scale, bias)
-    y = _normalize(x.astype(cd), tuple(range(2, x.ndim)), attrs.epsilon)
-    y = y * _channel_view(scale, x.ndim, cd) + _channel_view(bias, x.ndim, cd)
-    return [y.astype(x.dtype)]
-
-
-register_op("InstanceNormalization", category=Category.NORMALIZATION, infer=_in_infer, compute=_in_compute)
+register_op("InstanceNormalization", category=Category.NORMALIZATION, infer=_in_infer)
 
 # ---- GroupNormalization ------------------------------------------------------------------------
 
@@ -156,16 +104,6 @@ def _gn_infer(ctx: InferContext) -> list[TensorType]:
     return [x]
 
 
-def _gn_compute(ins: list, attrs, n: int) -> list[np.ndarray]:
-    x, scale, bias = ins[:3]
-    cd = compute_dtype(x, stash_type=attrs.stash_type)
-    g = attrs.num_groups
-    grouped = x.astype(cd).reshape(x.shape[0], g, -1)
-    y = _normalize(grouped, (2,), attrs.epsilon).reshape(x.shape)
-    y = y * _channel_view(scale, x.ndim, cd) + _channel_view(bias, x.ndim, cd)
-    return [y.astype(x.dtype)]
-
-
 def _stash_dtype(ctx: InferContext) -> DType:
     try:
         dt = DType.from_onnx(ctx.attrs.stash_type)
@@ -176,7 +114,7 @@ def _stash_dtype(ctx: InferContext) -> DType:
     return dt
 
 
-register_op("GroupNormalization", category=Category.NORMALIZATION, infer=_gn_infer, compute=_gn_compute)
+register_op("GroupNormalization", category=Category.NORMALIZATION, infer=_gn_infer)
 
 # ---- LayerNormalization, RMSNormalization ------------------------------------------------------
 
@@ -204,24 +142,7 @@ def _ln_infer(ctx: InferContext) -> list[TensorType]:
     return [x, stat, stat][: max(ctx.num_outputs, 1)]
 
 
-def _ln_compute(ins: list, attrs, n: int) -> list[np.ndarray]:
-    x, scale = ins[0], ins[1]
-    bias = ins[2] if len(ins) > 2 else None
-    cd = compute_dtype(x, stash_type=attrs.stash_type)
-    axis = attrs.axis + x.ndim if attrs.axis < 0 else attrs.axis
-    axes = tuple(range(axis, x.ndim))
-    xc = x.astype(cd)
-    mean = xc.mean(axis=axes, keepdims=True)
-    d = xc - mean
-    inv_std = 1.0 / np.sqrt((d * d).mean(axis=axes, keepdims=True) + cd.type(attrs.epsilon))
-    y = d * inv_std * scale.astype(cd)
-    if bias is not None:
-        y = y + bias.astype(cd)
-    stash = DType.from_onnx(attrs.stash_type).numpy
-    return [y.astype(x.dtype), mean.astype(stash), inv_std.astype(stash)][: max(n, 1)]
-
-
-register_op("LayerNormalization", category=Category.NORMALIZATION, infer=_ln_infer, compute=_ln_compute)
+register_op("LayerNormalization", category=Category.NORMALIZATION, infer=_ln_infer)
 
 
 def _rms_infer(ctx: InferContext) -> list[TensorType]:
@@ -231,16 +152,6 @@ def _rms_infer(ctx: InferContext) -> list[TensorType]:
     _stash_dtype(ctx)
     # Y has the type of scale (V), not of X.
     return [x.with_dtype(ctx.type(1).dtype)]
-
-
-def _rms_compute(ins: list, attrs, n: int) -> list[np.ndarray]:
-    x, scale = ins[0], ins[1]
-    cd = compute_dtype(x, stash_type=attrs.stash_type)
-    axis = attrs.axis + x.ndim if attrs.axis < 0 else attrs.axis
-    xc = x.astype(cd)
-    ms = (xc * xc).mean(axis=tuple(range(axis, x.ndim)), keepdims=True)
-    y = xc / np.sqrt(ms + cd.type(attrs.epsilon)) * scale.astype(cd)
-    return [y.astype(scale.dtype)]
 
 
 def _has_schema(op: str) -> bool:
@@ -253,7 +164,7 @@ def _has_schema(op: str) -> bool:
 
 HAS_RMS_NORMALIZATION = _has_schema("RMSNormalization")  # opset 23; older onnx lacks it
 if HAS_RMS_NORMALIZATION:
-    register_op("RMSNormalization", category=Category.NORMALIZATION, infer=_rms_infer, compute=_rms_compute)
+    register_op("RMSNormalization", category=Category.NORMALIZATION, infer=_rms_infer)
 
 # ---- LpNormalization, MeanVarianceNormalization ------------------------------------------------
 
@@ -266,22 +177,7 @@ def _lp_infer(ctx: InferContext) -> list[TensorType]:
     return [x]
 
 
-def _lp_compute(ins: list, attrs, n: int) -> list[np.ndarray]:
-    x = ins[0]
-    xc = x.astype(compute_dtype(x))
-    if attrs.p == 1:
-        norm = np.sum(np.abs(xc), axis=attrs.axis, keepdims=True)
-    else:
-        norm = np.sqrt(np.sum(xc * xc, axis=attrs.axis, keepdims=True))
-    # A zero norm (all zeros along the axis) gives zeros, not 0/0 (opset 22 spells this out).
-    y = np.where(norm == 0, xc.dtype.type(0), xc / np.where(norm == 0, 1, norm))
-    return [y.astype(x.dtype)]
-
-
-register_op("LpNormalization", category=Category.NORMALIZATION, infer=_lp_infer, compute=_lp_compute)
-
-# The spec's function adds this to the standard deviation (not the variance).
-MVN_EPSILON = 1e-9
+register_op("LpNormalization", category=Category.NORMALIZATION, infer=_lp_infer)
 
 
 def _mvn_infer(ctx: InferContext) -> list[TensorType]:
@@ -294,16 +190,4 @@ def _mvn_infer(ctx: InferContext) -> list[TensorType]:
     return [x]
 
 
-def _mvn_compute(ins: list, attrs, n: int) -> list[np.ndarray]:
-    x = ins[0]
-    xc = x.astype(compute_dtype(x))
-    axes = tuple(sorted({a + x.ndim if a < 0 else a for a in attrs.axes}))
-    mean = xc.mean(axis=axes, keepdims=True)
-    d = xc - mean
-    # Two-pass variance: the spec's E[x^2] - E[x]^2 can go slightly negative (NaN after sqrt)
-    # for near-constant inputs; both agree up to rounding otherwise.
-    std = np.sqrt((d * d).mean(axis=axes, keepdims=True))
-    return [(d / (std + xc.dtype.type(MVN_EPSILON))).astype(x.dtype)]
-
-
-register_op("MeanVarianceNormalization", category=Category.NORMALIZATION, infer=_mvn_infer, compute=_mvn_compute)
+register_op("MeanVarianceNormalization", category=Category.NORMALIZATION, infer=_mvn_infer)

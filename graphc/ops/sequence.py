@@ -5,6 +5,9 @@ At run time a sequence is a Python list of numpy arrays. Its type (SequenceType)
 type that describes every element: a dim is an int only where all elements agree on it, and the
 length is known where it follows from the graph (SequenceConstruct, inserts and erases on a known
 length, splits of a static axis).
+
+This module holds type inference and traits; the numpy kernels are in
+graphc.runtime.reference.sequence.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import numpy as np
 
 from graphc.ir.types import Dim, DType, SequenceType, TensorType
 from graphc.ops.registry import Category, InferContext, register_op
+from graphc.runtime.reference.sequence import _split_lengths
 
 
 def _seq(ctx: InferContext, i: int) -> SequenceType:
@@ -79,7 +83,6 @@ register_op(
     "SequenceEmpty",
     category=Category.SEQUENCE,
     infer=_empty_infer,
-    compute=lambda ins, a, n: [[]],
 )
 
 
@@ -94,7 +97,6 @@ register_op(
     "SequenceConstruct",
     category=Category.SEQUENCE,
     infer=_construct_infer,
-    compute=lambda ins, a, n: [list(ins)],
 )
 
 # ---- SequenceAt, SequenceLength ----------------------------------------------------------------
@@ -106,12 +108,7 @@ def _at_infer(ctx: InferContext):
     return [s.elem]
 
 
-def _at_compute(ins, attrs, n):
-    seq, pos = ins
-    return [seq[int(np.asarray(pos).reshape(-1)[0])]]
-
-
-register_op("SequenceAt", category=Category.SEQUENCE, infer=_at_infer, compute=_at_compute)
+register_op("SequenceAt", category=Category.SEQUENCE, infer=_at_infer)
 
 
 def _length_infer(ctx: InferContext):
@@ -128,7 +125,6 @@ register_op(
     "SequenceLength",
     category=Category.SEQUENCE,
     infer=_length_infer,
-    compute=lambda ins, a, n: [np.array(len(ins[0]), dtype=np.int64)],
     value_infer=_length_value,
 )
 
@@ -143,17 +139,7 @@ def _insert_infer(ctx: InferContext):
     return [SequenceType(elem, None if s.length is None else s.length + 1)]
 
 
-def _insert_compute(ins, attrs, n):
-    seq, t = list(ins[0]), ins[1]
-    if len(ins) > 2 and ins[2] is not None:
-        pos = int(np.asarray(ins[2]).reshape(-1)[0])
-        seq.insert(pos + len(seq) if pos < 0 else pos, t)
-    else:
-        seq.append(t)
-    return [seq]
-
-
-register_op("SequenceInsert", category=Category.SEQUENCE, infer=_insert_infer, compute=_insert_compute)
+register_op("SequenceInsert", category=Category.SEQUENCE, infer=_insert_infer)
 
 
 def _erase_infer(ctx: InferContext):
@@ -164,32 +150,7 @@ def _erase_infer(ctx: InferContext):
     return [SequenceType(s.elem, None if s.length is None else s.length - 1)]
 
 
-def _erase_compute(ins, attrs, n):
-    seq = list(ins[0])
-    pos = int(np.asarray(ins[1]).reshape(-1)[0]) if len(ins) > 1 and ins[1] is not None else -1
-    del seq[pos]
-    return [seq]
-
-
-register_op("SequenceErase", category=Category.SEQUENCE, infer=_erase_infer, compute=_erase_compute)
-
-# ---- SplitToSequence, ConcatFromSequence -------------------------------------------------------
-
-
-def _split_lengths(dim: Dim, split: np.ndarray | None) -> list[int] | None:
-    """Part lengths along the axis: a scalar split gives chunks of that size (the last one
-    smaller); a 1-D split lists them; no split gives parts of length 1."""
-    if split is None:
-        return None if not isinstance(dim, int) else [1] * dim
-    split = np.asarray(split)
-    if split.ndim == 0:
-        if not isinstance(dim, int):
-            return None
-        size = int(split)
-        if size <= 0:
-            raise ValueError(f"split {size} must be positive")
-        return [size] * (dim // size) + ([dim % size] if dim % size else [])
-    return [int(v) for v in split]
+register_op("SequenceErase", category=Category.SEQUENCE, infer=_erase_infer)
 
 
 def _split_to_seq_infer(ctx: InferContext):
@@ -225,22 +186,10 @@ def _split_to_seq_infer(ctx: InferContext):
     return [SequenceType(t.with_shape(t.shape[:axis] + (part,) + t.shape[axis + 1 :]), n)]
 
 
-def _split_to_seq_compute(ins, attrs, n):
-    x = ins[0]
-    axis = attrs.axis + x.ndim if attrs.axis < 0 else attrs.axis
-    split = ins[1] if len(ins) > 1 else None
-    lengths = _split_lengths(x.shape[axis], split)
-    parts = np.split(x, np.cumsum(lengths)[:-1], axis=axis) if lengths else []
-    if split is None and not attrs.keepdims:
-        parts = [np.squeeze(p, axis=axis) for p in parts]
-    return [parts]
-
-
 register_op(
     "SplitToSequence",
     category=Category.SEQUENCE,
     infer=_split_to_seq_infer,
-    compute=_split_to_seq_compute,
     static_inputs=(1,),
 )
 
@@ -262,16 +211,8 @@ def _concat_from_seq_infer(ctx: InferContext):
     return [elem.with_shape(elem.shape[:axis] + (total,) + elem.shape[axis + 1 :])]
 
 
-def _concat_from_seq_compute(ins, attrs, n):
-    seq = ins[0]
-    if attrs.new_axis:
-        return [np.stack(seq, axis=attrs.axis)]
-    return [np.concatenate(seq, axis=attrs.axis)]
-
-
 register_op(
     "ConcatFromSequence",
     category=Category.SEQUENCE,
     infer=_concat_from_seq_infer,
-    compute=_concat_from_seq_compute,
 )

@@ -3,6 +3,9 @@ Identity.
 
 Shape and Size give their values from static types at build time (value_infer), and every op
 here computes small known values, so exporter shape arithmetic resolves once shapes are bound.
+
+This module holds type inference and traits; the numpy kernels are in
+graphc.runtime.reference.shape_ops.
 """
 
 from __future__ import annotations
@@ -18,16 +21,7 @@ from graphc.ops.registry import (
     broadcast_shapes,
     register_op,
 )
-
-# ---- Shape, Size -------------------------------------------------------------------------------
-
-
-def _shape_slice(rank: int, start: int, end: int | None) -> tuple[int, int]:
-    s = start + rank if start < 0 else start
-    e = rank if end is None else (end + rank if end < 0 else end)
-    s = min(max(s, 0), rank)
-    e = min(max(e, 0), rank)
-    return s, max(e, s)
+from graphc.runtime.reference.shape_ops import _shape_slice
 
 
 def _shape_infer(ctx: InferContext):
@@ -47,17 +41,10 @@ def _shape_value(ctx: InferContext):
     return [None]
 
 
-def _shape_compute(ins, attrs, n):
-    rank = ins[0].ndim
-    s, e = _shape_slice(rank, attrs.start, attrs.end)
-    return [np.array(ins[0].shape[s:e], dtype=np.int64)]
-
-
 register_op(
     "Shape",
     category=Category.SHAPE,
     infer=_shape_infer,
-    compute=_shape_compute,
     value_infer=_shape_value,
 )
 
@@ -71,7 +58,6 @@ register_op(
     "Size",
     category=Category.SHAPE,
     infer=lambda ctx: [TensorType(DType.int64, ())],
-    compute=lambda ins, a, n: [np.array(ins[0].size, dtype=np.int64)],
     value_infer=_size_value,
 )
 
@@ -90,17 +76,7 @@ def _range_infer(ctx: InferContext):
     return [TensorType(dt, (n,))]
 
 
-def _range_compute(ins, attrs, n):
-    start, limit, delta = (np.asarray(x).item() for x in ins)
-    dt = ins[0].dtype
-    count = max(int(math.ceil((limit - start) / delta)), 0)
-    # start + i*delta in the input dtype, as the spec's loop computes it.
-    return [
-        (np.asarray(start, dtype=dt) + np.arange(count, dtype=dt) * np.asarray(delta, dtype=dt)).astype(dt)
-    ]
-
-
-register_op("Range", category=Category.SHAPE, infer=_range_infer, compute=_range_compute)
+register_op("Range", category=Category.SHAPE, infer=_range_infer)
 
 
 def _cos_dtype(attrs) -> DType:
@@ -119,15 +95,7 @@ def _cos_infer(ctx: InferContext):
     return [TensorType(_cos_dtype(ctx.attrs), tuple(dims))]
 
 
-def _cos_compute(ins, attrs, n):
-    shape = tuple(int(d) for d in np.asarray(ins[0]).reshape(-1))
-    if attrs.value is None:
-        return [np.zeros(shape, dtype=np.float32)]
-    v = attrs.value.array.reshape(-1)[0]
-    return [np.full(shape, v, dtype=attrs.value.array.dtype)]
-
-
-register_op("ConstantOfShape", category=Category.SHAPE, infer=_cos_infer, compute=_cos_compute)
+register_op("ConstantOfShape", category=Category.SHAPE, infer=_cos_infer)
 
 # ---- Reshape, Flatten --------------------------------------------------------------------------
 
@@ -205,19 +173,10 @@ def _reshape_infer(ctx: InferContext):
     return [t.with_shape(reshape_target(t.shape, target, ctx.attrs.allowzero, ctx.fail))]
 
 
-def _reshape_compute(ins, attrs, n):
-    x = ins[0]
-    target = [int(d) for d in np.asarray(ins[1]).reshape(-1)]
-    if not attrs.allowzero:
-        target = [x.shape[i] if d == 0 else d for i, d in enumerate(target)]
-    return [x.reshape(target)]
-
-
 register_op(
     "Reshape",
     category=Category.DATA,
     infer=_reshape_infer,
-    compute=_reshape_compute,
     static_inputs=(1,),
 )
 
@@ -242,17 +201,7 @@ def _flatten_infer(ctx: InferContext):
     return [t.with_shape(_flatten_dims(t.shape, axis))]
 
 
-def _flatten_compute(ins, attrs, n):
-    x = ins[0]
-    axis = attrs.axis + x.ndim if attrs.axis < 0 else attrs.axis
-    return [
-        x.reshape(math.prod(x.shape[:axis]), -1)
-        if x.size
-        else x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
-    ]
-
-
-register_op("Flatten", category=Category.DATA, infer=_flatten_infer, compute=_flatten_compute)
+register_op("Flatten", category=Category.DATA, infer=_flatten_infer)
 
 # ---- Squeeze, Unsqueeze ------------------------------------------------------------------------
 
@@ -277,17 +226,7 @@ def _squeeze_infer(ctx: InferContext):
     return [t.with_shape(tuple(d for i, d in enumerate(t.shape) if i not in axes))]
 
 
-def _squeeze_compute(ins, attrs, n):
-    x = ins[0]
-    if len(ins) > 1 and ins[1] is not None:
-        axes = tuple(int(a) for a in np.asarray(ins[1]).reshape(-1))
-        return [np.squeeze(x, axis=axes) if axes else x]
-    return [np.squeeze(x)]
-
-
-register_op(
-    "Squeeze", category=Category.DATA, infer=_squeeze_infer, compute=_squeeze_compute, static_inputs=(1,)
-)
+register_op("Squeeze", category=Category.DATA, infer=_squeeze_infer, static_inputs=(1,))
 
 
 def _unsqueeze_infer(ctx: InferContext):
@@ -303,19 +242,10 @@ def _unsqueeze_infer(ctx: InferContext):
     return [t.with_shape(tuple(1 if i in norm else next(dims) for i in range(out_rank)))]
 
 
-def _unsqueeze_compute(ins, attrs, n):
-    x = ins[0]
-    axes = [int(a) for a in np.asarray(ins[1]).reshape(-1)]
-    out_rank = x.ndim + len(axes)
-    norm = sorted(a + out_rank if a < 0 else a for a in axes)
-    return [np.expand_dims(x, tuple(norm))]
-
-
 register_op(
     "Unsqueeze",
     category=Category.DATA,
     infer=_unsqueeze_infer,
-    compute=_unsqueeze_compute,
     static_inputs=(1,),
 )
 
@@ -334,16 +264,7 @@ def _expand_infer(ctx: InferContext):
     return [t.with_shape(broadcast_shapes(ctx, t.shape, tuple(target)))]
 
 
-def _expand_compute(ins, attrs, n):
-    x = ins[0]
-    target = tuple(int(d) for d in np.asarray(ins[1]).reshape(-1))
-    shape = np.broadcast_shapes(x.shape, target)
-    return [np.broadcast_to(x, shape).copy()]
-
-
-register_op(
-    "Expand", category=Category.DATA, infer=_expand_infer, compute=_expand_compute, static_inputs=(1,)
-)
+register_op("Expand", category=Category.DATA, infer=_expand_infer, static_inputs=(1,))
 
 
 def _identity_infer(ctx: InferContext):
@@ -357,5 +278,4 @@ register_op(
     "Identity",
     category=Category.DATA,
     infer=_identity_infer,
-    compute=lambda ins, a, n: [ins[0]],
 )

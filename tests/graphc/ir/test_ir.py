@@ -7,10 +7,14 @@ import dataclasses
 import numpy as np
 import pytest
 
+import graphc.ops
 from graphc.errors import ShapeError, VerificationError
 from graphc.ir import DType, Graph, GraphBuilder, Node, TensorType, Value, format_graph, verify_graph
 from graphc.ir.attrs import TensorAttr, onnx_attrs_class
 from graphc.ir.shapes import bind_shapes
+
+# The IR builds nodes through the op registry; the op library registers into it.
+graphc.ops.load()
 
 
 def test_dtype_round_trips():
@@ -137,3 +141,26 @@ def test_text_form_is_stable():
     assert "%flat: f32[batch,12] = Reshape[flat](%x, %tgt)" in text
     assert "const  %tgt: i64[2] = [0, 12]" in text
     assert "output %unsq: f32[batch,1,12]" in text
+
+
+def test_op_traits_come_from_the_registry():
+    from graphc.ir.registry import Category, all_ops, get_op
+
+    reduce_ops = {o.op_type for o in all_ops() if o.axis_reduction}
+    assert reduce_ops == {
+        "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+        "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare",
+    }  # fmt: skip
+    assert all(get_op(op).category is Category.REDUCTION for op in reduce_ops)
+    commutative = {o.op_type for o in all_ops() if o.commutative}
+    assert {"Add", "Mul", "Max", "Min", "And", "Or", "Xor", "Equal", "BitwiseAnd"} <= commutative
+    assert not commutative & {"Sub", "Div", "Pow", "Less", "MatMul", "Mod"}
+    assert get_op("Relu").elementwise and not get_op("Conv").elementwise
+
+
+def test_ops_registry_is_the_ir_registry():
+    import graphc.ir.registry as ir_registry
+    import graphc.ops.registry as ops_registry
+
+    for name in ("OpDef", "register_op", "get_op", "InferContext", "Category", "all_ops", "has_op"):
+        assert getattr(ops_registry, name) is getattr(ir_registry, name)

@@ -172,7 +172,7 @@ def test_conv_bfloat16_vs_formula():
 
 def test_conv_large_batch_is_chunked(monkeypatch):
     """Batches whose im2col buffer is over the limit run in chunks with the same result."""
-    import graphc.ops.nn as nn
+    import graphc.runtime.reference.nn as nn
 
     feeds = _conv_inputs((5, 3, 6, 6), (4, 3, 3, 3), True, F32)
     model = make_node_model("Conv", feeds, {"pads": [1, 1, 1, 1]})
