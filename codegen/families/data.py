@@ -21,9 +21,7 @@ import numpy as np
 
 from graphc.codegen.cuda_types import cuda_type, dtype_from_numpy_name
 from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, grid_1d, register_family, render
-from graphc.ir.attrs import attrs_from_json
 from graphc.ir.types import DType
-from graphc.ops.registry import get_op
 
 BLOCK = 256
 SUPPORTED = frozenset(
@@ -985,8 +983,7 @@ def _matches(ctx: StepContext) -> bool:
 
 def _generate(ctx: StepContext) -> list[KernelSource]:
     step = ctx.step
-    attrs = attrs_from_json(get_op(step.op, step.domain).attrs, step.attrs)
-    return _GENERATORS[step.op](ctx, attrs)
+    return _GENERATORS[step.op](ctx, ctx.attrs)
 
 
 def _search_space(ctx: StepContext) -> list[dict[str, Any]]:

@@ -27,7 +27,6 @@ from graphc.codegen.cuda_types import cuda_type, dtype_from_numpy_name
 from graphc.codegen.epilogue import Operand, RenderedEpilogue, broadcast_index, render_epilogue, step_operands
 from graphc.codegen.expr import lit
 from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, grid_1d, register_family, render
-from graphc.ir.attrs import attrs_from_json
 from graphc.ir.types import DType
 from graphc.ops.fused import ACC, FusedAttrs
 from graphc.ops.registry import Category, get_op
@@ -105,9 +104,9 @@ def _anchor(ctx: StepContext):
     step = ctx.step
     opdef = get_op(step.op, step.domain)
     if opdef.category is Category.FUSED:
-        fa = attrs_from_json(FusedAttrs, step.attrs)
+        fa = ctx.attrs
         return fa.anchor_op, fa.anchor_domain, fa.anchor_attrs, fa.anchor_inputs, fa.epilogue, fa.outputs
-    attrs = attrs_from_json(opdef.attrs, step.attrs)
+    attrs = ctx.attrs
     return step.op, step.domain, attrs, len(step.inputs), (), (ACC,)
 
 
@@ -695,6 +694,7 @@ def standalone_context(
     and the tuner. With an epilogue or n_anchor set, the step is a Fused node anchored on `op`:
     inputs [0, n_anchor) feed the anchor, the rest are the epilogue's."""
     from graphc.ir.attrs import attrs_to_json
+    from graphc.ir.graph import Node, Value
     from graphc.ir.types import TensorType
     from graphc.ops.registry import InferContext
     from graphc.runtime.plan import Step, TensorSpec
@@ -715,17 +715,25 @@ def standalone_context(
         )
         fdef = get_op("Fused", "graphc")
         out_types = fdef.infer(InferContext("Fused", "n0", fa, types, [None] * len(types), len(outputs)))
-        step_attrs, kind, sop, sdom = attrs_to_json(fa), fa.kind_name(), "Fused", "graphc"
+        node_attrs, kind, sop, sdom = fa, fa.kind_name(), "Fused", "graphc"
     else:
         out_types = opdef.infer(InferContext(op, "n0", attrs, types, [None] * len(types), 1))
-        step_attrs, kind, sop, sdom = attrs_to_json(attrs), op, op, domain
+        node_attrs, kind, sop, sdom = attrs, op, op, domain
     outs = [f"y{k}" for k in range(len(out_types))]
     tensors = {}
     for n, t in [*zip(names, types, strict=True), *zip(outs, out_types, strict=True)]:
         kind_t = "weight" if weights and n in weights else "arena"
         tensors[n] = TensorSpec(n, t.dtype.numpy.name, list(t.static_shape), t.nbytes, kind_t)
-    step = Step(0, "n0", kind, sop, sdom, step_attrs, list(names), outs)
-    return StepContext(step, tensors, dict(weights or {}), allow_tf32=allow_tf32, params=params)
+    node = Node(
+        sop,
+        "n0",
+        tuple(Value(n, t) for n, t in zip(names, types, strict=True)),
+        tuple(Value(n, t) for n, t in zip(outs, out_types, strict=True)),
+        node_attrs,
+        sdom,
+    )
+    step = Step(0, "n0", kind, sop, sdom, attrs_to_json(node_attrs), list(names), outs)
+    return StepContext(step, node, tensors, dict(weights or {}), allow_tf32=allow_tf32, params=params)
 
 
 def _lay(x: OperandLayout) -> str:
@@ -736,7 +744,7 @@ def _matches(ctx: StepContext) -> bool:
     step = ctx.step
     opdef = get_op(step.op, step.domain)
     if opdef.category is Category.FUSED:
-        fa = attrs_from_json(FusedAttrs, step.attrs)
+        fa = ctx.attrs
         return (fa.anchor_domain, fa.anchor_op) in ANCHORS
     return (step.domain, step.op) in ANCHORS
 
