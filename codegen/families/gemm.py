@@ -11,10 +11,12 @@ with each operand in one of two layouts, read in place (no transpose copies):
 Batch dims broadcast by stride 0; when B is shared by every batch and A's batches are contiguous
 rows, the batch folds into M (one big GEMM).
 
-Kernel paths (templates/gemm.cu.j2): fp16/bf16 on tensor cores (mma.sync m16n8k16, cp.async
-pipeline, ldmatrix); fp32 as SIMT register tiles, or TF32 tensor cores when allowed; fp64 SIMT.
-Split-K writes fp32 partials to the workspace and a second kernel sums them and runs the epilogue,
-so the epilogue sees each element once, after the full sum.
+Kernel paths, one template each (templates/gemm_<path>.cu.j2, their shared pieces in
+gemm_common.cu.j2): fp16/bf16 on tensor cores (gemm_mma: mma.sync m16n8k16, cp.async pipeline,
+ldmatrix; gemm_wgmma: sm_90a warpgroup MMA); fp32 as SIMT register tiles (gemm_simt), or TF32
+tensor cores when allowed (gemm_mma); fp64 SIMT. Split-K writes fp32 partials to the workspace and
+a second kernel (gemm_reduce) sums them and runs the epilogue, so the epilogue sees each element
+once, after the full sum.
 """
 
 from __future__ import annotations
@@ -642,7 +644,7 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
             ],
         )
     p.update({"M": prob.M, "N": prob.N, "K": prob.K, "batch": prob.batch, "a": _lay(prob.a), "b": _lay(prob.b)})
-    source = render("gemm.cu.j2", **main_ctx)
+    source = render(f"gemm_{main_ctx['kind']}.cu.j2", **main_ctx)
     ws_bytes = splits * prob.batch * prob.M * prob.N * 4 if splits > 1 else 0
     kernels = [
         KernelSource("gemm", name, source, grid, (threads, 1, 1), kargs, smem, params=p, workspace_bytes=ws_bytes)
@@ -650,11 +652,10 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
     if splits > 1:
         rname = f"{name}_reduce"
         rsrc = render(
-            "gemm.cu.j2",
+            "gemm_reduce.cu.j2",
             **dict(
                 common,
                 name=rname,
-                kind="reduce",
                 kparams=[*out_decls, "const float* __restrict__ ws"],
                 total=total,
                 splits=splits,
