@@ -198,6 +198,17 @@ _CASES = {
         [{}],
     ),
     "eyelike": (_case("EyeLike", {"x": rand((4, 5), F16)}, {"k": 1}), [{}]),
+    "range-f32": (
+        _case("Range", {}, inits={"s": np.array(1.5, F32), "l": np.array(9.0, F32), "d": np.array(0.5, F32)}),
+        [{}],
+    ),
+    "range-i64": (_case("Range", {}, inits={"s": np.array(7), "l": np.array(-5), "d": np.array(-3)}), [{}]),
+    "fill-wide": (
+        _case(
+            "ConstantOfShape", {}, {"value": numpy_helper.from_array(np.array([2], np.int32))}, {"s": np.array([3, 8])}
+        ),
+        [{"elem_bytes": 16}],
+    ),
 }
 
 
@@ -210,6 +221,25 @@ def test_data_compiles(case):
         for key, v in want.items():
             assert k.params.get(key) == v, (key, k.params)
     compile_each(ks)
+
+
+def test_every_data_template_is_rendered_by_a_case():
+    import re
+
+    from graphc.codegen.kernel import TEMPLATE_DIR
+
+    used = set()
+    for model, _ in _CASES.values():
+        for k in kernels_of(model, family="data"):
+            used |= set(re.findall(r"// ---- (data_\w+\.cu\.j2) ----", k.source))
+    kinds = {p.name for p in TEMPLATE_DIR.glob("data_*.cu.j2")} - {"data_common.cu.j2"}
+    assert used == kinds, sorted(kinds ^ used)
+
+
+def test_range_literals():
+    ks = kernels_of(_CASES["range-f32"][0], family="data") + kernels_of(_CASES["range-i64"][0], family="data")
+    assert "__fadd_rn(1.5f, __fmul_rn((float)i, 0.5f))" in ks[0].source
+    assert "(long long)(7ll + i * (-3ll))" in ks[1].source
 
 
 def test_scatter_mul_is_refused():
