@@ -14,7 +14,7 @@ import heapq
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from graphc.errors import CompileError
 from graphc.ir.attrs import attrs_to_json
@@ -24,6 +24,9 @@ from graphc.ir.types import TensorType
 from graphc.ops.registry import Category, get_op
 from graphc.passes.provenance import origins_of
 from graphc.runtime.plan import ALIAS, ARENA, INPUT, WEIGHT, KernelPlan, Step, TensorSpec
+
+if TYPE_CHECKING:
+    from graphc.codegen.kernel import StepContext
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +38,7 @@ class LoweredPlan(KernelPlan):
     It is a KernelPlan (the memory planner and the CPU executor take it as one); only the
     KernelPlan fields reach an engine file."""
 
-    nodes: dict[str, Node] = field(default_factory=dict)  # step name -> the node it lowers
+    nodes: dict[str, Node] = field(default_factory=dict, repr=False)  # step name -> the node it lowers
 
     def context(
         self,
@@ -45,7 +48,7 @@ class LoweredPlan(KernelPlan):
         precision: str = "fp32",
         allow_tf32: bool = False,
         params: dict[str, Any] | None = None,
-    ):
+    ) -> StepContext:
         """The StepContext a kernel family generates `step` from."""
         from graphc.codegen.kernel import StepContext
 
