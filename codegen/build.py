@@ -13,22 +13,34 @@ from typing import Any
 import numpy as np
 
 from graphc.codegen.kernel import KernelSource, StepContext, family_for
+from graphc.codegen.lower import LoweredPlan
 from graphc.codegen.nvrtc import DEFAULT_ARCHS, CompileJob, check_arch, compile_all, nvrtc_version
 from graphc.errors import CompileError
-from graphc.runtime.plan import KernelPlan, Launch, MemoryPlan, align
+from graphc.runtime.plan import KernelPlan, Launch
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class StepKernels:
+    """What code generation made of one step: its launches, in order, and the scratch bytes the
+    largest of them needs (the memory planner sizes the shared workspace from these)."""
+
+    launches: tuple[Launch, ...] = ()
+    workspace_bytes: int = 0
+
+
 @dataclass
 class KernelSet:
-    """Every kernel of an engine: CUDA source by digest, cubin by arch and digest."""
+    """Every kernel of an engine: CUDA source by digest, cubin by arch and digest, and each step's
+    launches (by step name)."""
 
     sources: dict[str, str] = field(default_factory=dict)
     names: dict[str, str] = field(default_factory=dict)  # digest -> function name
     families: dict[str, str] = field(default_factory=dict)
     cubins: dict[str, dict[str, bytes]] = field(default_factory=dict)  # arch -> digest -> cubin
     requires: dict[str, str] = field(default_factory=dict)  # digest -> the one arch it compiles for (sm_90a)
+    steps: dict[str, StepKernels] = field(default_factory=dict)  # step name -> its launches, workspace
 
 
 _NAME_PLACEHOLDER = "__graphc_kernel__"
@@ -49,7 +61,7 @@ def content_named(src: KernelSource, base: str) -> KernelSource:
 
 
 def generate_kernels(
-    plan: KernelPlan,
+    plan: LoweredPlan,
     weights: dict[str, np.ndarray],
     *,
     precision: str = "fp32",
@@ -57,14 +69,17 @@ def generate_kernels(
     choices: dict[str, dict[str, Any]] | None = None,
     hopper: bool = False,
 ) -> KernelSet:
-    """Fill each step's launches from its family; errors name the node and op, all at once."""
+    """The kernels of every step from its family, and each step's launches and workspace
+    (`KernelSet.steps`); the plan is not changed (complete_plan builds the one an engine runs).
+    Errors name the node and op, all at once."""
     kernels = KernelSet()
     errors: list[str] = []
     for step in plan.steps:
-        step.launches = []
         if step.alias:
             continue
-        ctx = StepContext(step, plan.tensors, weights, precision, allow_tf32, params=(choices or {}).get(step.name))
+        ctx = plan.context(
+            step, weights, precision=precision, allow_tf32=allow_tf32, params=(choices or {}).get(step.name)
+        )
         try:
             fam = family_for(ctx)
             sources: list[KernelSource] = []
@@ -74,9 +89,7 @@ def generate_kernels(
                 # 2048x3072x768). Small ones stay on mma.sync: at M = 128 (BERT-base, batch 1) the
                 # 128-row wgmma tiles made the model 7% slower. Where wgmma does not fit, mma.sync.
                 try:
-                    sources = fam.generate(
-                        StepContext(step, plan.tensors, weights, precision, allow_tf32, params={"path": "wgmma"})
-                    )
+                    sources = fam.generate(ctx.with_params({"path": "wgmma"}))
                 except CompileError as e:
                     log.info("%s: no wgmma GEMM (%s); mma.sync instead", step.name, e)
             if not sources:
@@ -84,8 +97,8 @@ def generate_kernels(
         except CompileError as e:
             errors.append(str(e))
             continue
-        step.workspace_bytes = max((s.workspace_bytes for s in sources), default=0)
         base = ctx.kernel_name()
+        launches = []
         for src in (content_named(s, base) for s in sources):
             d = src.digest
             kernels.sources[d] = src.source
@@ -93,7 +106,7 @@ def generate_kernels(
             kernels.families[d] = src.family
             if src.params.get("requires_arch"):
                 kernels.requires[d] = src.params["requires_arch"]
-            step.launches.append(
+            launches.append(
                 Launch(
                     src.name,
                     d,
@@ -105,10 +118,30 @@ def generate_kernels(
                     dict(src.params),
                 )
             )
+        workspace = max((s.workspace_bytes for s in sources), default=0)
+        kernels.steps[step.name] = StepKernels(tuple(launches), workspace)
     if errors:
         shown = "\n  ".join(errors[:20]) + (f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else "")
         raise CompileError(f"{len(errors)} step(s) cannot be compiled for CUDA:\n  {shown}")
     return kernels
+
+
+def complete_plan(plan: KernelPlan, kernels: KernelSet) -> KernelPlan:
+    """The plan an engine runs: `plan`'s steps with their launches and workspace sizes, as a new
+    KernelPlan built once (the lowered plan, and its IR nodes, stay behind with the compiler)."""
+    steps = []
+    for step in plan.steps:
+        made = kernels.steps.get(step.name, StepKernels())
+        if not step.alias and step.name not in kernels.steps:
+            raise CompileError(f"step '{step.name}' has no kernels")
+        steps.append(dataclasses.replace(step, launches=list(made.launches), workspace_bytes=made.workspace_bytes))
+    return KernelPlan(
+        tensors=dict(plan.tensors),
+        steps=steps,
+        inputs=list(plan.inputs),
+        outputs=list(plan.outputs),
+        output_names=list(plan.output_names),
+    )
 
 
 # wgmma pays from this many rows (M, batches folded in) and columns on (measured on an H200).
@@ -157,13 +190,15 @@ def local_gpu_arch() -> str | None:
 
 def build_cuda_engine(
     optimized,
-    plan: KernelPlan,
-    memory: MemoryPlan,
+    plan: LoweredPlan,
     weights: dict[str, np.ndarray],
     opts,
     report: dict[str, Any],
     phase,
 ):
+    """Tune (if asked), generate every step's kernels, plan the memory of the complete plan (the
+    workspace its kernels need included), compile with NVRTC and make the engine."""
+    from graphc.codegen.memory import memory_report, plan_memory
     from graphc.runtime.engine import Engine
 
     local = local_gpu_arch()
@@ -193,9 +228,10 @@ def build_cuda_engine(
         kernels = generate_kernels(
             plan, weights, precision=opts.precision, allow_tf32=opts.allow_tf32, choices=choices, hopper=hopper
         )
-    ws = max((s.workspace_bytes for s in plan.steps), default=0)
-    memory.workspace_bytes = align(ws) if ws else 0
-    report["memory"]["workspace_bytes"] = memory.workspace_bytes
+        final = complete_plan(plan, kernels)
+    with phase("memory_plan"):
+        memory = plan_memory(final)
+    report["memory"] = memory_report(memory)
     with phase("nvrtc"):
         compile_kernels(kernels, archs, cache_dir=opts.cache_dir)
     report["timings"] = phase.timings
@@ -203,7 +239,7 @@ def build_cuda_engine(
         "archs": archs,
         "wgmma_kernels": sum(1 for a in kernels.requires.values() if a == "sm_90a"),
         "kernels": len(kernels.sources),
-        "launches": sum(len(s.launches) for s in plan.steps),
+        "launches": sum(len(s.launches) for s in final.steps),
         "families": _count(kernels.families.values()),
         "nvrtc": nvrtc_version(),
     }
@@ -215,8 +251,8 @@ def build_cuda_engine(
         cubins = kernels.cubins.get(local)
         if cubins is None:
             raise CompileError(f"no cubin for the local GPU ({local})")
-        executor = CUDAExecutor(plan, memory, weights, cubins, kernels.names)
-    engine = Engine("cuda", plan, memory, weights, executor, report, build_info)
+        executor = CUDAExecutor(final, memory, weights, cubins, kernels.names)
+    engine = Engine("cuda", final, memory, weights, executor, report, build_info)
     engine.kernels = kernels
     return engine
 

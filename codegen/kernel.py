@@ -7,6 +7,7 @@ specialized to the step's static shapes, with the launch geometry and the argume
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
@@ -18,6 +19,9 @@ import jinja2
 import jinja2.meta
 
 from graphc.errors import CompileError
+from graphc.ir.attrs import Attrs
+from graphc.ir.graph import Node
+from graphc.ir.types import TensorType
 from graphc.runtime.plan import Step, TensorSpec
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
@@ -42,15 +46,40 @@ class KernelSource:
 
 @dataclass
 class StepContext:
-    """What a family sees of one step: the step, every tensor's spec, weight values (for baking
-    small constants), the target arch and the compile options."""
+    """What a family sees of one step: the step (tensor names, index), the IR node it lowers (its
+    typed attrs and the TensorTypes of its inputs and outputs), every tensor's spec, weight values
+    (for baking small constants), the target arch and the compile options. Families read attrs
+    from the node, never from the step's JSON (that is the engine file's record of them)."""
 
     step: Step
+    node: Node
     tensors: Mapping[str, TensorSpec]
     weights: Mapping[str, Any]
     precision: str = "fp32"
     allow_tf32: bool = False
     params: dict[str, Any] | None = None  # forced template parameters (the tuner's choice)
+
+    def __post_init__(self) -> None:
+        # The node and the step must be the same op application (a side table gone stale would
+        # otherwise compile one node's attrs into another's kernel).
+        n, s = self.node, self.step
+        if (n.name, n.op, n.domain, n.output_names) != (s.name, s.op, s.domain, tuple(s.outputs)):
+            raise CompileError(f"step '{s.name}' ({s.op}) is paired with node '{n.name}' ({n.op}), not its own")
+
+    @property
+    def attrs(self) -> Attrs:
+        """The node's typed attrs (FusedAttrs for a fused node)."""
+        return self.node.attrs
+
+    def input_type(self, i: int) -> TensorType | None:
+        v = self.node.input(i)
+        return None if v is None else v.ttype
+
+    def output_type(self, i: int = 0) -> TensorType:
+        return self.node.outputs[i].ttype
+
+    def with_params(self, params: dict[str, Any] | None) -> StepContext:
+        return dataclasses.replace(self, params=params)
 
     def spec(self, name: str | None) -> TensorSpec:
         assert name is not None

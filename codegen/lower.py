@@ -2,12 +2,19 @@
 
 Every shape must be concrete (bind_shapes runs first). Reshape-like ops become alias steps: views
 of their input with no kernel and no memory of their own.
+
+The plan keeps each step's IR node beside it (`LoweredPlan.nodes`, by step name), so code
+generation reads typed attrs and TensorTypes from the node; the step's JSON attrs are only the
+engine file's record of them.
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from graphc.errors import CompileError
 from graphc.ir.attrs import attrs_to_json
@@ -18,7 +25,38 @@ from graphc.ops.registry import Category, get_op
 from graphc.passes.provenance import origins_of
 from graphc.runtime.plan import ALIAS, ARENA, INPUT, WEIGHT, KernelPlan, Step, TensorSpec
 
+if TYPE_CHECKING:
+    from graphc.codegen.kernel import StepContext
+
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoweredPlan(KernelPlan):
+    """A kernel plan as lowering leaves it (no launches yet), with the IR node of every step.
+
+    It is a KernelPlan (the memory planner and the CPU executor take it as one); only the
+    KernelPlan fields reach an engine file."""
+
+    nodes: dict[str, Node] = field(default_factory=dict, repr=False)  # step name -> the node it lowers
+
+    def context(
+        self,
+        step: Step,
+        weights: Mapping[str, Any],
+        *,
+        precision: str = "fp32",
+        allow_tf32: bool = False,
+        params: dict[str, Any] | None = None,
+    ) -> StepContext:
+        """The StepContext a kernel family generates `step` from."""
+        from graphc.codegen.kernel import StepContext
+
+        node = self.nodes.get(step.name)
+        if node is None:
+            raise CompileError(f"step '{step.name}' has no IR node in its plan")
+        return StepContext(step, node, self.tensors, weights, precision, allow_tf32, params)
+
 
 # Ops whose output is its input's bytes under another shape.
 ALIAS_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
@@ -117,7 +155,7 @@ def peak_live_bytes(graph: Graph, order: list[Node]) -> int:
     return lifetimes_from_plan(plan).lower_bound
 
 
-def build_plan(graph: Graph, order: list[Node]) -> KernelPlan:
+def build_plan(graph: Graph, order: list[Node]) -> LoweredPlan:
     tensors: dict[str, TensorSpec] = {}
     for v in graph.inputs:
         tensors[v.name] = _spec(v.name, v.type, INPUT)
@@ -146,16 +184,21 @@ def build_plan(graph: Graph, order: list[Node]) -> KernelPlan:
                 inplace=_inplace_inputs(node),
             )
         )
-    return KernelPlan(
+    nodes = {node.name: node for node in order}
+    if len(nodes) != len(order):
+        dup = sorted({n.name for n in order if sum(m.name == n.name for m in order) > 1})
+        raise CompileError(f"node names {dup[:5]} are not unique; each step is named after its node")
+    return LoweredPlan(
         tensors=tensors,
         steps=steps,
         inputs=[v.name for v in graph.inputs],
         outputs=[v.name for v in graph.outputs],
         output_names=list(graph.output_names),
+        nodes=nodes,
     )
 
 
-def lower_to_plan(graph: Graph) -> KernelPlan:
+def lower_to_plan(graph: Graph) -> LoweredPlan:
     """The kernel plan of a graph with concrete shapes, in the order of lower peak memory of
     (a) the graph's own order and (b) the memory-aware schedule."""
     original = list(graph.nodes)

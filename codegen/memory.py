@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -186,7 +187,10 @@ SEARCH_SECONDS = 0.5
 def plan_memory(plan: KernelPlan, *, inplace: bool = True, search: bool = True) -> MemoryPlan:
     """Place every arena tensor; the heuristic with the smallest arena wins. If none reaches the
     lower bound, a seeded search over perturbed size orders (sizes jittered by up to 30%) tries
-    more first-fit and best-fit placements, keeping the best (deterministic for a given plan)."""
+    more first-fit and best-fit placements, keeping the best (deterministic for a given plan).
+
+    The workspace is sized from the steps' workspace_bytes, an input known once the kernels are
+    generated: for the CUDA target, plan the complete plan (codegen.build.complete_plan)."""
     t0 = time.perf_counter()
     lt = lifetimes_from_plan(plan, inplace=inplace)
     candidates: dict[str, int] = {}
@@ -234,6 +238,21 @@ def plan_memory(plan: KernelPlan, *, inplace: bool = True, search: bool = True) 
         naive_bytes=lt.naive,
         candidates=candidates,
     )
+
+
+def memory_report(memory: MemoryPlan) -> dict[str, Any]:
+    """The memory section of a compile report."""
+    return {
+        "arena_bytes": memory.arena_bytes,
+        "lower_bound_bytes": memory.lower_bound_bytes,
+        "naive_bytes": memory.naive_bytes,
+        "workspace_bytes": memory.workspace_bytes,
+        "algorithm": memory.algorithm,
+        "candidates": memory.candidates,
+        "arena_over_lower_bound": round(memory.arena_bytes / memory.lower_bound_bytes, 4)
+        if memory.lower_bound_bytes
+        else 1.0,
+    }
 
 
 def _member_bounds(plan: KernelPlan, lt: Lifetimes) -> dict[str, tuple[int, int]]:

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from graphc.codegen.kernel import StepContext, family_for
-from graphc.runtime.plan import KernelPlan
+from graphc.codegen.lower import LoweredPlan
+from graphc.ir.attrs import attrs_to_json
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ def step_signature(ctx: StepContext) -> str:
     step = ctx.step
     parts = {
         "op": f"{step.domain}.{step.op}",
-        "attrs": step.attrs,
+        "attrs": attrs_to_json(ctx.attrs),  # the attrs' stable JSON form, as the records were keyed
         "inputs": [None if n is None else (ctx.tensors[n].dtype, ctx.tensors[n].shape) for n in step.inputs],
         "outputs": [(ctx.tensors[n].dtype, ctx.tensors[n].shape) for n in step.outputs],
         "precision": ctx.precision,
@@ -197,7 +198,7 @@ class StepBench:
 
 
 def tune_plan(
-    plan: KernelPlan,
+    plan: LoweredPlan,
     weights: dict[str, np.ndarray],
     *,
     mode: str,
@@ -227,7 +228,7 @@ def tune_plan(
     for step in plan.steps:
         if step.alias:
             continue
-        ctx = StepContext(step, plan.tensors, weights, precision, allow_tf32)
+        ctx = plan.context(step, weights, precision=precision, allow_tf32=allow_tf32)
         fam = family_for(ctx)
         if fam.search_space is None:
             continue
@@ -247,9 +248,7 @@ def tune_plan(
         default_ms = float("inf")  # stays so if the default itself fails: then the best candidate wins
         for params in [None, *space]:
             try:
-                sources: list[KernelSource] = fam.generate(
-                    StepContext(step, plan.tensors, weights, precision, allow_tf32, params=params)
-                )
+                sources: list[KernelSource] = fam.generate(ctx.with_params(params))
                 if any(s.workspace_bytes > workspace.nbytes for s in sources):
                     continue
                 functions, launches = {}, []

@@ -85,7 +85,7 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
     shapes={"input": (1, 3, 224, 224)})`.
     """
     from graphc.codegen.lower import lower_to_plan
-    from graphc.codegen.memory import plan_memory
+    from graphc.codegen.memory import memory_report, plan_memory
     from graphc.frontend import load_onnx
     from graphc.ir.shapes import bind_shapes
     from graphc.passes.manager import OptimizeOptions, optimize
@@ -131,21 +131,14 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
             optimized = k_major_gemm_weights(optimized)
     with phase("lower"):
         plan = lower_to_plan(optimized)
-    with phase("memory_plan"):
-        memory = plan_memory(plan)
+    memory = None
+    if opts.target == "cpu":  # a CUDA plan's memory is planned once its kernels (workspace) are known
+        with phase("memory_plan"):
+            memory = plan_memory(plan)
 
     report = optimizer_report(graph, optimized, result.records)
-    report["memory"] = {
-        "arena_bytes": memory.arena_bytes,
-        "lower_bound_bytes": memory.lower_bound_bytes,
-        "naive_bytes": memory.naive_bytes,
-        "workspace_bytes": memory.workspace_bytes,
-        "algorithm": memory.algorithm,
-        "candidates": memory.candidates,
-        "arena_over_lower_bound": round(memory.arena_bytes / memory.lower_bound_bytes, 4)
-        if memory.lower_bound_bytes
-        else 1.0,
-    }
+    if memory is not None:
+        report["memory"] = memory_report(memory)
     report["target"] = opts.target
     report["precision"] = opts.precision
     report["steps"] = len(plan.steps)
@@ -168,7 +161,7 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
 
     from graphc.codegen.build import build_cuda_engine
 
-    engine = build_cuda_engine(optimized, plan, memory, weights, opts, report, phase)
+    engine = build_cuda_engine(optimized, plan, weights, opts, report, phase)
     engine.build_info.update(_build_info(opts, options_json))
     return engine
 

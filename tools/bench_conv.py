@@ -30,7 +30,7 @@ L2_BYTES = 64 << 20
 
 def build_kernel(n: int, hw: int, c: int, k: int, params=None):
     """The conv family's kernel for relu(conv3x3(x, w) + b) in NHWC fp16."""
-    from graphc.codegen.kernel import StepContext, family_for
+    from graphc.codegen.kernel import family_for
     from graphc.codegen.lower import lower_to_plan
     from graphc.ir.attrs import onnx_attrs_class
     from graphc.ir.builder import GraphBuilder
@@ -57,7 +57,7 @@ def build_kernel(n: int, hw: int, c: int, k: int, params=None):
     plan = lower_to_plan(graph)
     step = plan.steps[0]
     weights = {name: c.data for name, c in graph.constants.items()}
-    ctx = StepContext(step, plan.tensors, weights, precision="fp16", params=params)
+    ctx = plan.context(step, weights, precision="fp16", params=params)
     fam = family_for(ctx)
     return fam, ctx, fam.generate(ctx)
 

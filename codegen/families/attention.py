@@ -33,7 +33,6 @@ import numpy as np
 from graphc.codegen.cuda_types import cuda_type, dtype_from_numpy_name
 from graphc.codegen.expr import lit
 from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, grid_1d, register_family, render
-from graphc.ir.attrs import attrs_from_json
 from graphc.ir.types import DType
 from graphc.ops.registry import get_op
 
@@ -115,7 +114,7 @@ class AttnProblem:
 
 
 def _attrs(ctx: StepContext):
-    return attrs_from_json(get_op("Attention").attrs, ctx.step.attrs)
+    return ctx.attrs
 
 
 def effective_scale(scale: float | None, head: int, dtype: DType) -> float:
@@ -491,7 +490,7 @@ ROTARY_BLOCK = 256
 
 def _rotary_generate(ctx: StepContext) -> list[KernelSource]:
     step = ctx.step
-    a = attrs_from_json(get_op("RotaryEmbedding").attrs, step.attrs)
+    a = ctx.attrs
     ins = list(step.inputs) + [None] * (4 - len(step.inputs))
     xs = ctx.spec(ins[0])
     dt = dtype_from_numpy_name(xs.dtype)
@@ -569,6 +568,7 @@ def standalone_context(
     """A one-step plan around an Attention or RotaryEmbedding node: inputs x0, x1, ... (None: an
     omitted optional input), output y0; its type from the op's own inference."""
     from graphc.ir.attrs import attrs_to_json
+    from graphc.ir.graph import Node, Value
     from graphc.ir.types import TensorType
     from graphc.ops.registry import InferContext
     from graphc.runtime.plan import Step, TensorSpec
@@ -586,5 +586,12 @@ def standalone_context(
         names.append(f"x{i}")
         tensors[f"x{i}"] = TensorSpec(f"x{i}", t.dtype.numpy.name, list(t.static_shape), t.nbytes)
     tensors["y0"] = TensorSpec("y0", out.dtype.numpy.name, list(out.static_shape), out.nbytes)
+    node = Node(
+        op,
+        "n0",
+        tuple(None if n is None else Value(n, t) for n, t in zip(names, types, strict=True)),
+        (Value("y0", out),),
+        attrs,
+    )
     step = Step(0, "n0", op, op, "", attrs_to_json(attrs), names, ["y0"])
-    return StepContext(step, tensors, {}, params=params)
+    return StepContext(step, node, tensors, {}, params=params)

@@ -23,11 +23,9 @@ from graphc.codegen.cuda_types import cuda_type, dtype_from_numpy_name
 from graphc.codegen.epilogue import render_epilogue
 from graphc.codegen.families.elementwise import operands
 from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, grid_1d, register_family, render
-from graphc.ir.attrs import attrs_from_json
 from graphc.ir.types import DType
-from graphc.ops.fused import ACC, EpilogueOp, FusedAttrs, Ref
+from graphc.ops.fused import ACC, EpilogueOp, Ref
 from graphc.ops.layout_ops import LAYOUT_DOMAIN
-from graphc.ops.registry import get_op
 
 # Multiprocessors the tile model assumes (H100/H200: 132; A100: 108).
 ASSUMED_SMS = 132
@@ -90,13 +88,13 @@ def conv_step(ctx: StepContext) -> ConvStep | None:
     """The conv anchor of a step (a plain conv, or a Fused node's anchor), else None."""
     step = ctx.step
     if step.op == "Fused" and step.domain == "graphc":
-        fa = attrs_from_json(FusedAttrs, step.attrs)
+        fa = ctx.attrs
         if not _is_conv(fa.anchor_op, fa.anchor_domain):
             return None
         return ConvStep(fa.anchor_op, fa.anchor_domain, fa.anchor_attrs, fa.anchor_inputs, fa.epilogue, fa.outputs)
     if not _is_conv(step.op, step.domain):
         return None
-    attrs = attrs_from_json(get_op(step.op, step.domain).attrs, step.attrs)
+    attrs = ctx.attrs
     return ConvStep(step.op, step.domain, attrs, len(step.inputs), (), (ACC,))
 
 

@@ -1,6 +1,8 @@
 """The data movement family: Transpose, Slice, Concat, Split, Pad, Gather, GatherElements, GatherND,
 Expand, Tile, Resize, DepthToSpace, SpaceToDepth, Trilu, CumSum, CumProd, ScatterND, ScatterElements,
-OneHot, EyeLike, Range and ConstantOfShape (data.cu.j2).
+OneHot, EyeLike, Range and ConstantOfShape: one template per kernel kind (templates/data_*.cu.j2,
+their shared pieces in data_common.cu.j2); this file plans the index math (sizes, strides,
+offsets, constants) and the templates write it as CUDA.
 
 Most of these move elements without looking at them, so kernels copy raw bits. Where an op keeps
 runs of k adjacent elements together (the innermost dim untouched, or cut at multiples of k),
@@ -14,16 +16,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from graphc.codegen.cuda_types import cuda_type, dtype_from_numpy_name
 from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, grid_1d, register_family, render
-from graphc.ir.attrs import attrs_from_json
 from graphc.ir.types import DType
-from graphc.ops.registry import get_op
 
 BLOCK = 256
 SUPPORTED = frozenset(
@@ -53,8 +53,6 @@ SUPPORTED = frozenset(
     }
 )
 
-_BITS = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long", 16: "gc_v16"}
-
 
 # ---- helpers -------------------------------------------------------------------------------------
 
@@ -68,16 +66,10 @@ def strides_of(shape: Sequence[int]) -> list[int]:
     return out
 
 
-def coord_lines(shape: Sequence[int], var: str = "i", prefix: str = "c") -> list[str]:
-    """Declarations `const long long c<d> = ...;` of the coordinates of row-major index var."""
-    lines = []
-    st = strides_of(shape)
-    for d, (s, t) in enumerate(zip(shape, st, strict=True)):
-        c = var if t == 1 else f"({var} / {t}ll)"
-        if d > 0:
-            c = f"({c} % {s}ll)"
-        lines.append(f"const long long {prefix}{d} = {c};")
-    return lines
+def dims_of(shape: Sequence[int]) -> list[tuple[int, int]]:
+    """(size, stride) of each dim of a row-major index space: what data_common's `coords` macro
+    turns into the coordinates of a flat index."""
+    return list(zip((int(s) for s in shape), strides_of(shape), strict=True))
 
 
 def wide_factor(itemsize: int, values: Sequence[int]) -> int:
@@ -88,51 +80,29 @@ def wide_factor(itemsize: int, values: Sequence[int]) -> int:
     return max(k, 1)
 
 
-def bits_literal(value: Any, dt: DType, k: int = 1) -> str:
-    """The raw bits of `value` in dtype dt, repeated k times, as a literal of the wide type."""
+def raw_bits(value: Any, dt: DType, k: int = 1) -> int:
+    """The raw bits of `value` in dtype dt, repeated k times, as one unsigned integer (little
+    endian: element 0 in the low bytes); data_common's `bits` macro writes it as a literal."""
     one = np.asarray(value).astype(dt.numpy).reshape(()).tobytes()
-    raw = one * k
-    if len(raw) == 16:
-        lo = int.from_bytes(raw[:8], "little")
-        hi = int.from_bytes(raw[8:], "little")
-        return f"gc_v16{{{lo}ull, {hi}ull}}"
-    return f"(({_BITS[len(raw)]}){int.from_bytes(raw, 'little')}ull)"
+    return int.from_bytes(one * k, "little")
 
 
-def _indent(lines: Sequence[str], n: int = 4) -> str:
-    pad = " " * n
-    return "\n".join(pad + ln for ln in lines)
-
-
-@dataclass
-class Kernel:
-    """A map kernel: `body` runs for every i in [0, total)."""
-
-    params: list[str]
-    args: list[str]
-    body: list[str]
-    total: int
-    elem_bytes: int
-    preamble: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def _emit(ctx: StepContext, k: Kernel, suffix: str = "", family_params: dict | None = None) -> KernelSource:
+def _map_kernel(
+    ctx: StepContext,
+    template: str,
+    total: int,
+    elem_bytes: int,
+    args: list[str],
+    suffix: str = "",
+    family_params: dict | None = None,
+    **env: Any,
+) -> KernelSource:
+    """A kernel of one thread per element of [0, total) (grid-stride) from `template`."""
     name = ctx.kernel_name(suffix)
     block = int((ctx.params or {}).get("block", BLOCK))
-    source = render(
-        "data.cu.j2",
-        mode="map",
-        name=name,
-        elem_t=_BITS[k.elem_bytes],
-        preamble=k.preamble,
-        params=k.params,
-        body=_indent(k.body),
-        total=k.total,
-        block=block,
-    )
-    params = {"elem_bytes": k.elem_bytes, "block": block, **(family_params or {})}
-    return KernelSource("data", name, source, grid_1d(k.total, block), (block, 1, 1), k.args, params=params)
+    source = render(template, name=name, total=total, block=block, elem_bytes=elem_bytes, **env)
+    params = {"elem_bytes": elem_bytes, "block": block, **(family_params or {})}
+    return KernelSource("data", name, source, grid_1d(total, block), (block, 1, 1), args, params=params)
 
 
 def _dt(ctx: StepContext, name: str) -> DType:
@@ -196,39 +166,36 @@ class Affine:
         shape = self.shape[:-1] + [self.shape[-1] // k]
         return Affine(shape, [m // k for m in self.mults[:-1]] + [1], self.base // k), k
 
-    def expr(self, var: str = "i") -> tuple[list[str], str]:
-        """(coordinate declarations, offset expression) for index var."""
-        if not self.shape:
-            return [], f"{self.base}ll"
-        lines = coord_lines(self.shape, var)
-        terms = [f"{self.base}ll"] if self.base else []
-        for d, m in enumerate(self.mults):
-            if m == 0:
-                continue
-            terms.append(f"c{d}" if m == 1 else f"c{d} * ({m}ll)")
-        return lines, " + ".join(terms) if terms else "0ll"
+
+def _affine_copy(
+    ctx: StepContext, src: str, dst: str, amap: Affine, itemsize: int, suffix: str, scatter: bool
+) -> KernelSource:
+    a = amap.simplified()
+    total = math.prod(a.shape)
+    a, k = a.widen(itemsize)
+    return _map_kernel(
+        ctx,
+        "data_copy.cu.j2",
+        total // k,
+        itemsize * k,
+        [src, dst],
+        suffix,
+        {"wide": k},
+        dims=dims_of(a.shape),
+        mults=a.mults,
+        base=a.base,
+        scatter=scatter,
+    )
 
 
 def _gather_copy(ctx: StepContext, src: str, dst: str, amap: Affine, itemsize: int, suffix: str = "") -> KernelSource:
     """out (dense, amap.shape) = src[amap(i)]."""
-    a = amap.simplified()
-    total = math.prod(a.shape)
-    a, k = a.widen(itemsize)
-    lines, off = a.expr()
-    body = [*lines, f"out0[i] = in0[{off}];"]
-    params = ["const gc_e* __restrict__ in0", "gc_e* __restrict__ out0"]
-    return _emit(ctx, Kernel(params, [src, dst], body, total // k, itemsize * k), suffix, {"wide": k})
+    return _affine_copy(ctx, src, dst, amap, itemsize, suffix, scatter=False)
 
 
 def _scatter_copy(ctx: StepContext, src: str, dst: str, amap: Affine, itemsize: int, suffix: str = "") -> KernelSource:
     """dst[amap(i)] = src (dense, amap.shape)."""
-    a = amap.simplified()
-    total = math.prod(a.shape)
-    a, k = a.widen(itemsize)
-    lines, off = a.expr()
-    body = [*lines, f"out0[{off}] = in0[i];"]
-    params = ["const gc_e* __restrict__ in0", "gc_e* __restrict__ out0"]
-    return _emit(ctx, Kernel(params, [src, dst], body, total // k, itemsize * k), suffix, {"wide": k})
+    return _affine_copy(ctx, src, dst, amap, itemsize, suffix, scatter=True)
 
 
 # ---- Transpose (and DepthToSpace / SpaceToDepth as transposes of a 6-D view) --------------------
@@ -271,26 +238,19 @@ def _tiled_transpose(
     out_st_by_in = {p: s for p, s in zip(mperm, strides_of(out_sizes), strict=True)}
     batch = [d for d in mperm if d not in (a_dim, q_dim)]  # output order
     bsizes = [sizes[d] for d in batch]
-    blines = coord_lines(bsizes, "b", "bc") if batch else []
-
-    def batch_expr(strides: dict[int, int]) -> str:
-        if not batch:
-            return "0ll"
-        return "(" + " + ".join(f"{_strip(blines[k])} * {strides[d]}ll" for k, d in enumerate(batch)) + ")"
-
+    bdims = [
+        (size, bstride, in_st[d], out_st_by_in[d]) for (size, bstride), d in zip(dims_of(bsizes), batch, strict=True)
+    ]
     a_size, q_size = sizes[a_dim], sizes[q_dim]
     ta, tq = ceil_div(a_size, 32), ceil_div(q_size, 32)
     name = ctx.kernel_name()
     source = render(
-        "data.cu.j2",
-        mode="transpose",
+        "data_transpose.cu.j2",
         name=name,
-        elem_t=_BITS[itemsize],
-        preamble="",
+        elem_bytes=itemsize,
         ta=ta,
         tq=tq,
-        in_batch=batch_expr(dict(enumerate(in_st))),
-        out_batch=batch_expr(out_st_by_in),
+        batch=bdims,
         a_size=a_size,
         q_size=q_size,
         q_in_stride=in_st[q_dim],
@@ -298,11 +258,6 @@ def _tiled_transpose(
     )
     nb = math.prod(bsizes)
     return KernelSource("data", name, source, (ta * tq * nb, 1, 1), (32, 8, 1), [src, dst], params={"tiled": True})
-
-
-def _strip(decl: str) -> str:
-    """The expression of a `const long long x = expr;` declaration."""
-    return decl.split(" = ", 1)[1].rstrip(";")
 
 
 def _gen_transpose(ctx: StepContext, attrs) -> list[KernelSource]:
@@ -415,17 +370,19 @@ def _gen_tile(ctx: StepContext, attrs) -> list[KernelSource]:
     if k > 1:
         in_shape[-1] //= k
         out_shape[-1] //= k
-    st = strides_of(in_shape)
-    lines = coord_lines(out_shape)
-    terms = []
-    for d, (i_s, o_s) in enumerate(zip(in_shape, out_shape, strict=True)):
-        if i_s == 1:
-            continue
-        c = f"c{d}" if i_s == o_s else f"(c{d} % {i_s}ll)"
-        terms.append(c if st[d] == 1 else f"{c} * {st[d]}ll")
-    body = [*lines, f"out0[i] = in0[{' + '.join(terms) or '0'}];"]
-    params = ["const gc_e* __restrict__ in0", "gc_e* __restrict__ out0"]
-    return [_emit(ctx, Kernel(params, [x, y], body, math.prod(out_shape), itemsize * k), family_params={"wide": k})]
+    tile = list(zip(in_shape, out_shape, strides_of(in_shape), strict=True))
+    return [
+        _map_kernel(
+            ctx,
+            "data_tile.cu.j2",
+            math.prod(out_shape),
+            itemsize * k,
+            [x, y],
+            family_params={"wide": k},
+            dims=dims_of(out_shape),
+            tile=tile,
+        )
+    ]
 
 
 def _gen_pad(ctx: StepContext, attrs) -> list[KernelSource]:
@@ -456,43 +413,27 @@ def _gen_pad(ctx: StepContext, attrs) -> list[KernelSource]:
     if math.prod(in_shape) == 0:  # nothing to copy from: every element is the constant
         mode = "constant"
     st = strides_of(in_shape)
-    lines = coord_lines(out_shape)
-    terms, conds = [], []
+    axes = []
     for d in range(rank):
         b, e = widths[d]
         crop = max(-b, 0)
         length = in_shape[d] - crop - max(-e, 0)  # the cropped axis (negative pads crop first)
-        t = f"c{d}" if b == 0 else f"(c{d} - {max(b, 0)}ll)"
-        if b <= 0 and e <= 0:
-            t = f"(c{d} + {crop}ll)" if crop else f"c{d}"
-        elif mode == "constant":
-            conds.append(f"{t} >= 0 && {t} < {length}ll")
-            t = f"({t} + {crop}ll)" if crop else t
-        elif mode == "edge":
-            t = f"(min(max({t}, 0ll), {length - 1}ll) + {crop}ll)"
-        elif mode == "wrap":
-            t = f"((({t}) % {length}ll + {length}ll) % {length}ll + {crop}ll)"
-        elif mode == "reflect":
-            if length == 1:
-                t = f"{crop}ll"
-            else:
-                per = 2 * (length - 1)
-                u = f"((({t}) % {per}ll + {per}ll) % {per}ll)"
-                t = f"(({u}) < {length}ll ? ({u}) : {per}ll - ({u})) + {crop}ll"
-                t = f"({t})"
-        if in_shape[d] != 1 or mode != "constant":
-            terms.append(t if st[d] == 1 else f"{t} * {st[d]}ll")
-    src = " + ".join(terms) or "0ll"
-    if mode == "constant" and conds:
-        fill = bits_literal(cv, dt, k)
-        inside = " && ".join(f"({c})" for c in conds)
-        body = [*lines, f"const bool inside = {inside};", f"out0[i] = inside ? in0[{src}] : {fill};"]
-    elif math.prod(in_shape) == 0:
-        body = [f"out0[i] = {bits_literal(cv, dt, k)};"]
-    else:
-        body = [*lines, f"out0[i] = in0[{src}];"]
-    params = ["const gc_e* __restrict__ in0", "gc_e* __restrict__ out0"]
-    return [_emit(ctx, Kernel(params, [x, y], body, math.prod(out_shape), dt.itemsize * k), family_params={"wide": k})]
+        axes.append({"b": b, "e": e, "crop": crop, "length": length, "stride": st[d], "in_size": in_shape[d]})
+    return [
+        _map_kernel(
+            ctx,
+            "data_pad.cu.j2",
+            math.prod(out_shape),
+            dt.itemsize * k,
+            [x, y],
+            family_params={"wide": k},
+            dims=dims_of(out_shape),
+            axes=axes,
+            mode=mode,
+            empty=math.prod(in_shape) == 0,
+            fill=raw_bits(cv, dt, k),
+        )
+    ]
 
 
 def _gen_trilu(ctx: StepContext, attrs) -> list[KernelSource]:
@@ -503,14 +444,19 @@ def _gen_trilu(ctx: StepContext, attrs) -> list[KernelSource]:
     kv = _const(ctx, 1, "k")
     k = int(kv.reshape(-1)[0]) if kv is not None else 0
     rows, cols = shape[-2], shape[-1]
-    keep = f"col - row >= {k}ll" if attrs.upper else f"col - row <= {k}ll"
-    body = [
-        f"const long long col = i % {cols}ll;",
-        f"const long long row = (i / {cols}ll) % {rows}ll;",
-        f"out0[i] = ({keep}) ? in0[i] : gc_e{{}};",
+    return [
+        _map_kernel(
+            ctx,
+            "data_trilu.cu.j2",
+            math.prod(shape),
+            _dt(ctx, x).itemsize,
+            [x, y],
+            rows=rows,
+            cols=cols,
+            k=k,
+            upper=bool(attrs.upper),
+        )
     ]
-    params = ["const gc_e* __restrict__ in0", "gc_e* __restrict__ out0"]
-    return [_emit(ctx, Kernel(params, [x, y], body, math.prod(shape), _dt(ctx, x).itemsize))]
 
 
 # ---- Gather, GatherElements, GatherND -----------------------------------------------------------
@@ -538,11 +484,9 @@ def _gen_gather(ctx: StepContext, attrs) -> list[KernelSource]:
         block = min(256, max(32, 1 << (inner - 1).bit_length()))
         name = ctx.kernel_name()
         source = render(
-            "data.cu.j2",
-            mode="rows",
+            "data_gather_rows.cu.j2",
             name=name,
-            elem_t=_BITS[itemsize * k],
-            preamble="",
+            elem_bytes=itemsize * k,
             idx_t=_idx_t(ctx, ids),
             ni=ni,
             axis_len=a_len,
@@ -550,16 +494,20 @@ def _gen_gather(ctx: StepContext, attrs) -> list[KernelSource]:
             block=block,
         )
         return [KernelSource("data", name, source, (outer * ni, 1, 1), (block, 1, 1), [x, ids, y], params={"wide": k})]
-    body = [
-        f"const long long r = i % {inner}ll;",
-        f"const long long n = (i / {inner}ll) % {ni}ll;",
-        f"const long long o = i / {inner * ni}ll;",
-        "long long id = (long long)in1[n];",
-        f"if (id < 0) id += {a_len}ll;",
-        f"out0[i] = (id >= 0 && id < {a_len}ll) ? in0[(o * {a_len}ll + id) * {inner}ll + r] : gc_e{{}};",
+    return [
+        _map_kernel(
+            ctx,
+            "data_gather.cu.j2",
+            total // k,
+            itemsize * k,
+            [x, ids, y],
+            family_params={"wide": k},
+            idx_t=_idx_t(ctx, ids),
+            inner=inner,
+            ni=ni,
+            axis_len=a_len,
+        )
     ]
-    params = ["const gc_e* __restrict__ in0", f"const {_idx_t(ctx, ids)}* __restrict__ in1", "gc_e* __restrict__ out0"]
-    return [_emit(ctx, Kernel(params, [x, ids, y], body, total // k, itemsize * k), family_params={"wide": k})]
 
 
 def _gen_gather_elements(ctx: StepContext, attrs) -> list[KernelSource]:
@@ -572,33 +520,27 @@ def _gen_gather_elements(ctx: StepContext, attrs) -> list[KernelSource]:
     if total == 0:
         return []
     dst = strides_of(dshape)
-    lines = coord_lines(ishape)
-    terms = [f"c{d} * {dst[d]}ll" for d in range(rank) if d != axis and ishape[d] != 1]
-    body = [
-        *lines,
-        "long long id = (long long)in1[i];",
-        f"if (id < 0) id += {dshape[axis]}ll;",
-        f"const bool valid = id >= 0 && id < {dshape[axis]}ll;",
-        f"out0[i] = valid ? in0[{' + '.join([*terms, f'id * {dst[axis]}ll'])}] : gc_e{{}};",
+    return [
+        _map_kernel(
+            ctx,
+            "data_gather_elements.cu.j2",
+            total,
+            _dt(ctx, x).itemsize,
+            [x, ids, y],
+            idx_t=_idx_t(ctx, ids),
+            dims=dims_of(ishape),
+            terms=[(d, dst[d]) for d in range(rank) if d != axis and ishape[d] != 1],
+            axis_len=dshape[axis],
+            axis_stride=dst[axis],
+        )
     ]
-    params = ["const gc_e* __restrict__ in0", f"const {_idx_t(ctx, ids)}* __restrict__ in1", "gc_e* __restrict__ out0"]
-    return [_emit(ctx, Kernel(params, [x, ids, y], body, total, _dt(ctx, x).itemsize))]
 
 
-def _nd_offset_lines(dshape: Sequence[int], b: int, k: int, ptr: str, row: str) -> list[str]:
-    """Lines computing `off` (and `valid`) from the k indices at ptr[row * k ...]: the offset of
-    slice (batch, idx...) in data, negatives wrapped."""
+def _nd_dims(dshape: Sequence[int], b: int, k: int) -> list[tuple[int, int]]:
+    """(size, stride) of the k data dims from b on that an index tuple names (data_common's
+    `nd_offset` macro)."""
     dst = strides_of(dshape)
-    lines = ["long long off = 0;", "bool valid = true;"]
-    for j in range(k):
-        d = b + j
-        lines += [
-            f"{{ long long v = (long long){ptr}[{row} * {k}ll + {j}ll];",
-            f"  if (v < 0) v += {dshape[d]}ll;",
-            f"  valid = valid && v >= 0 && v < {dshape[d]}ll;",
-            f"  off += v * {dst[d]}ll; }}",
-        ]
-    return lines
+    return [(dshape[b + j], dst[b + j]) for j in range(k)]
 
 
 def _gen_gather_nd(ctx: StepContext, attrs) -> list[KernelSource]:
@@ -609,35 +551,33 @@ def _gen_gather_nd(ctx: StepContext, attrs) -> list[KernelSource]:
     total = math.prod(_shape(ctx, y))
     if total == 0:
         return []
-    batch = math.prod(dshape[:b])
     m = math.prod(ishape[b:-1])  # index tuples per batch
-    s = math.prod(dshape[b + k :])  # elements per gathered slice
-    bstride = math.prod(dshape[b:])
-    body = [
-        f"const long long r = i % {s}ll;",
-        f"const long long t = i / {s}ll;  // index tuple number (batch * {m} + m)",
-        f"const long long bi = t / {m}ll;",
-        *_nd_offset_lines(dshape, b, k, "in1", "t"),
-        f"out0[i] = valid ? in0[bi * {bstride}ll + off + r] : gc_e{{}};",
+    return [
+        _map_kernel(
+            ctx,
+            "data_gather_nd.cu.j2",
+            total,
+            _dt(ctx, x).itemsize,
+            [x, ids, y],
+            idx_t=_idx_t(ctx, ids),
+            slice=math.prod(dshape[b + k :]),  # elements per gathered slice
+            m=m,
+            nd_dims=_nd_dims(dshape, b, k),
+            batch_stride=math.prod(dshape[b:]),
+        )
     ]
-    del batch
-    params = ["const gc_e* __restrict__ in0", f"const {_idx_t(ctx, ids)}* __restrict__ in1", "gc_e* __restrict__ out0"]
-    return [_emit(ctx, Kernel(params, [x, ids, y], body, total, _dt(ctx, x).itemsize))]
 
 
 # ---- ScatterND, ScatterElements (copy, then scatter the updates) --------------------------------
 
 
-_ATOMIC_ADD = {DType.float32: "float", DType.float64: "double", DType.int32: "int", DType.int64: "unsigned long long"}
+# dtypes with an atomicAdd (data_scatter.cu.j2 names their CUDA types)
+_ATOMIC_ADD = frozenset({DType.float32, DType.float64, DType.int32, DType.int64})
 
 
-def _scatter_store(ctx: StepContext, reduction: str, dt: DType, target: str) -> list[str]:
-    if reduction == "none":
-        return [f"{target} = in2[i];"]
-    if reduction == "add" and dt in _ATOMIC_ADD:
-        t = _ATOMIC_ADD[dt]
-        ct = cuda_type(dt).storage
-        return [f"atomicAdd(reinterpret_cast<{t}*>(&{target}), ({t})(({ct})in2[i]));"]
+def _check_reduction(ctx: StepContext, reduction: str, dt: DType) -> None:
+    if reduction == "none" or (reduction == "add" and dt in _ATOMIC_ADD):
+        return
     raise ctx.fail(f"reduction '{reduction}' on {dt.name} has no CUDA kernel (none, or add on f32/f64/i32/i64)")
 
 
@@ -653,39 +593,29 @@ def _gen_scatter(ctx: StepContext, attrs) -> list[KernelSource]:
     total = math.prod(ushape)
     if total == 0:
         return kernels
-    ct = cuda_type(dt).storage
-    if ctx.step.op == "ScatterND":
+    _check_reduction(ctx, attrs.reduction, dt)
+    env: dict[str, Any] = {
+        "idx_t": _idx_t(ctx, ids),
+        "ct": cuda_type(dt).storage,
+        "dtype": dt.numpy.name,
+        "reduction": attrs.reduction,
+        "nd": ctx.step.op == "ScatterND",
+    }
+    if env["nd"]:
         k = _shape(ctx, ids)[-1]
-        s = math.prod(dshape[k:])
-        body = [
-            f"const long long r = i % {s}ll;",
-            f"const long long t = i / {s}ll;",
-            *_nd_offset_lines(dshape, 0, k, "in1", "t"),
-            "if (valid) {",
-            *("  " + ln for ln in _scatter_store(ctx, attrs.reduction, dt, "out0[off + r]")),
-            "}",
-        ]
+        env.update(slice=math.prod(dshape[k:]), nd_dims=_nd_dims(dshape, 0, k))
     else:
         rank = len(dshape)
         axis = attrs.axis + rank if attrs.axis < 0 else attrs.axis
         dst = strides_of(dshape)
-        terms = [f"c{d} * {dst[d]}ll" for d in range(rank) if d != axis]
-        target = f"out0[{' + '.join([*terms, f'id * {dst[axis]}ll'])}]"
-        body = [
-            *coord_lines(ushape),
-            "long long id = (long long)in1[i];",
-            f"if (id < 0) id += {dshape[axis]}ll;",
-            f"if (id >= 0 && id < {dshape[axis]}ll) {{",
-            *("  " + ln for ln in _scatter_store(ctx, attrs.reduction, dt, target)),
-            "}",
-        ]
-    params = [
-        f"const {_idx_t(ctx, ids)}* __restrict__ in1",
-        f"const {ct}* __restrict__ in2",
-        f"{ct}* __restrict__ out0",
-    ]
-    # The raw-bits type is unused here: updates are stored typed (atomics need the type).
-    kernels.append(_emit(ctx, Kernel(params, [ids, upd, y], body, total, dt.itemsize), "_scatter"))
+        env.update(
+            dims=dims_of(ushape),
+            terms=[(d, dst[d]) for d in range(rank) if d != axis],
+            axis_len=dshape[axis],
+            axis_stride=dst[axis],
+        )
+    # Updates are stored typed (atomics need the type); gc_e, the raw-bits type, is unused here.
+    kernels.append(_map_kernel(ctx, "data_scatter.cu.j2", total, dt.itemsize, [ids, upd, y], "_scatter", **env))
     return kernels
 
 
@@ -703,24 +633,18 @@ def _gen_onehot(ctx: StepContext, attrs) -> list[KernelSource]:
     rank = len(out_shape)
     axis = attrs.axis + rank if attrs.axis < 0 else attrs.axis
     inner = math.prod(out_shape[axis + 1 :])
-    body = [
-        f"const long long r = i % {inner}ll;",
-        f"const long long d = (i / {inner}ll) % {depth}ll;",
-        f"const long long o = i / {inner * depth}ll;",
-        f"long long id = (long long)in0[o * {inner}ll + r];",
-        f"if (id < 0) id += {depth}ll;",
-        "out0[i] = id == d ? in2[1] : in2[0];",
+    return [
+        _map_kernel(
+            ctx,
+            "data_onehot.cu.j2",
+            total,
+            _dt(ctx, y).itemsize,
+            [ids, vals, y],
+            idx_t=_idx_t(ctx, ids),
+            inner=inner,
+            depth=depth,
+        )
     ]
-    params = [
-        f"const {_idx_t(ctx, ids)}* __restrict__ in0",
-        "const gc_e* __restrict__ in2",
-        "gc_e* __restrict__ out0",
-    ]
-    return [_emit(ctx, Kernel(params, [ids, vals, y], body, total, _dt(ctx, y).itemsize))]
-
-
-def _one_bits(dt: DType, v: int) -> str:
-    return bits_literal(v, dt)
 
 
 def _gen_eyelike(ctx: StepContext, attrs) -> list[KernelSource]:
@@ -729,11 +653,8 @@ def _gen_eyelike(ctx: StepContext, attrs) -> list[KernelSource]:
     dt = _dt(ctx, y)
     if rows * cols == 0:
         return []
-    body = [
-        f"const long long col = i % {cols}ll, row = i / {cols}ll;",
-        f"out0[i] = col - row == {attrs.k}ll ? {_one_bits(dt, 1)} : {_one_bits(dt, 0)};",
-    ]
-    return [_emit(ctx, Kernel(["gc_e* __restrict__ out0"], [y], body, rows * cols, dt.itemsize))]
+    env = {"cols": cols, "k": attrs.k, "one": raw_bits(1, dt), "zero": raw_bits(0, dt)}
+    return [_map_kernel(ctx, "data_eyelike.cu.j2", rows * cols, dt.itemsize, [y], **env)]
 
 
 def _gen_constant_of_shape(ctx: StepContext, attrs) -> list[KernelSource]:
@@ -744,8 +665,7 @@ def _gen_constant_of_shape(ctx: StepContext, attrs) -> list[KernelSource]:
         return []
     v = 0 if attrs.value is None else attrs.value.array.reshape(-1)[0]
     k = wide_factor(dt.itemsize, [total])
-    body = [f"out0[i] = {bits_literal(v, dt, k)};"]
-    return [_emit(ctx, Kernel(["gc_e* __restrict__ out0"], [y], body, total // k, dt.itemsize * k))]
+    return [_map_kernel(ctx, "data_fill.cu.j2", total // k, dt.itemsize * k, [y], value=raw_bits(v, dt, k))]
 
 
 def _gen_range(ctx: StepContext, attrs) -> list[KernelSource]:
@@ -756,18 +676,14 @@ def _gen_range(ctx: StepContext, attrs) -> list[KernelSource]:
         return []
     start = _const(ctx, 0, "start").reshape(-1)[0]
     delta = _const(ctx, 2, "delta").reshape(-1)[0]
-    ct = cuda_type(dt)
-    if dt is DType.float32:
-        # start + i * delta, rounded after each op as numpy does (no fused multiply-add).
-        val = f"__fadd_rn({float(start)!r}f, __fmul_rn((float)i, {float(delta)!r}f))"
-    elif dt is DType.float64:
-        val = f"__dadd_rn({float(start)!r}, __dmul_rn((double)i, {float(delta)!r}))"
+    if dt in (DType.float32, DType.float64):
+        lits = repr(float(start)), repr(float(delta))
     elif dt.is_int:
-        val = f"({ct.storage})({int(start)}ll + i * ({int(delta)}ll))"
+        lits = str(int(start)), str(int(delta))
     else:
         raise ctx.fail(f"Range of {dt.name} has no CUDA kernel")
-    body = [f"out[i] = {val};"]
-    return [_emit(ctx, Kernel([f"{ct.storage}* __restrict__ out"], [y], body, total, dt.itemsize))]
+    env = {"ct": cuda_type(dt).storage, "dtype": dt.numpy.name, "start": lits[0], "delta": lits[1]}
+    return [_map_kernel(ctx, "data_range.cu.j2", total, dt.itemsize, [y], **env)]
 
 
 # ---- CumSum, CumProd -------------------------------------------------------------------------------------
@@ -794,15 +710,12 @@ def _gen_cumsum(ctx: StepContext, attrs) -> list[KernelSource]:
     block = 256 if block_scan else 128
     name = ctx.kernel_name()
     source = render(
-        "data.cu.j2",
-        mode="scan",
+        "data_scan.cu.j2",
         name=name,
-        elem_t=_BITS[dt.itemsize],
-        preamble="",
+        elem_bytes=dt.itemsize,
         in_t=ct.storage,
         acc_t=acc_t,
-        load=ct.to_compute("p[k]"),
-        store=ct.to_storage(f"({ct.compute})(v)"),
+        ct=ct,
         block_scan=block_scan,
         op="*" if ctx.step.op == "CumProd" else "+",
         identity=1 if ctx.step.op == "CumProd" else 0,
@@ -855,11 +768,6 @@ def interp_taps(x: np.ndarray, in_len: int, scale: float, attrs, work: np.dtype)
     return idx, w.astype(work)
 
 
-def _table(name: str, ctype: str, values: np.ndarray, fmt) -> str:
-    items = ", ".join(fmt(v) for v in values.reshape(-1))
-    return f"__device__ const {ctype} {name}[{values.size}] = {{{items}}};\n"
-
-
 def _gen_resize(ctx: StepContext, attrs) -> list[KernelSource]:
     from graphc.ops.resize import resize_plan
 
@@ -885,70 +793,33 @@ def _gen_resize(ctx: StepContext, attrs) -> list[KernelSource]:
     wct = "float" if work == np.float32 else "double"
     axes = _resize_tables(ctx, attrs, in_shape, plan, work)
     st = strides_of(in_shape)
-    pre = []
-    lines = coord_lines(out_shape)
-    masks = []
-    for a, (_, idx, w, mask) in axes.items():
-        pre.append(_table(f"gc_ri{a}", "int", idx, lambda v: str(int(v))))
+    tables, taxes = [], []
+    for a, (taps, idx, w, mask) in axes.items():
+        # Per resized axis: input indices (ri), weights (rw), extrapolation mask (rm), as Python
+        # numbers (floats print as their shortest repr, which the working type reads back exactly).
+        tables.append({"kind": "ri", "axis": a, "items": [int(v) for v in idx.reshape(-1)]})
         if w is not None:
-            pre.append(_table(f"gc_rw{a}", wct, w, lambda v: f"{float(v)!r}f" if wct == "float" else repr(float(v))))
+            tables.append({"kind": "rw", "axis": a, "items": [float(v) for v in w.reshape(-1)]})
         if mask is not None:
-            pre.append(_table(f"gc_rm{a}", "unsigned char", mask.astype(np.uint8), lambda v: str(int(v))))
-            masks.append(f"gc_rm{a}[c{a}]")
-    fixed = [f"c{d} * {st[d]}ll" for d in range(len(in_shape)) if d not in axes and in_shape[d] != 1]
-    ct = cuda_type(dt)
-    body = list(lines)
-    body.append(f"const long long fixed = {' + '.join(fixed) if fixed else '0ll'};")
-    if nearest:
-        src = " + ".join(["fixed", *(f"(long long)gc_ri{a}[c{a}] * {st[a]}ll" for a in axes)])
-        value = f"in0[{src}]"
-        if masks:
-            fill = bits_literal(attrs.extrapolation_value, dt) if dt.itemsize <= 8 else None
-            value = f"({' || '.join(masks)}) ? {fill} : {value}"
-        body.append(f"out0[i] = {value};")
-        elem = dt.itemsize
-        params = ["const gc_e* __restrict__ in0", "gc_e* __restrict__ out0"]
-    else:
-        # Nested tap loops: the first resized axis innermost, as the reference resizes one axis
-        # after another (each axis' sum rounded to the working type before the next).
-        order = list(axes)
-        body.append(f"{wct} v{len(order)} = 0;")
-        depth = 0
-        for lvl in range(len(order) - 1, -1, -1):
-            a = order[lvl]
-            taps = axes[a][0]
-            body.append("  " * depth + f"for (int t{a} = 0; t{a} < {taps}; ++t{a}) {{")
-            depth += 1
-            body.append(
-                "  " * depth + f"const {wct} w{a} = gc_rw{a}[c{a} * {taps} + t{a}];"
-                f" const long long o{a} = (long long)gc_ri{a}[c{a} * {taps} + t{a}] * {st[a]}ll;"
-            )
-            if lvl > 0:
-                body.append("  " * depth + f"{wct} v{lvl} = 0;")
-        offs = " + ".join(["fixed", *(f"o{a}" for a in order)])
-        body.append("  " * depth + f"v1 += w{order[0]} * ({wct})({ct.to_compute(f'in0[{offs}]')});")
-        for lvl in range(1, len(order) + 1):
-            depth -= 1
-            body.append("  " * depth + "}")
-            if lvl < len(order):
-                a = order[lvl]
-                body.append("  " * depth + f"v{lvl + 1} += w{a} * v{lvl};")
-        res = f"v{len(order)}"
-        if masks:
-            res = f"(({' || '.join(masks)}) ? ({wct}){attrs.extrapolation_value!r} : {res})"
-        if dt.is_float:
-            body.append(f"out0[i] = {ct.to_storage(f'({ct.compute})({res})')};")
-        else:
-            info = np.iinfo(dt.numpy)
-            body.append(f"const double r = rint((double)({res}));")
-            body.append(
-                f"out0[i] = ({ct.storage})(r < {float(info.min)!r} ? {float(info.min)!r} : "
-                f"(r > {float(info.max)!r} ? {float(info.max)!r} : r));"
-            )
-        elem = dt.itemsize
-        params = [f"const {ct.storage}* __restrict__ in0", f"{ct.storage}* __restrict__ out0"]
-    k = Kernel(params, [x, y], body, total, elem, preamble="".join(pre))
-    return [_emit(ctx, k, family_params={"mode": attrs.mode})]
+            tables.append({"kind": "rm", "axis": a, "items": [int(v) for v in mask.reshape(-1)]})
+        taxes.append({"axis": a, "taps": taps, "stride": st[a], "mask": mask is not None})
+    env: dict[str, Any] = {
+        "nearest": nearest,
+        "tables": tables,
+        "axes": taxes,
+        "dims": dims_of(out_shape),
+        "fixed": [(d, st[d]) for d in range(len(in_shape)) if d not in axes and in_shape[d] != 1],
+        "ct": cuda_type(dt),
+        "wct": wct,
+        "is_float": dt.is_float,
+        "fill": raw_bits(attrs.extrapolation_value, dt),
+        "extrapolation": repr(attrs.extrapolation_value),
+    }
+    if not dt.is_float:
+        info = np.iinfo(dt.numpy)
+        env.update(int_min=repr(float(info.min)), int_max=repr(float(info.max)))
+    k = _map_kernel(ctx, "data_resize.cu.j2", total, dt.itemsize, [x, y], family_params={"mode": attrs.mode}, **env)
+    return [k]
 
 
 # ---- the family ---------------------------------------------------------------------------------
@@ -985,8 +856,7 @@ def _matches(ctx: StepContext) -> bool:
 
 def _generate(ctx: StepContext) -> list[KernelSource]:
     step = ctx.step
-    attrs = attrs_from_json(get_op(step.op, step.domain).attrs, step.attrs)
-    return _GENERATORS[step.op](ctx, attrs)
+    return _GENERATORS[step.op](ctx, ctx.attrs)
 
 
 def _search_space(ctx: StepContext) -> list[dict[str, Any]]:

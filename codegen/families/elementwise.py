@@ -5,8 +5,7 @@ from __future__ import annotations
 from graphc.codegen.cuda_types import cuda_type, dtype_from_numpy_name
 from graphc.codegen.epilogue import render_epilogue, step_operands
 from graphc.codegen.kernel import KernelSource, StepContext, grid_1d, register_family, render
-from graphc.ir.attrs import attrs_from_json
-from graphc.ops.fused import IN, OP, EpilogueOp, FusedAttrs, Ref
+from graphc.ops.fused import IN, OP, EpilogueOp, Ref
 from graphc.ops.registry import Category, get_op
 
 BLOCK = 256
@@ -18,9 +17,9 @@ def step_epilogue(ctx: StepContext) -> tuple[tuple[EpilogueOp, ...], tuple[Ref, 
     step = ctx.step
     opdef = get_op(step.op, step.domain)
     if opdef.category is Category.FUSED:
-        a = attrs_from_json(FusedAttrs, step.attrs)
+        a = ctx.attrs
         return a.epilogue, a.outputs, a.anchor_inputs
-    attrs = attrs_from_json(opdef.attrs, step.attrs)
+    attrs = ctx.attrs
     args = tuple(IN(i) for i in range(len(step.inputs)) if step.inputs[i] is not None)
     if len(args) != len(step.inputs):
         # an omitted optional input in the middle (Clip(x, , max)): keep positions
@@ -35,7 +34,7 @@ def _matches(ctx: StepContext) -> bool:
     step = ctx.step
     opdef = get_op(step.op, step.domain)
     if opdef.category is Category.FUSED:
-        return attrs_from_json(FusedAttrs, step.attrs).anchor_op is None
+        return ctx.attrs.anchor_op is None
     return opdef.category is Category.ELEMENTWISE and len(step.outputs) == 1
 
 

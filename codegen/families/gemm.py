@@ -11,10 +11,12 @@ with each operand in one of two layouts, read in place (no transpose copies):
 Batch dims broadcast by stride 0; when B is shared by every batch and A's batches are contiguous
 rows, the batch folds into M (one big GEMM).
 
-Kernel paths (templates/gemm.cu.j2): fp16/bf16 on tensor cores (mma.sync m16n8k16, cp.async
-pipeline, ldmatrix); fp32 as SIMT register tiles, or TF32 tensor cores when allowed; fp64 SIMT.
-Split-K writes fp32 partials to the workspace and a second kernel sums them and runs the epilogue,
-so the epilogue sees each element once, after the full sum.
+Kernel paths, one template each (templates/gemm_<path>.cu.j2, their shared pieces in
+gemm_common.cu.j2): fp16/bf16 on tensor cores (gemm_mma: mma.sync m16n8k16, cp.async pipeline,
+ldmatrix; gemm_wgmma: sm_90a warpgroup MMA); fp32 as SIMT register tiles (gemm_simt), or TF32
+tensor cores when allowed (gemm_mma); fp64 SIMT. Split-K writes fp32 partials to the workspace and
+a second kernel (gemm_reduce) sums them and runs the epilogue, so the epilogue sees each element
+once, after the full sum.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from graphc.codegen.cuda_types import cuda_type, dtype_from_numpy_name
 from graphc.codegen.epilogue import Operand, RenderedEpilogue, broadcast_index, render_epilogue, step_operands
 from graphc.codegen.expr import lit
 from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, grid_1d, register_family, render
-from graphc.ir.attrs import attrs_from_json
 from graphc.ir.types import DType
 from graphc.ops.fused import ACC, FusedAttrs
 from graphc.ops.registry import Category, get_op
@@ -105,9 +106,9 @@ def _anchor(ctx: StepContext):
     step = ctx.step
     opdef = get_op(step.op, step.domain)
     if opdef.category is Category.FUSED:
-        fa = attrs_from_json(FusedAttrs, step.attrs)
+        fa = ctx.attrs
         return fa.anchor_op, fa.anchor_domain, fa.anchor_attrs, fa.anchor_inputs, fa.epilogue, fa.outputs
-    attrs = attrs_from_json(opdef.attrs, step.attrs)
+    attrs = ctx.attrs
     return step.op, step.domain, attrs, len(step.inputs), (), (ACC,)
 
 
@@ -643,7 +644,7 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
             ],
         )
     p.update({"M": prob.M, "N": prob.N, "K": prob.K, "batch": prob.batch, "a": _lay(prob.a), "b": _lay(prob.b)})
-    source = render("gemm.cu.j2", **main_ctx)
+    source = render(f"gemm_{main_ctx['kind']}.cu.j2", **main_ctx)
     ws_bytes = splits * prob.batch * prob.M * prob.N * 4 if splits > 1 else 0
     kernels = [
         KernelSource("gemm", name, source, grid, (threads, 1, 1), kargs, smem, params=p, workspace_bytes=ws_bytes)
@@ -651,11 +652,10 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
     if splits > 1:
         rname = f"{name}_reduce"
         rsrc = render(
-            "gemm.cu.j2",
+            "gemm_reduce.cu.j2",
             **dict(
                 common,
                 name=rname,
-                kind="reduce",
                 kparams=[*out_decls, "const float* __restrict__ ws"],
                 total=total,
                 splits=splits,
@@ -695,6 +695,7 @@ def standalone_context(
     and the tuner. With an epilogue or n_anchor set, the step is a Fused node anchored on `op`:
     inputs [0, n_anchor) feed the anchor, the rest are the epilogue's."""
     from graphc.ir.attrs import attrs_to_json
+    from graphc.ir.graph import Node, Value
     from graphc.ir.types import TensorType
     from graphc.ops.registry import InferContext
     from graphc.runtime.plan import Step, TensorSpec
@@ -715,17 +716,25 @@ def standalone_context(
         )
         fdef = get_op("Fused", "graphc")
         out_types = fdef.infer(InferContext("Fused", "n0", fa, types, [None] * len(types), len(outputs)))
-        step_attrs, kind, sop, sdom = attrs_to_json(fa), fa.kind_name(), "Fused", "graphc"
+        node_attrs, kind, sop, sdom = fa, fa.kind_name(), "Fused", "graphc"
     else:
         out_types = opdef.infer(InferContext(op, "n0", attrs, types, [None] * len(types), 1))
-        step_attrs, kind, sop, sdom = attrs_to_json(attrs), op, op, domain
+        node_attrs, kind, sop, sdom = attrs, op, op, domain
     outs = [f"y{k}" for k in range(len(out_types))]
     tensors = {}
     for n, t in [*zip(names, types, strict=True), *zip(outs, out_types, strict=True)]:
         kind_t = "weight" if weights and n in weights else "arena"
         tensors[n] = TensorSpec(n, t.dtype.numpy.name, list(t.static_shape), t.nbytes, kind_t)
-    step = Step(0, "n0", kind, sop, sdom, step_attrs, list(names), outs)
-    return StepContext(step, tensors, dict(weights or {}), allow_tf32=allow_tf32, params=params)
+    node = Node(
+        sop,
+        "n0",
+        tuple(Value(n, t) for n, t in zip(names, types, strict=True)),
+        tuple(Value(n, t) for n, t in zip(outs, out_types, strict=True)),
+        node_attrs,
+        sdom,
+    )
+    step = Step(0, "n0", kind, sop, sdom, attrs_to_json(node_attrs), list(names), outs)
+    return StepContext(step, node, tensors, dict(weights or {}), allow_tf32=allow_tf32, params=params)
 
 
 def _lay(x: OperandLayout) -> str:
@@ -736,7 +745,7 @@ def _matches(ctx: StepContext) -> bool:
     step = ctx.step
     opdef = get_op(step.op, step.domain)
     if opdef.category is Category.FUSED:
-        fa = attrs_from_json(FusedAttrs, step.attrs)
+        fa = ctx.attrs
         return (fa.anchor_domain, fa.anchor_op) in ANCHORS
     return (step.domain, step.op) in ANCHORS
 

@@ -16,12 +16,10 @@ from graphc.codegen.cuda_types import cuda_type, dtype_from_numpy_name
 from graphc.codegen.epilogue import render_epilogue
 from graphc.codegen.families.elementwise import operands
 from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, grid_1d, register_family, render
-from graphc.ir.attrs import attrs_from_json
 from graphc.ir.types import DType
-from graphc.ops.fused import ACC, EpilogueOp, FusedAttrs, Ref
+from graphc.ops.fused import ACC, EpilogueOp, Ref
 from graphc.ops.layout_ops import LAYOUT_DOMAIN
 from graphc.ops.nn import window_geometry
-from graphc.ops.registry import get_op
 
 _WINDOW = {
     ("MaxPool", ""): ("max", "nchw"),
@@ -49,7 +47,7 @@ class PoolStep:
 def pool_step(ctx: StepContext) -> PoolStep | None:
     step = ctx.step
     if step.op == "Fused" and step.domain == "graphc":
-        fa = attrs_from_json(FusedAttrs, step.attrs)
+        fa = ctx.attrs
         key = (fa.anchor_op, fa.anchor_domain)
         if key not in _WINDOW and key not in _GLOBAL:
             return None
@@ -57,7 +55,7 @@ def pool_step(ctx: StepContext) -> PoolStep | None:
     key = (step.op, step.domain)
     if key not in _WINDOW and key not in _GLOBAL:
         return None
-    attrs = attrs_from_json(get_op(step.op, step.domain).attrs, step.attrs)
+    attrs = ctx.attrs
     return PoolStep(step.op, step.domain, attrs, (), (ACC,), False)
 
 

@@ -22,9 +22,8 @@ from graphc.codegen.cuda_types import cuda_type, dtype_from_numpy_name
 from graphc.codegen.epilogue import RenderedEpilogue, broadcast_index, render_epilogue
 from graphc.codegen.families.elementwise import operands
 from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, grid_1d, register_family, render
-from graphc.ir.attrs import attrs_from_json
 from graphc.ir.types import DType, TensorType
-from graphc.ops.fused import ACC, EpilogueOp, FusedAttrs, Ref
+from graphc.ops.fused import ACC, EpilogueOp, Ref
 from graphc.ops.reduction import reduce_axes
 from graphc.ops.registry import Category, InferContext, get_op
 
@@ -80,11 +79,11 @@ def anchor_of(ctx: StepContext) -> Anchor:
     step = ctx.step
     opdef = get_op(step.op, step.domain)
     if opdef.category is Category.FUSED:
-        a = attrs_from_json(FusedAttrs, step.attrs)
+        a = ctx.attrs
         op, attrs, inputs = a.anchor_op, a.anchor_attrs, list(step.inputs[: a.anchor_inputs])
         epi, outs, names, extra = a.epilogue, a.outputs, list(step.outputs), []
     else:
-        op, attrs, inputs = step.op, attrs_from_json(opdef.attrs, step.attrs), list(step.inputs)
+        op, attrs, inputs = step.op, ctx.attrs, list(step.inputs)
         epi, outs, names, extra = (), (ACC,), [step.outputs[0]], list(step.outputs[1:])
     assert op is not None
     # The anchor's own inference gives its result type (shape and dtype) from the input specs.
@@ -747,7 +746,7 @@ def _anchor_op(ctx: StepContext) -> str | None:
     except Exception:
         return None
     if opdef.category is Category.FUSED:
-        a = attrs_from_json(FusedAttrs, step.attrs)
+        a = ctx.attrs
         return a.anchor_op if not a.anchor_domain else None
     return step.op if step.domain == "" else None
 

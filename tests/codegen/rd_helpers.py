@@ -9,17 +9,16 @@ from typing import Any
 import numpy as np
 
 import graphc
-from graphc.codegen.kernel import KernelSource, StepContext, family_for
-from graphc.codegen.lower import lower_to_plan
+from graphc.codegen.kernel import KernelSource, family_for
+from graphc.codegen.lower import LoweredPlan, lower_to_plan
 from graphc.codegen.nvrtc import compile_cubin
 from graphc.ir.graph import Graph
 from graphc.ir.shapes import bind_shapes
-from graphc.runtime.plan import KernelPlan
 
 ARCHS = ("sm_80", "sm_90")
 
 
-def plan_of(model_or_graph: Any) -> tuple[KernelPlan, dict[str, np.ndarray]]:
+def plan_of(model_or_graph: Any) -> tuple[LoweredPlan, dict[str, np.ndarray]]:
     graph = model_or_graph if isinstance(model_or_graph, Graph) else graphc.load_onnx(model_or_graph)
     graph = bind_shapes(graph, None)
     plan = lower_to_plan(graph)
@@ -35,7 +34,7 @@ def kernels_of(
     for step in plan.steps:
         if step.alias:
             continue
-        ctx = StepContext(step, plan.tensors, weights, params=dict(params) if params else None)
+        ctx = plan.context(step, weights, params=dict(params) if params else None)
         fam = family_for(ctx)
         if family is not None:
             assert fam.name == family, f"step {step.name} went to family {fam.name}, not {family}"
@@ -70,18 +69,17 @@ def cuda_engine(model_or_graph: Any, params: Mapping[str, Any] | None = None):
     for its steps, through the same steps by hand."""
     if not isinstance(model_or_graph, Graph) and params is None:
         return graphc.compile(model_or_graph, target="cuda", opt_level=0)
-    from graphc.codegen.build import compile_kernels, local_gpu_arch
+    from graphc.codegen.build import compile_kernels, complete_plan, local_gpu_arch
     from graphc.codegen.build import generate_kernels as gen
     from graphc.codegen.memory import plan_memory
     from graphc.runtime.cuda import CUDAExecutor
     from graphc.runtime.engine import Engine
 
-    plan, weights = plan_of(model_or_graph)
-    memory = plan_memory(plan)
-    choices = {s.name: dict(params) for s in plan.steps} if params else None
-    kernels = gen(plan, weights, choices=choices)
-    ws = max((s.workspace_bytes for s in plan.steps), default=0)
-    memory.workspace_bytes = ws
+    lowered, weights = plan_of(model_or_graph)
+    choices = {s.name: dict(params) for s in lowered.steps} if params else None
+    kernels = gen(lowered, weights, choices=choices)
+    plan = complete_plan(lowered, kernels)
+    memory = plan_memory(plan)  # the workspace the kernels need included
     arch = local_gpu_arch()
     compile_kernels(kernels, [arch])
     executor = CUDAExecutor(plan, memory, weights, kernels.cubins[arch], kernels.names)

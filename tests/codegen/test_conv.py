@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from graphc.codegen.families import conv as conv_family
-from graphc.codegen.kernel import StepContext, family_for
+from graphc.codegen.kernel import family_for
 from graphc.codegen.lower import lower_to_plan
 from graphc.codegen.nvrtc import compile_cubin
 from graphc.ir.attrs import onnx_attrs_class
@@ -60,7 +60,7 @@ def generate(graph: Graph, **kw):
     plan = lower_to_plan(graph)
     weights = {k: c.data for k, c in graph.constants.items()}
     (step,) = [s for s in plan.steps if not s.alias]
-    ctx = StepContext(step, plan.tensors, weights, **kw)
+    ctx = plan.context(step, weights, **kw)
     fam = family_for(ctx)
     assert fam.name == "conv"
     return fam, ctx, fam.generate(ctx)

@@ -35,20 +35,19 @@ TOLERANCE = {
 
 
 def run_on_gpu(graph: Graph, feeds: dict[str, np.ndarray], *, allow_tf32: bool = False, params=None):
-    from graphc.codegen.build import compile_kernels, generate_kernels, local_gpu_arch
+    from graphc.codegen.build import compile_kernels, complete_plan, generate_kernels, local_gpu_arch
     from graphc.codegen.lower import lower_to_plan
     from graphc.codegen.memory import plan_memory
     from graphc.runtime.cuda import CUDAExecutor
-    from graphc.runtime.plan import align
 
-    plan = lower_to_plan(graph)
-    memory = plan_memory(plan)
+    lowered = lower_to_plan(graph)
     weights = {k: c.data for k, c in graph.constants.items()}
-    choices = {s.name: params for s in plan.steps} if params else None
-    kernels = generate_kernels(plan, weights, allow_tf32=allow_tf32, choices=choices)
-    # as build_cuda_engine does: the workspace (split-K partial sums) is sized after codegen
-    ws = max((s.workspace_bytes for s in plan.steps), default=0)
-    memory.workspace_bytes = align(ws) if ws else 0
+    choices = {s.name: params for s in lowered.steps} if params else None
+    kernels = generate_kernels(lowered, weights, allow_tf32=allow_tf32, choices=choices)
+    # as build_cuda_engine does: the memory plan of the complete plan sizes the workspace
+    # (split-K partial sums) from what the kernels need
+    plan = complete_plan(lowered, kernels)
+    memory = plan_memory(plan)
     arch = local_gpu_arch()
     compile_kernels(kernels, [arch])
     try:

@@ -11,8 +11,9 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from onnx import numpy_helper
 
-from graphc.codegen.families.data import Affine, bits_literal, interp_taps, wide_factor
+from graphc.codegen.families.data import Affine, interp_taps, raw_bits, wide_factor
 from graphc.ir.types import DType
 from helpers import make_node_model, rand
 
@@ -39,10 +40,20 @@ def test_affine_merge_and_widen():
     assert wide_factor(2, [64, 8]) == 8 and wide_factor(8, [6]) == 2 and wide_factor(1, [3]) == 1
 
 
-def test_bits_literal():
-    assert bits_literal(1.0, DType.float32) == "((unsigned int)1065353216ull)"
-    assert bits_literal(0, DType.float16, 8) == "gc_v16{0ull, 0ull}"
-    assert bits_literal(-1, DType.int8, 2) == "((unsigned short)65535ull)"
+def test_raw_bits_and_their_literals():
+    assert raw_bits(1.0, DType.float32) == 1065353216
+    assert raw_bits(0, DType.float16, 8) == 0
+    assert raw_bits(-1, DType.int8, 2) == 65535
+    assert raw_bits(1.0, DType.float16, 8) == sum(0x3C00 << (16 * j) for j in range(8))
+    # the templates write them in the wide element's type (16 bytes: gc_v16 {low word, high word})
+    pads = {"p": np.array([1, 0, 2, 0]), "v": np.array(1.0, F32)}
+    pad = _case("Pad", {"x": rand((3, 5), F32)}, {"mode": "constant"}, pads)
+    (k,) = kernels_of(pad, family="data")
+    assert ": ((unsigned int)1065353216ull);" in k.source
+    value = numpy_helper.from_array(np.array([1.0], F16))
+    fill = _case("ConstantOfShape", {}, {"value": value}, {"s": np.array([4, 64])})
+    (k,) = kernels_of(fill, family="data")
+    assert "gc_v16{4323521613979991040ull, 4323521613979991040ull}" in k.source
 
 
 @pytest.mark.parametrize(
@@ -187,6 +198,17 @@ _CASES = {
         [{}],
     ),
     "eyelike": (_case("EyeLike", {"x": rand((4, 5), F16)}, {"k": 1}), [{}]),
+    "range-f32": (
+        _case("Range", {}, inits={"s": np.array(1.5, F32), "l": np.array(9.0, F32), "d": np.array(0.5, F32)}),
+        [{}],
+    ),
+    "range-i64": (_case("Range", {}, inits={"s": np.array(7), "l": np.array(-5), "d": np.array(-3)}), [{}]),
+    "fill-wide": (
+        _case(
+            "ConstantOfShape", {}, {"value": numpy_helper.from_array(np.array([2], np.int32))}, {"s": np.array([3, 8])}
+        ),
+        [{"elem_bytes": 16}],
+    ),
 }
 
 
@@ -199,6 +221,25 @@ def test_data_compiles(case):
         for key, v in want.items():
             assert k.params.get(key) == v, (key, k.params)
     compile_each(ks)
+
+
+def test_every_data_template_is_rendered_by_a_case():
+    import re
+
+    from graphc.codegen.kernel import TEMPLATE_DIR
+
+    used = set()
+    for model, _ in _CASES.values():
+        for k in kernels_of(model, family="data"):
+            used |= set(re.findall(r"// ---- (data_\w+\.cu\.j2) ----", k.source))
+    kinds = {p.name for p in TEMPLATE_DIR.glob("data_*.cu.j2")} - {"data_common.cu.j2"}
+    assert used == kinds, sorted(kinds ^ used)
+
+
+def test_range_literals():
+    ks = kernels_of(_CASES["range-f32"][0], family="data") + kernels_of(_CASES["range-i64"][0], family="data")
+    assert "__fadd_rn(1.5f, __fmul_rn((float)i, 0.5f))" in ks[0].source
+    assert "(long long)(7ll + i * (-3ll))" in ks[1].source
 
 
 def test_scatter_mul_is_refused():

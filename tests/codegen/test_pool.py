@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from graphc.codegen.kernel import StepContext, family_for
+from graphc.codegen.kernel import family_for
 from graphc.codegen.lower import lower_to_plan
 from graphc.codegen.nvrtc import compile_cubin
 from graphc.ir.attrs import onnx_attrs_class
@@ -32,7 +32,7 @@ def pool_graph(op: str, dtype, shape, *, nhwc=False, outputs=1, **attrs) -> Grap
 def generate(graph: Graph):
     plan = lower_to_plan(graph)
     (step,) = plan.steps
-    ctx = StepContext(step, plan.tensors, {})
+    ctx = plan.context(step, {})
     fam = family_for(ctx)
     assert fam.name == "pool"
     (src,) = fam.generate(ctx)

@@ -37,7 +37,7 @@ def pool_graph(op: str, dtype, shape, *, layout="nchw", outputs=1, **attrs) -> G
 
 
 def check(graph: Graph, dtype, seed=0):
-    from graphc.codegen.build import compile_kernels, generate_kernels, local_gpu_arch
+    from graphc.codegen.build import compile_kernels, complete_plan, generate_kernels, local_gpu_arch
     from graphc.codegen.lower import lower_to_plan
     from graphc.codegen.memory import plan_memory
     from graphc.runtime.cuda import CUDAExecutor
@@ -49,9 +49,10 @@ def check(graph: Graph, dtype, seed=0):
     else:
         x = rng.standard_normal(shape).astype(dtype)
     feeds = {"x": x}
-    plan = lower_to_plan(graph)
+    lowered = lower_to_plan(graph)
+    kernels = generate_kernels(lowered, {})
+    plan = complete_plan(lowered, kernels)
     memory = plan_memory(plan)
-    kernels = generate_kernels(plan, {})
     arch = local_gpu_arch()
     compile_kernels(kernels, [arch])
     got = CUDAExecutor(plan, memory, {}, kernels.cubins[arch], kernels.names).run(feeds, to_numpy=True)

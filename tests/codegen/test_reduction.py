@@ -223,9 +223,9 @@ def test_fused_epilogues_in_store_hook():
 def test_search_space():
     from rd_helpers import plan_of
 
-    from graphc.codegen.kernel import StepContext, family_for
+    from graphc.codegen.kernel import family_for
 
     plan, w = plan_of(_model("Softmax", rand((3, 1000)), {"axis": -1}))
-    ctx = StepContext(plan.steps[0], plan.tensors, w)
+    ctx = plan.context(plan.steps[0], w)
     space = family_for(ctx).search_space(ctx)
     assert {"tpr": 64} in space and all(1 <= p["tpr"] <= 1024 for p in space)

@@ -52,7 +52,9 @@ def test_template_hash_covers_included_headers(tmp_path, monkeypatch):
     import graphc.codegen.kernel as kernel
     from graphc.codegen.tuner import template_hash
 
-    assert {"gemm.cu.j2", "mma.cuh", "wgmma.cuh"} <= set(kernel.template_sources(["gemm.cu.j2"]))
+    gemm = ["gemm_mma.cu.j2", "gemm_simt.cu.j2", "gemm_wgmma.cu.j2", "gemm_reduce.cu.j2"]
+    assert {*gemm, "gemm_common.cu.j2", "mma.cuh", "wgmma.cuh"} <= set(kernel.template_sources(gemm))
+    assert "wgmma.cuh" not in kernel.template_sources(["gemm_mma.cu.j2"])
     # one header of PTX wrappers for every tensor-core family
     assert "mma.cuh" in kernel.template_sources(["conv.cu.j2"])
     assert "mma.cuh" in kernel.template_sources(["attention.cu.j2"])
