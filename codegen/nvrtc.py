@@ -29,8 +29,8 @@ def _nvrtc():
         from cuda.bindings import nvrtc
     except ImportError as e:
         raise CompileError(
-            "NVRTC is not installed: the cuda target needs `pip install graphc[cuda]` "
-            "(cuda-bindings and nvidia-cuda-nvrtc)"
+            "NVRTC is not installed: the cuda target needs cuda-bindings and nvidia-cuda-nvrtc "
+            "(pip install cuda-bindings nvidia-cuda-nvrtc, or in a clone of graphc: pip install -e '.[nvrtc]')"
         ) from e
     return nvrtc
 
