@@ -145,12 +145,12 @@ def memory_peak(plan: KernelPlan, memory: MemoryPlan) -> Peak:
     return best
 
 
-def _producers(plan: KernelPlan) -> dict[str, str]:
-    """tensor -> 'Kind step-name' of the step that writes it."""
+def _producers(plan: KernelPlan, *, names: bool = True) -> dict[str, str]:
+    """tensor -> '[step] Kind name' of the step that writes it ('input' for graph inputs)."""
     out: dict[str, str] = {name: "input" for name in plan.inputs}
     for s in plan.steps:
         for t in s.outputs:
-            out[t] = f"{s.kind} {s.name}"
+            out[t] = f"[{s.index}] {s.kind}" + (f" {s.name}" if names else "")
     return out
 
 
@@ -164,82 +164,115 @@ def require_matplotlib() -> None:
         ) from None
 
 
-def draw_memory(plan: KernelPlan, memory: MemoryPlan, path: str | Path, title: str = "") -> Peak:
-    """Each arena tensor a rectangle over the steps it lives (x) and the bytes it occupies (y),
-    labelled with its name and the op that writes it where there is room; the tensors live at the
-    peak step are outlined in red and listed in the legend. Returns the peak."""
+def _unit(nbytes: int) -> tuple[str, int]:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= size:
+            return unit, size
+    return "B", 1
+
+
+def draw_memory(plan: KernelPlan, memory: MemoryPlan, path: str | Path, title: str = "", *, listed: int = 40) -> Peak:
+    """Each arena tensor a rectangle over the steps it lives (x) and the bytes it occupies (y), with
+    a number that the table beside the plot resolves to the tensor's name, size and the op that
+    writes it; the tensors live at the peak step are outlined in red and listed first (marked *).
+    Returns the peak."""
     require_matplotlib()
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch, Rectangle
+    from matplotlib.patches import Rectangle
 
     n_steps = max(len(plan.steps), 1)
     peak = memory_peak(plan, memory)
     at_peak = set(peak.tensors)
-    producers = _producers(plan)
-    fig, ax = plt.subplots(figsize=(min(6 + n_steps * 0.1, 28), 7))
-    mib = 2**20
+    producers = _producers(plan, names=False)
     arena = max(memory.arena_bytes, 1)
+    unit, scale = _unit(arena)
+    places = sorted(memory.placements.values(), key=lambda p: p.offset)
+    # numbering: the peak's tensors first (largest first), then the rest by size
+    order = list(peak.tensors) + [p.name for p in sorted(places, key=lambda p: -p.nbytes) if p.name not in at_peak]
+    number = {name: i + 1 for i, name in enumerate(order)}
+
+    fig, (ax, side) = plt.subplots(
+        1, 2, figsize=(min(8 + n_steps * 0.1, 30), 7.5), gridspec_kw={"width_ratios": [3, 2]}
+    )
     cmap = plt.get_cmap("tab20")
-    for i, p in enumerate(sorted(memory.placements.values(), key=lambda p: p.offset)):
+    for i, p in enumerate(places):
         x0 = p.first + 0.5 if p.first >= 0 else -0.5
         x1 = min(p.last, n_steps) + 0.5
         hot = p.name in at_peak
         ax.add_patch(
             Rectangle(
-                (x0, p.offset / mib),
+                (x0, p.offset / scale),
                 x1 - x0,
-                max(p.nbytes, 1) / mib,
+                max(p.nbytes, 1) / scale,
                 facecolor=cmap(i % 20),
                 edgecolor="red" if hot else "black",
                 linewidth=1.6 if hot else 0.3,
                 alpha=0.85,
             )
         )
-        # a label where the rectangle is tall and wide enough to hold one line of text
-        if p.nbytes >= 0.04 * arena and (x1 - x0) >= 0.08 * n_steps:
+        if p.nbytes >= 0.03 * arena:  # room for a number
             ax.text(
                 (x0 + x1) / 2,
-                (p.offset + p.nbytes / 2) / mib,
-                f"{p.name} ({format_bytes(p.nbytes)})\n{producers.get(p.name, '')}",
+                (p.offset + p.nbytes / 2) / scale,
+                str(number[p.name]),
                 ha="center",
                 va="center",
-                fontsize=6,
+                fontsize=7,
                 clip_on=True,
             )
-    ax.axhline(memory.arena_bytes / mib, color="red", linewidth=1, label=f"arena {format_bytes(memory.arena_bytes)}")
+    ax.axhline(arena / scale, color="red", linewidth=1, label=f"arena {format_bytes(memory.arena_bytes)}")
     ax.axhline(
-        memory.lower_bound_bytes / mib,
+        memory.lower_bound_bytes / scale,
         color="green",
         linestyle="--",
         linewidth=1,
         label=f"lower bound {format_bytes(memory.lower_bound_bytes)}",
     )
-    handles, _ = ax.get_legend_handles_labels()
     if peak.tensors:
-        ax.axvline(peak.step, color="red", linestyle=":", linewidth=1)
-        where = "inputs" if peak.step < 0 else (producers_of_step(plan, peak.step) or f"step {peak.step}")
-        shown = ", ".join(f"{t} {format_bytes(memory.placements[t].nbytes)}" for t in peak.tensors[:6])
-        more = f" +{len(peak.tensors) - 6} more" if len(peak.tensors) > 6 else ""
-        handles.append(
-            Patch(
-                facecolor="none",
-                edgecolor="red",
-                label=f"peak {format_bytes(peak.live_bytes)} at step {peak.step} ({where}):\n{shown}{more}",
-            )
+        ax.axvline(
+            peak.step,
+            color="red",
+            linestyle=":",
+            linewidth=1,
+            label=f"peak: {format_bytes(peak.live_bytes)} live at step {peak.step} (red outlines)",
         )
     ax.set_xlim(-1, n_steps + 1)
-    ax.set_ylim(0, arena / mib * 1.05)
+    ax.set_ylim(0, arena / scale * 1.12)
     ax.set_xlabel("step")
-    ax.set_ylabel("arena offset (MiB)")
+    ax.set_ylabel(f"arena offset ({unit})")
     ax.set_title(title or "memory plan")
-    ax.legend(handles=handles, loc="upper right", fontsize=7)
+    ax.legend(loc="upper right", fontsize=7)
+
+    side.axis("off")
+    rows = []
+    for name in order[:listed]:
+        mark = "*" if name in at_peak else " "
+        who = producers.get(name, "")
+        size = format_bytes(memory.placements[name].nbytes)
+        rows.append(f"{mark}{number[name]:>3}  {_short(name, 44):<44} {size:>10}  {_short(who, 40)}")
+    if len(order) > listed:
+        rows.append(f"      ... and {len(order) - listed} more")
+    side.text(
+        0,
+        1,
+        "  #  tensor" + " " * 41 + "size  written by\n" + "\n".join(rows),
+        family="monospace",
+        fontsize=6,
+        va="top",
+        ha="left",
+        transform=side.transAxes,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return peak
+
+
+def _short(text: str, width: int) -> str:
+    return text if len(text) <= width else "…" + text[-(width - 1) :]
 
 
 def producers_of_step(plan: KernelPlan, step: int) -> str:
@@ -254,7 +287,8 @@ def describe_peak(plan: KernelPlan, memory: MemoryPlan, peak: Peak, limit: int =
     """The peak in text: the step and the tensors live there, with the op that writes each."""
     producers = _producers(plan)
     where = "before step 0 (inputs)" if peak.step < 0 else (producers_of_step(plan, peak.step) or "the outputs")
-    lines = [f"memory peak: {format_bytes(peak.live_bytes)} live at step {peak.step} ({where}):"]
+    # tensor sizes as placed, before the planner's alignment (its lower bound counts aligned sizes)
+    lines = [f"memory peak: {format_bytes(peak.live_bytes)} of tensors live at step {peak.step} ({where}):"]
     for t in peak.tensors[:limit]:
         lines.append(f"  {t:<40} {format_bytes(memory.placements[t].nbytes):>11}  written by {producers.get(t, '?')}")
     if len(peak.tensors) > limit:
