@@ -18,18 +18,19 @@ def default_counts(target: str) -> tuple[int, int]:
     return DEFAULT_COUNTS.get(target, DEFAULT_COUNTS["cuda"])
 
 
-def _stats(ms: list[float]) -> dict[str, float | None]:
+def _stats(ms: list[float]) -> dict[str, float]:
+    """min/median/mean/max and p90/p99 of the samples; `samples` says how many (format_bench shows
+    a percentile only from MIN_SAMPLES up)."""
     a = np.asarray(ms, dtype=np.float64)
-    out: dict[str, float | None] = {
+    return {
         "samples": len(a),
         "min_ms": float(a.min()),
         "median_ms": float(np.median(a)),
         "mean_ms": float(a.mean()),
+        "p90_ms": float(np.percentile(a, 90)),
+        "p99_ms": float(np.percentile(a, 99)),
         "max_ms": float(a.max()),
     }
-    for key, q in (("p90_ms", 90), ("p99_ms", 99)):
-        out[key] = float(np.percentile(a, q)) if len(a) >= MIN_SAMPLES[key] else None
-    return out
 
 
 def _batch(engine) -> int:
@@ -120,7 +121,7 @@ def benchmark(
 def format_bench(r: dict[str, Any]) -> str:
     lat = r["latency"]
     lines = []
-    pct = "".join(f"  {k[:-3]} {lat[k]:.4f} ms" for k in ("p90_ms", "p99_ms") if lat.get(k) is not None)
+    pct = "".join(f"  {k[:-3]} {lat[k]:.4f} ms" for k, n in MIN_SAMPLES.items() if lat["samples"] >= n)
     if "device" in r:
         d = r["device"]
         lines.append(f"device: {d['name']} (sm_{d['sm']}, driver {d['driver']})")
@@ -132,7 +133,7 @@ def format_bench(r: dict[str, Any]) -> str:
     lines.append(f"throughput: {r['throughput_per_s']:.1f} inferences/s (batch {r['batch']})")
     if "end_to_end" in r:
         e = r["end_to_end"]
-        tail = f"  p99 {e['p99_ms']:.4f} ms" if e.get("p99_ms") is not None else f"  max {e['max_ms']:.4f} ms"
+        tail = f"  p99 {e['p99_ms']:.4f} ms" if e["samples"] >= MIN_SAMPLES["p99_ms"] else f"  max {e['max_ms']:.4f} ms"
         lines.append(
             f"end to end (host in, host out): median {e['median_ms']:.4f} ms{tail}  ({e['samples']} timed runs)"
         )
