@@ -16,6 +16,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -65,6 +66,17 @@ def parse_shapes(text: str | None) -> dict[str, Any] | None:
             raise UsageError(f"--shapes: '{part}': every dim must be at least 1")
         out[name] = shape
     return out
+
+
+def parse_arch(text: str | None) -> list[str] | None:
+    """'sm_80,sm_90' -> ['sm_80', 'sm_90']; each must be sm_NN (sm_90a for Hopper's wgmma)."""
+    if not text:
+        return None
+    archs = [a.strip() for a in text.split(",") if a.strip()]
+    bad = [a for a in archs if not re.fullmatch(r"sm_\d{2,3}a?", a)]
+    if bad or not archs:
+        raise UsageError(f"--arch {text}: give CUDA archs as sm_NN, e.g. sm_80,sm_90")
+    return archs
 
 
 def positive_int(text: str) -> int:
@@ -317,7 +329,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         shapes=shapes,
         opt_level=args.opt_level,
         dump_ir=args.dump_ir,
-        arch=[a.strip() for a in args.arch.split(",")] if args.arch else None,
+        arch=parse_arch(args.arch),
         tune=args.tune or "off",
         allow_tf32=args.allow_tf32,
         progress=_progress_printer(console) if not args.quiet else None,

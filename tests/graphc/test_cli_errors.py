@@ -11,7 +11,7 @@ import pytest
 
 import graphc
 import models
-from graphc.cli import EXIT_USER_ERROR, UsageError, main
+from graphc.cli import EXIT_USER_ERROR, UsageError, main, parse_arch
 
 
 def cli(argv: list[str]) -> int:
@@ -132,6 +132,13 @@ def test_bench_json_and_inspect_memory_into_missing_folder(bert_engine, tmp_path
 def test_cuda_flags_with_cpu_target(zoo, tmp_path, capsys, flags):
     rc = compile_cpu(zoo, tmp_path / "x.engine", "--shapes", "batch=2,seq=8", *flags)
     assert_clean_error(rc, capsys.readouterr().err, flags[0], "--target cuda")
+
+
+@pytest.mark.parametrize("arch", ["90", "sm90", "compute_90", ","])
+def test_arch_spelling(zoo, tmp_path, capsys, arch):
+    rc = cli(["compile", zoo / "bert.onnx", "-o", tmp_path / "x.engine", "--shapes", "batch=2,seq=8", "--arch", arch])
+    assert_clean_error(rc, capsys.readouterr().err, "--arch", "sm_NN")
+    assert parse_arch("sm_80, sm_90a,") == ["sm_80", "sm_90a"]
 
 
 @pytest.mark.parametrize("command", ["run", "bench"])
