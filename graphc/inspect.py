@@ -55,13 +55,15 @@ def compile_summary(report: dict[str, Any], *, max_lines: int = 12) -> str:
     ]
     per_pass: dict[str, list[float]] = {}
     for p in report["passes"]:
-        acc = per_pass.setdefault(p["name"], [0.0, 0])
+        acc = per_pass.setdefault(p["name"], [0.0, 0, 0])
         acc[0] += p["seconds"]
         acc[1] += p["nodes_after"] - p["nodes_before"]
-    for name, (secs, change) in per_pass.items():
+        acc[2] += 1
+    for name, (secs, change, runs) in per_pass.items():
         # the change in node count, signed as a change: -136 is 136 nodes fewer
         tail = f"  {int(change):+d} nodes" if change else ""
-        lines.append(f"  {name:<24} {secs * 1000:8.1f} ms{tail}")
+        label = f"{name} (x{runs})" if runs > 1 else name
+        lines.append(f"  {label:<24} {secs * 1000:8.1f} ms{tail}")
     lines.append("ops after: " + ", ".join(f"{k} x{v}" for k, v in report["ops_after"].items()))
     fused, moved = split_fusions(report.get("fusions", []))
     if fused:
