@@ -92,7 +92,7 @@ def random_inputs(engine: Any, seed: int = 0) -> tuple[dict[str, np.ndarray], li
         elif dt.kind in "iu":
             r = ranges.get(spec.name)
             high = r.size if r else 2
-            high = min(high, int(np.iinfo(dt).max) + 1)
+            high = max(1, min(high, int(np.iinfo(dt).max) + 1))  # an empty table still gets valid zeros
             feeds[spec.name] = rng.integers(0, high, size=spec.shape).astype(dt)
             why = f"the rows of {r.op} '{r.step}'" if r else "it feeds no Gather: a mask"
             notes.append(f"{label}: integers uniform in [0, {high}) ({why})")

@@ -345,3 +345,41 @@ def test_no_message_suggests_installing_graphc_from_the_index():
         if p.suffix in (".py", ".md") and re.search(r"pip install ['\"]?graphc\[", p.read_text())
     ]
     assert not hits, f"graphc is not on the package index; these say pip install graphc[...]: {hits}"
+
+
+def test_index_range_through_casts_and_views_takes_the_tightest_table(tmp_path, capsys):
+    from onnx import TensorProto, helper, numpy_helper
+
+    from graphc.feeds import index_ranges
+
+    rng = np.random.default_rng(0)
+    big = numpy_helper.from_array(rng.standard_normal((10, 4)).astype(np.float32), "big")
+    small = numpy_helper.from_array(rng.standard_normal((7, 4)).astype(np.float32), "small")
+    shape = numpy_helper.from_array(np.array([6], np.int64), "flat")
+    nodes = [
+        helper.make_node("Cast", ["ids"], ["ids32"], to=TensorProto.INT32),
+        helper.make_node("Gather", ["big", "ids32"], ["a"]),
+        helper.make_node("Reshape", ["ids", "flat"], ["ids_flat"]),
+        helper.make_node("Gather", ["small", "ids_flat"], ["b"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3])],
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3, 4]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, [6, 4]),
+        ],
+        [big, small, shape],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "g.onnx"
+    path.write_bytes(model.SerializeToString())
+    eng = tmp_path / "g.engine"
+    assert cli(["compile", path, "-o", eng, "--target", "cpu", "-q"]) == 0
+    r = index_ranges(graphc.runtime.load(eng).plan)["ids"]
+    assert r.size == 7
+    np.save(tmp_path / "ok.npy", np.array([[0, 6, -7], [1, 2, 3]], np.int64))
+    assert cli(["run", eng, "--inputs", tmp_path / "ok.npy"]) == 0
+    np.save(tmp_path / "bad.npy", np.array([[0, 7, 0], [1, 2, 3]], np.int64))  # in the big table, not the small
+    assert_clean_error(cli(["run", eng, "--inputs", tmp_path / "bad.npy"]), capsys.readouterr().err, "-7..6")
