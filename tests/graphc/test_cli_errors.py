@@ -383,3 +383,16 @@ def test_index_range_through_casts_and_views_takes_the_tightest_table(tmp_path, 
     assert cli(["run", eng, "--inputs", tmp_path / "ok.npy"]) == 0
     np.save(tmp_path / "bad.npy", np.array([[0, 7, 0], [1, 2, 3]], np.int64))  # in the big table, not the small
     assert_clean_error(cli(["run", eng, "--inputs", tmp_path / "bad.npy"]), capsys.readouterr().err, "-7..6")
+
+
+def test_as_a_process_the_exit_code_and_one_line(bert_engine, tmp_path):
+    import subprocess
+    import sys
+
+    for args in (["bench", bert_engine, "--iterations", "-5"], ["run", bert_engine, "--device", "1"]):
+        out = subprocess.run(
+            [sys.executable, "-m", "graphc", *map(str, args)], capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == EXIT_USER_ERROR, out.stderr
+        assert "Traceback" not in out.stderr
+        assert len([ln for ln in out.stderr.splitlines() if ln.startswith("graphc")]) == 1, out.stderr
