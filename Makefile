@@ -9,8 +9,10 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-# pip runs again only when pyproject.toml changed since the last install (the stamp file).
-STAMP := $(VENV)/.graphc-installed
+# pip runs again only when pyproject.toml changed since the last install (the stamp file, one per
+# set of extras: on a GPU machine `make install EXTRAS=test,cuda`).
+EXTRAS ?= test,nvrtc
+STAMP := $(VENV)/.graphc-installed.$(EXTRAS)
 
 install: $(STAMP)
 
@@ -23,7 +25,7 @@ install: $(STAMP)
 # ... folders with the same name") is what the .pth fixes, so it is silenced by its text; any
 # other warning still shows.
 $(STAMP): pyproject.toml | $(BIN)/python
-	PYTHONWARNINGS='ignore:Editable installation' $(BIN)/python -m pip install -q -e '.[test,nvrtc]'
+	PYTHONWARNINGS='ignore:Editable installation' $(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
 	$(BIN)/python -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_path('purelib'), '_graphc_clone.pth').write_text(str(pathlib.Path.cwd()) + '\\n')"
 	touch $@
 
