@@ -517,6 +517,9 @@ def _compare(args: argparse.Namespace, engine, sess, feeds, outs) -> int:
     print(f"compared with ONNX Runtime on {args.compare} ({precision}):")
     for line in lines:
         print("  " + line)
+    built_from = (engine.report or {}).get("model")
+    if not ok and built_from and Path(built_from).name != Path(args.compare).name:
+        print(f"note: the engine was built from {built_from}, compared with {args.compare}")
     return 0 if ok else EXIT_MISMATCH
 
 

@@ -229,6 +229,14 @@ def test_compare_with_another_model(bert_engine, zoo, capsys):
     assert_clean_error(rc, capsys.readouterr().err, "--compare", "['input']", "the model the engine was built from")
 
 
+def test_compare_with_another_model_of_the_same_inputs(bert_engine, tmp_path, capsys):
+    other = tmp_path / "other.onnx"
+    models.save(models.build("bert", size="tiny", seed=5), other)  # same names, other weights
+    assert cli(["run", bert_engine, "--compare", other]) == 1
+    out = capsys.readouterr().out
+    assert "MISMATCH" in out and "note: the engine was built from" in out and "bert.onnx" in out
+
+
 def test_compare_with_a_file_that_is_not_onnx(bert_engine, zoo, tmp_path, capsys):
     (tmp_path / "junk.onnx").write_bytes(b"not a model")
     rc = cli(["run", bert_engine, "--compare", tmp_path / "junk.onnx"])
