@@ -1,8 +1,9 @@
 """The on-disk kernel cache: where it lives, how big it may grow, and clearing it.
 
 NVRTC's cubins are cached by content (graphc.codegen.nvrtc writes them, one `KEY.cubin` per
-kernel). The folder is the platform's user cache folder (platformdirs: ~/.cache/graphc/kernels on
-Linux, honouring XDG_CACHE_HOME) or $GRAPHC_CACHE_DIR. Its size is capped ($GRAPHC_CACHE_LIMIT
+kernel) in the folder `kernels` of graphc's cache folder: the platform's user cache folder
+(platformdirs: ~/.cache/graphc on Linux, honouring XDG_CACHE_HOME) or $GRAPHC_CACHE_DIR. The
+tuner keeps its records beside it (tuning.sqlite). The kernels' size is capped ($GRAPHC_CACHE_LIMIT
 bytes, default 2 GiB): after new kernels are written the least recently used ones are removed
 until the cache fits (a hit refreshes a file's time). `graphc cache --info` / `--clear`.
 """
@@ -23,14 +24,19 @@ DEFAULT_LIMIT = 2 * 2**30
 SUFFIX = ".cubin"
 
 
-def cache_dir() -> Path:
-    """The kernel cache folder (not created here)."""
+def root_dir() -> Path:
+    """graphc's cache folder: $GRAPHC_CACHE_DIR, else the platform's user cache folder for graphc."""
     env = os.environ.get(ENV_DIR)
     if env:
         return Path(env).expanduser()
     import platformdirs
 
-    return Path(platformdirs.user_cache_dir("graphc", appauthor=False)) / "kernels"
+    return Path(platformdirs.user_cache_dir("graphc", appauthor=False))
+
+
+def cache_dir() -> Path:
+    """The kernel cache folder (not created here)."""
+    return root_dir() / "kernels"
 
 
 def size_limit() -> int:

@@ -646,7 +646,8 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     st = cache.stats()
     print(f"kernel cache: {st.path}")
     print(f"  {st.entries} kernel(s), {format_bytes(st.bytes)} of a {format_bytes(st.limit)} limit")
-    print(f"  set the folder with {cache.ENV_DIR}, the limit (bytes) with {cache.ENV_LIMIT}")
+    print(f"  tuning records: {cache.root_dir() / 'tuning.sqlite'} (kept by --clear)")
+    print(f"  set graphc's cache folder with {cache.ENV_DIR}, the kernels' limit (bytes) with {cache.ENV_LIMIT}")
     return 0
 
 

@@ -23,13 +23,13 @@ def _kernel(folder, i: int, nbytes: int, age: float):
 def folder(tmp_path, monkeypatch):
     d = tmp_path / "kernels"
     d.mkdir()
-    monkeypatch.setenv(cache.ENV_DIR, str(d))
+    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path))
     monkeypatch.delenv(cache.ENV_LIMIT, raising=False)
     return d
 
 
 def test_location_follows_the_environment(folder):
-    assert cache.cache_dir() == folder
+    assert cache.cache_dir() == folder and cache.root_dir() == folder.parent
 
 
 def test_default_location_is_the_platforms_cache_folder(monkeypatch, tmp_path):
