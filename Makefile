@@ -9,8 +9,25 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-install: $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[test,nvrtc]'
+# pip runs again only when pyproject.toml changed since the last install (the stamp file, one per
+# set of extras: on a GPU machine `make install EXTRAS=test,cuda`).
+EXTRAS ?= test,nvrtc
+STAMP := $(VENV)/.graphc-installed.$(EXTRAS)
+
+install: $(STAMP)
+
+# The editable install maps passes/, codegen/ and runtime/ onto graphc.* with an import hook that
+# Python asks last, so from the clone's parent folder (which holds a folder named graphc without
+# an __init__.py) `import graphc` would find that folder as an empty namespace package first.
+# A .pth entry naming the clone puts the real graphc package on sys.path, where a regular package
+# beats a namespace folder wherever it appears; it also makes `python -m models` work anywhere.
+# tests/test_packaging.py checks both. setuptools' one notice about this ("Editable installation
+# ... folders with the same name") is what the .pth fixes, so it is silenced by its text; any
+# other warning still shows.
+$(STAMP): pyproject.toml | $(BIN)/python
+	PYTHONWARNINGS='ignore:Editable installation' $(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
+	$(BIN)/python -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_path('purelib'), '_graphc_clone.pth').write_text(str(pathlib.Path.cwd()) + '\\n')"
+	touch $@
 
 # The main job: build a zoo model, compile it (GPU when there is one, else CPU), run it, compare
 # with ONNX Runtime, print the report.

@@ -15,6 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from graphc import cache as kernel_cache
 from graphc.errors import CompileError
 
 log = logging.getLogger(__name__)
@@ -28,8 +29,8 @@ def _nvrtc():
         from cuda.bindings import nvrtc
     except ImportError as e:
         raise CompileError(
-            "NVRTC is not installed: the cuda target needs `pip install graphc[cuda]` "
-            "(cuda-bindings and nvidia-cuda-nvrtc)"
+            "NVRTC is not installed: the cuda target needs cuda-bindings and nvidia-cuda-nvrtc "
+            "(pip install cuda-bindings nvidia-cuda-nvrtc, or in a clone of graphc: pip install -e '.[nvrtc]')"
         ) from e
     return nvrtc
 
@@ -83,8 +84,7 @@ def compile_cubin(source: str, name: str, arch: str, options: Sequence[str] = ()
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "graphc" / "kernels"
+    return kernel_cache.cache_dir()  # graphc.cache: location, size limit, clearing
 
 
 @dataclass
@@ -116,10 +116,8 @@ def compile_all(
     results: list[bytes | None] = [None] * len(jobs)
     todo: list[int] = []
     for i, job in enumerate(jobs):
-        path = cache / f"{job.key(version)}.cubin"
-        if path.exists():
-            results[i] = path.read_bytes()
-        else:
+        results[i] = kernel_cache.read(cache / f"{job.key(version)}.cubin")
+        if results[i] is None:
             todo.append(i)
     if todo:
         log.info("compiling %d kernels with NVRTC %s (%d cached)", len(todo), version, len(jobs) - len(todo))
@@ -141,4 +139,5 @@ def compile_all(
             tmp = path.with_suffix(f".tmp{os.getpid()}")
             tmp.write_bytes(cubin)
             os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
+        kernel_cache.enforce_limit(cache)
     return results  # type: ignore[return-value]

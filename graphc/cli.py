@@ -1,7 +1,13 @@
-"""The `graphc` command line: compile, run, bench, inspect, check.
+"""The `graphc` command line: compile, run, bench, inspect, check, cache.
 
-User errors (bad files, unsupported ops, wrong shapes, corrupt engines) print one line and exit
-with status 2; `--debug` shows the traceback instead.
+User errors (bad files, unsupported ops, wrong shapes, corrupt engines, bad flags) print one line
+and exit with status 2; `--debug` (before or after the command) shows the traceback instead.
+Every file the CLI will write is checked before any work starts, so a compile never fails after
+the engine is written.
+
+Each subcommand is one block: an `_add_NAME(sub)` that declares its parser and a `_cmd_NAME(args)`
+that runs it; `build_parser` lists the blocks. Flags from trtexec / Polygraphy are accepted where
+they mean the same thing (--saveEngine, --fp16, --bf16, --int8, --loadInputs, --atol).
 """
 
 from __future__ import annotations
@@ -9,8 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import re
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +33,11 @@ class UsageError(Exception):
     pass
 
 
-# ---- argument parsing helpers ------------------------------------------------------------------
+# ---- argument helpers --------------------------------------------------------------------------
 
 
 def parse_shapes(text: str | None) -> dict[str, Any] | None:
-    """'input:1x3x224x224,mask:1x128' or 'batch=8,seq=128' (symbolic dims by name)."""
+    """'input:1x3x224x224,mask:1x128' or 'batch=8,seq=128' (symbolic dims by name). Every size >= 1."""
     if not text:
         return None
     out: dict[str, Any] = {}
@@ -39,36 +48,114 @@ def parse_shapes(text: str | None) -> dict[str, Any] | None:
         if "=" in part:
             name, _, val = part.partition("=")
             try:
-                out[name.strip()] = int(val)
+                size = int(val)
             except ValueError:
                 raise UsageError(f"--shapes: '{part}': a dim size must be an integer") from None
+            if size < 1:
+                raise UsageError(f"--shapes: '{part}': a dim size must be at least 1")
+            out[name.strip()] = size
             continue
         name, sep, dims = part.rpartition(":")
         if not sep or not name:
             raise UsageError(f"--shapes: '{part}' is not NAME:1x3x224x224 or DIM=N")
         try:
-            out[name] = tuple(int(d) for d in dims.lower().split("x"))
+            shape = tuple(int(d) for d in dims.lower().split("x"))
         except ValueError:
             raise UsageError(f"--shapes: '{part}': dims must be integers separated by x") from None
+        if any(d < 1 for d in shape):
+            raise UsageError(f"--shapes: '{part}': every dim must be at least 1")
+        out[name] = shape
     return out
 
 
+def parse_arch(text: str | None) -> list[str] | None:
+    """'sm_80,sm_90' -> ['sm_80', 'sm_90']; each must be sm_NN (sm_90a for Hopper's wgmma)."""
+    if not text:
+        return None
+    archs = [a.strip() for a in text.split(",") if a.strip()]
+    bad = [a for a in archs if not re.fullmatch(r"sm_\d{2,3}a?", a)]
+    if bad or not archs:
+        raise UsageError(f"--arch {text}: give CUDA archs as sm_NN, e.g. sm_80,sm_90")
+    return archs
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {n}")
+    return n
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not x >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return x
+
+
+def check_output_path(path: str | Path, flag: str, *, not_same_as: Sequence[tuple[str, Path]] = ()) -> Path:
+    """A file the CLI will write: its folder must exist, it must not be a folder, and it must not be
+    one of the files in `not_same_as` (the model, its weights, another output)."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{flag} {path}: is a folder; give a file name")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"{flag} {path}: the folder {parent} is not writable")
+    for what, other in not_same_as:
+        if _same_file(p, other):
+            raise UsageError(f"{flag} {path}: is {what}; it would be overwritten, give another name")
+    return p
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return a.resolve() == b.resolve()
+
+
 def _progress_printer(console):
+    """Prints one line per finished compile phase; a phase left by an exception gets a cross."""
+    import time
+
     state: dict[str, Any] = {}
 
     def cb(phase: str, event: str) -> None:
-        import time
-
         if event == "start":
             state[phase] = time.perf_counter()
             if console is not None and console.is_terminal:
                 console.print(f"[dim]  {phase} ...[/dim]", end="\r")
+            return
+        ms = (time.perf_counter() - state.get(phase, time.perf_counter())) * 1000
+        failed = sys.exc_info()[0] is not None  # called from the phase's `finally` while an error leaves it
+        if console:
+            mark = "[red]✗[/red]" if failed else "[green]✓[/green]"
+            console.print(f"  {mark} {phase:<12} {ms:9.1f} ms{'  failed' if failed else ''}")
         else:
-            dt = time.perf_counter() - state.get(phase, time.perf_counter())
-            if console:
-                console.print(f"  [green]✓[/green] {phase:<12} {dt:7.2f} s")
-            else:
-                print(f"  {phase:<12} {dt:7.2f} s", file=sys.stderr)
+            print(f"  {'FAILED ' if failed else ''}{phase:<12} {ms:9.1f} ms", file=sys.stderr)
 
     return cb
 
@@ -82,100 +169,278 @@ def _console():
         return None
 
 
-# ---- commands ----------------------------------------------------------------------------------
+# ---- compile -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _ModelInfo:
+    """What the CLI reads from an ONNX file before compiling, to check flags against it."""
+
+    inputs: dict[str, list[int | str | None] | None]  # name -> dims (a str: symbolic; None: unknown)
+    data_files: list[Path] = field(default_factory=list)  # external weight files
+
+    @property
+    def dim_names(self) -> list[str]:
+        names: list[str] = []
+        for dims in self.inputs.values():
+            for d in dims or ():
+                if isinstance(d, str) and d not in names:
+                    names.append(d)
+        return names
+
+
+def _read_model_info(path: Path) -> _ModelInfo | None:
+    """Input names and dims of an ONNX file (its weights are not read). None when the file does not
+    parse: the compile then reports why, with the frontend's message."""
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # protobuf's DecodeError and friends: the frontend names them properly
+        return None
+    graph = model.graph
+    inits = {t.name for t in graph.initializer}
+    inputs: dict[str, list[int | str | None] | None] = {}
+    for vi in graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        if not tt.HasField("shape"):
+            inputs[vi.name] = None
+            continue
+        inputs[vi.name] = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
+    files = set()
+    for t in graph.initializer:
+        for kv in t.external_data:
+            if kv.key == "location":
+                files.add(path.parent / kv.value)
+    return _ModelInfo(inputs, sorted(files))
+
+
+def check_shapes_against_model(shapes: dict[str, Any] | None, info: _ModelInfo) -> None:
+    """Every name in --shapes is an input (given a full shape) or a symbolic dim (given a size)."""
+    if not shapes:
+        return
+    described = ", ".join(
+        f"{n} [{', '.join('?' if d is None else str(d) for d in dims)}]" if dims is not None else f"{n} [unknown rank]"
+        for n, dims in info.inputs.items()
+    )
+    dim_names = info.dim_names
+    for name, value in shapes.items():
+        if name in info.inputs:
+            if isinstance(value, int):
+                dims = info.inputs[name] or []
+                example = "x".join(str(d) if isinstance(d, int) else "N" for d in dims) or "N"
+                raise UsageError(
+                    f"--shapes {name}={value}: '{name}' is an input; give its shape, e.g. {name}:{example}"
+                )
+            continue
+        if isinstance(value, tuple):
+            raise UsageError(f"--shapes {name}:...: the model has no input '{name}'; its inputs are {described}")
+        if name not in dim_names:
+            known = f"its symbolic dims are {', '.join(dim_names)}" if dim_names else "it has no symbolic dims"
+            raise UsageError(f"--shapes {name}={value}: no input of the model has a dim named '{name}'; {known}")
+
+
+def _resolve_precision(args: argparse.Namespace) -> str:
+    """--precision, or trtexec's --fp16 / --bf16 / --int8 (one of them)."""
+    flags = [f for f in ("fp16", "bf16", "int8") if getattr(args, f, False)]
+    if "int8" in flags:
+        raise UsageError(
+            "--int8 is not supported yet: graphc has no int8 kernels. A model quantized to QDQ form "
+            "(ONNX Runtime's quantize_static) compiles and runs in float; see docs/usage.md, 'Quantized models'"
+        )
+    if len(flags) > 1:
+        raise UsageError("give one of --fp16 and --bf16, not both")
+    if flags:
+        if args.precision is not None and args.precision != flags[0]:
+            raise UsageError(f"--{flags[0]} and --precision {args.precision} disagree")
+        return flags[0]
+    return args.precision or "fp32"
+
+
+def _check_target_flags(args: argparse.Namespace) -> None:
+    if args.target != "cpu":
+        return
+    given = [
+        flag
+        for flag, on in (
+            ("--arch", args.arch),
+            ("--tune", args.tune not in (None, "off")),
+            ("--allow-tf32", args.allow_tf32),
+        )
+        if on
+    ]
+    if given:
+        raise UsageError(f"{', '.join(given)}: only for --target cuda; the cpu target runs numpy references")
+
+
+def _add_compile(sub) -> None:
+    c = sub.add_parser("compile", help="compile an ONNX model into an engine file", parents=[_common()])
+    c.add_argument("model", help="path to an .onnx file")
+    c.add_argument("-o", "--output", "--saveEngine", dest="output", required=True, help="engine file to write")
+    c.add_argument("--target", choices=["cuda", "cpu"], default="cuda", help="cuda (default) or cpu (reference)")
+    c.add_argument(
+        "--arch", help="comma-separated CUDA archs for cubin (default: the local GPU, else sm_80,sm_86,sm_89,sm_90)"
+    )
+    c.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default=None, help="default fp32")
+    c.add_argument("--fp16", action="store_true", help="same as --precision fp16 (trtexec)")
+    c.add_argument("--bf16", action="store_true", help="same as --precision bf16 (trtexec)")
+    c.add_argument("--int8", action="store_true", help="not supported yet (an error that says what to do)")
+    c.add_argument("--shapes", help="input shapes, e.g. input:1x3x224x224,mask:1x128, or dims by name: batch=8")
+    c.add_argument("--opt-level", type=int, default=2, choices=[0, 1, 2, 3])
+    c.add_argument("--tune", choices=["off", "fast", "full"], default=None, help="auto-tune kernels on this GPU")
+    c.add_argument("--allow-tf32", action="store_true", help="let fp32 GEMMs/convolutions use TF32 tensor cores")
+    c.add_argument("--report", help="write the compile report (JSON) here")
+    c.add_argument("--dump-ir", help="write the IR after every pass into this folder")
+    c.add_argument("-q", "--quiet", action="store_true", help="print only the result line")
+    c.set_defaults(func=_cmd_compile)
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
     import graphc
-    from graphc.passes.report import summarize
+    from graphc.inspect import compile_summary, format_bytes, kernel_counts
+
+    precision = _resolve_precision(args)
+    _check_target_flags(args)
+    shapes = parse_shapes(args.shapes)
+    model = Path(args.model)
+    if not model.is_file():
+        raise UsageError(f"{args.model}: no such file" if not model.exists() else f"{args.model}: is not a file")
+    info = _read_model_info(model)
+    if info is not None:
+        check_shapes_against_model(shapes, info)
+    protected = [("the input model", model)] + [
+        ("the model's weight file", f) for f in (info.data_files if info else [])
+    ]
+    output = check_output_path(args.output, "-o", not_same_as=protected)
+    report_path = (
+        check_output_path(args.report, "--report", not_same_as=[*protected, ("the engine file (-o)", output)])
+        if args.report
+        else None
+    )
+    if args.dump_ir and Path(args.dump_ir).exists() and not Path(args.dump_ir).is_dir():
+        raise UsageError(f"--dump-ir {args.dump_ir}: is a file; give a folder")
 
     console = _console()
     opts = dict(
         target=args.target,
-        precision=args.precision,
-        shapes=parse_shapes(args.shapes),
+        precision=precision,
+        shapes=shapes,
         opt_level=args.opt_level,
         dump_ir=args.dump_ir,
-        arch=[a.strip() for a in args.arch.split(",")] if args.arch else None,
-        tune=args.tune,
+        arch=parse_arch(args.arch),
+        tune=args.tune or "off",
         allow_tf32=args.allow_tf32,
         progress=_progress_printer(console) if not args.quiet else None,
     )
-    print(f"compiling {args.model} for {args.target} ({args.precision}, opt level {args.opt_level})", file=sys.stderr)
-    engine = graphc.compile(args.model, **opts)
-    engine.save(args.output)
+    print(f"compiling {args.model} for {args.target} ({precision}, opt level {args.opt_level})", file=sys.stderr)
+    engine = graphc.compile(str(model), **opts)
+    engine.save(output)
     report = engine.report
-    if args.report:
-        Path(args.report).write_text(json.dumps(report, indent=1, default=str))
+    if report_path is not None:
+        report_path.write_text(json.dumps(report, indent=1, default=str))
     if not args.quiet:
-        print(summarize(report, max_lines=6), file=sys.stderr)
-        mem = report["memory"]
-        print(
-            f"memory: arena {mem['arena_bytes'] / 2**20:.2f} MiB ({mem['arena_over_lower_bound']:.3f}x the lower "
-            f"bound; {mem['naive_bytes'] / 2**20:.2f} MiB without reuse), workspace {mem['workspace_bytes']} B",
-            file=sys.stderr,
-        )
-    print(f"wrote {args.output} ({Path(args.output).stat().st_size / 2**20:.1f} MiB, {report['kernels']} kernels)")
+        print(compile_summary(report, max_lines=6), file=sys.stderr)
+    print(f"wrote {output} ({format_bytes(output.stat().st_size)}; {kernel_counts(engine.plan)})")
     return 0
 
 
-def _random_inputs(engine, seed: int = 0) -> dict[str, Any]:
-    import numpy as np
+# ---- run ---------------------------------------------------------------------------------------
 
-    from graphc.runtime.cpu import numpy_dtype
 
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for spec in engine.inputs:
-        dt = numpy_dtype(spec.dtype)
-        if dt.kind == "b":
-            feeds[spec.name] = rng.random(spec.shape) < 0.5
-        elif dt.kind in "iu":
-            # small non-negative ids: valid token ids and masks for the models we know
-            feeds[spec.name] = rng.integers(0, 2, size=spec.shape).astype(dt)
-        else:
-            feeds[spec.name] = rng.standard_normal(spec.shape).astype(dt)
+def _cuda_device_count() -> int | None:
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # no cupy, no driver: the load itself says what is missing
+        return None
+
+
+def _load_engine(path: str, device: int | None):
+    """Load an engine for run/bench; --device checked against the engine's target and the GPUs here."""
+    import graphc.runtime
+
+    if device is not None and device < 0:
+        raise UsageError(f"--device {device}: a GPU index is 0 or more")
+    if device:
+        count = _cuda_device_count()
+        if count is not None and device >= count:
+            raise UsageError(f"--device {device}: this machine has {count} GPU(s) (0..{count - 1})")
+    engine = graphc.runtime.load(path, device=device or 0)
+    if device and engine.target != "cuda":
+        raise UsageError(f"--device {device}: {path} is a {engine.target} engine; --device picks a GPU")
+    return engine
+
+
+def _feeds(args: argparse.Namespace, engine) -> dict[str, Any]:
+    from graphc.feeds import check_index_ranges, load_inputs, random_inputs
+
+    if args.inputs:
+        feeds = load_inputs(args.inputs, [s.name for s in engine.inputs])
+    else:
+        feeds, notes = random_inputs(engine, args.seed)
+        print(f"no --inputs: random inputs (seed {args.seed})", file=sys.stderr)
+        for line in notes:
+            print("  " + line, file=sys.stderr)
+    check_index_ranges(engine, feeds)
     return feeds
 
 
-def _load_inputs(path: str) -> dict[str, Any]:
-    import numpy as np
-
-    try:
-        with np.load(path, allow_pickle=False) as z:  # never unpickle
-            return {k: z[k] for k in z.files}
-    except (OSError, ValueError) as e:
-        raise UsageError(f"--inputs {path}: not a readable .npz of arrays: {e}") from None
+def _add_run(sub) -> None:
+    r = sub.add_parser("run", help="run an engine on inputs (random ones by default)", parents=[_common()])
+    r.add_argument("engine")
+    r.add_argument(
+        "--inputs",
+        "--loadInputs",
+        dest="inputs",
+        help=".npz with one array per input, an .npy for a one-input engine, or NAME:FILE.npy,... (never unpickled)",
+    )
+    r.add_argument("--outputs", help="write the outputs to this .npz")
+    r.add_argument("--compare", help="the .onnx model: run ONNX Runtime on the same inputs and compare")
+    r.add_argument(
+        "--rtol",
+        type=non_negative_float,
+        help="max error relative to each output's scale (max |reference|); default 1e-3 for fp32",
+    )
+    r.add_argument("--atol", type=non_negative_float, help="max absolute error allowed besides --rtol (default 0)")
+    r.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    r.add_argument("--device", type=int, default=None, help="GPU index of a CUDA engine (default 0)")
+    r.set_defaults(func=_cmd_run)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    import graphc.runtime
-
-    engine = graphc.runtime.load(args.engine, device=args.device)
-    feeds = _load_inputs(args.inputs) if args.inputs else _random_inputs(engine, args.seed)
+    out_path = check_output_path(args.outputs, "--outputs") if args.outputs else None
+    if args.compare and not Path(args.compare).is_file():
+        raise UsageError(f"--compare {args.compare}: no such file")
+    engine = _load_engine(args.engine, args.device)
+    feeds = _feeds(args, engine)
+    session = _reference_session(args.compare, engine, feeds) if args.compare else None
     outs = engine.run(feeds, to_numpy=True) if engine.target == "cuda" else engine.run(feeds)
     outs = {k: np.asarray(v) for k, v in outs.items()}
     for k, v in outs.items():
         print(
-            f"{k}: {v.dtype}{list(v.shape)}  mean {float(np.mean(v.astype(np.float64))):.6g}  "
+            f"{k}: {v.dtype}{list(v.shape)}  mean {float(np.mean(v.astype(np.float64))) if v.size else 0:.6g}  "
             f"max |x| {float(np.max(np.abs(v.astype(np.float64)))) if v.size else 0:.6g}"
         )
-    if args.outputs:
-        np.savez(args.outputs, **outs)
-        print(f"wrote {args.outputs}")
-    if args.compare:
-        return _compare(args, engine, feeds, outs)
+    if out_path is not None:
+        np.savez(out_path, **outs)
+        print(f"wrote {out_path}")
+    if session is not None:
+        return _compare(args, engine, session, feeds, outs)
     return 0
 
 
 def compare_outputs(
-    outs: dict[str, Any], ref: dict[str, Any], precision: str, rtol: float | None = None
+    outs: dict[str, Any], ref: dict[str, Any], precision: str, rtol: float | None = None, atol: float | None = None
 ) -> tuple[bool, list[str]]:
     """graphc's outputs against a reference: per output the max abs error, the max error relative to the
-    output's scale, and the cosine similarity. fp32 passes within `rtol` (default 1e-3) of the scale;
-    fp16/bf16 pass with cosine >= 0.999 and no inf/NaN where the reference is finite."""
+    output's scale (max |reference|), and the cosine similarity. fp32 passes when the max error is within
+    atol + rtol * scale (defaults: rtol 1e-3, atol 0); fp16/bf16 pass with cosine >= 0.999 and no inf/NaN
+    where the reference is finite, and also within atol + rtol * scale when either is given."""
     import numpy as np
 
     ok = True
@@ -197,10 +462,11 @@ def compare_outputs(
         denom = float(np.linalg.norm(a) * np.linalg.norm(r))
         cos = float(np.sum(a * r) / denom) if denom > 0 else (1.0 if err == 0 else 0.0)
         bad_values = bool(np.any(~np.isfinite(a) & np.isfinite(r)))
+        within = err <= (atol or 0.0) + (rtol if rtol is not None else 1e-3) * scale
         if precision == "fp32":
-            passed = rel <= (rtol if rtol is not None else 1e-3) and not bad_values
+            passed = within and not bad_values
         else:
-            passed = cos >= 0.999 and not bad_values and (rtol is None or rel <= rtol)
+            passed = cos >= 0.999 and not bad_values and (within if rtol is not None or atol is not None else True)
         ok &= passed
         lines.append(
             f"{k}: max abs err {err:.3e}, max rel err {rel:.3e} (scale {scale:.3g}), cosine {cos:.6f}"
@@ -209,74 +475,130 @@ def compare_outputs(
     return ok, lines
 
 
-def _compare(args: argparse.Namespace, engine, feeds, outs) -> int:
+def _reference_session(path: str, engine, feeds: dict[str, Any]):
+    """An ONNX Runtime session of --compare's model, checked to take the engine's inputs."""
     try:
         import onnxruntime as ort
     except ImportError:
-        raise UsageError("--compare needs onnxruntime (pip install onnxruntime)") from None
+        raise UsageError("--compare needs onnxruntime: pip install onnxruntime") from None
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    sess = ort.InferenceSession(str(args.compare), opts, providers=["CPUExecutionProvider"])
+    try:
+        sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    except Exception as e:  # ORT raises its own pybind exception types for unreadable models
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UsageError(f"--compare {path}: ONNX Runtime cannot load it: {first}") from None
+    theirs = sorted(i.name for i in sess.get_inputs())
+    ours = sorted(feeds)
+    if theirs != ours:
+        raise UsageError(
+            f"--compare {path}: its inputs are {theirs}, the engine's are {ours}: "
+            "is it the model the engine was built from?"
+        )
+    out_names = sorted(o.name for o in sess.get_outputs())
+    engine_outs = sorted(s.name for s in engine.outputs)
+    if out_names != engine_outs:
+        raise UsageError(
+            f"--compare {path}: its outputs are {out_names}, the engine's are {engine_outs}: "
+            "is it the model the engine was built from?"
+        )
+    return sess
+
+
+def _compare(args: argparse.Namespace, engine, sess, feeds, outs) -> int:
     ref_names = [o.name for o in sess.get_outputs()]
-    ref = dict(zip(ref_names, sess.run(ref_names, feeds), strict=True))
+    try:
+        ref = dict(zip(ref_names, sess.run(ref_names, feeds), strict=True))
+    except Exception as e:  # ORT's own exception types: a shape or type the model does not take
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UsageError(f"--compare {args.compare}: ONNX Runtime failed on these inputs: {first}") from None
     precision = engine.build_info.get("precision", "fp32")
-    ok, lines = compare_outputs(outs, ref, precision, args.rtol)
+    ok, lines = compare_outputs(outs, ref, precision, args.rtol, args.atol)
     print(f"compared with ONNX Runtime on {args.compare} ({precision}):")
     for line in lines:
         print("  " + line)
+    built_from = (engine.report or {}).get("model")
+    if not ok and built_from and Path(built_from).name != Path(args.compare).name:
+        print(f"note: the engine was built from {built_from}, compared with {args.compare}")
     return 0 if ok else EXIT_MISMATCH
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
-    import graphc.runtime
-    from graphc.bench import benchmark, format_bench
+# ---- bench -------------------------------------------------------------------------------------
 
-    engine = graphc.runtime.load(args.engine, device=args.device)
-    feeds = _random_inputs(engine)
-    result = benchmark(engine, feeds, iterations=args.iterations, warmup=args.warmup, per_kernel=args.per_kernel)
+
+def _add_bench(sub) -> None:
+    b = sub.add_parser("bench", help="measure an engine's latency and throughput", parents=[_common()])
+    b.add_argument("engine")
+    b.add_argument("--iterations", type=positive_int, default=None, help="timed runs (default 200 on CUDA, 20 on CPU)")
+    b.add_argument("--warmup", type=non_negative_int, default=None, help="untimed runs first (default 20 / 2)")
+    b.add_argument("--per-kernel", action="store_true", help="also time every kernel (CUDA engines)")
+    b.add_argument("--inputs", "--loadInputs", dest="inputs", help="as for run (default: random inputs)")
+    b.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    b.add_argument("--json", help="write the numbers here")
+    b.add_argument("--device", type=int, default=None, help="GPU index of a CUDA engine (default 0)")
+    b.set_defaults(func=_cmd_bench)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from graphc.bench import benchmark, default_counts, format_bench
+
+    json_path = check_output_path(args.json, "--json") if args.json else None
+    engine = _load_engine(args.engine, args.device)
+    if args.per_kernel and engine.target != "cuda":
+        raise UsageError(f"--per-kernel times CUDA kernels; {args.engine} is a {engine.target} engine")
+    feeds = _feeds(args, engine)
+    iterations, warmup = default_counts(engine.target)
+    result = benchmark(
+        engine,
+        feeds,
+        iterations=args.iterations or iterations,
+        warmup=warmup if args.warmup is None else args.warmup,
+        per_kernel=args.per_kernel,
+    )
     print(format_bench(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    if json_path is not None:
+        json_path.write_text(json.dumps(result, indent=1))
     return 0
+
+
+# ---- inspect -----------------------------------------------------------------------------------
+
+
+def _add_inspect(sub) -> None:
+    i = sub.add_parser("inspect", help="kernels, fusions, memory plan and build info of an engine", parents=[_common()])
+    i.add_argument("engine")
+    i.add_argument("--memory", help="draw the memory timeline to this PNG (needs matplotlib)")
+    i.set_defaults(func=_cmd_inspect)
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    from graphc.inspect import describe_engine
+
+    memory_png = check_output_path(args.memory, "--memory") if args.memory else None
+    if memory_png is not None:
+        from graphc.inspect import require_matplotlib
+
+        require_matplotlib()
     from graphc.runtime.format import read_engine
 
     ef = read_engine(args.engine)
-    m = ef.manifest
-    print(f"{args.engine}: graphc engine v{m['format_version']} ({m['target']}), built by graphc {m['graphc_version']}")
-    for k, v in sorted(m["build"].items()):
-        if k != "options":
-            print(f"  {k}: {v}")
-    print("inputs:  " + ", ".join(f"{i['name']} {i['dtype']}{i['shape']}" for i in m["inputs"]))
-    print("outputs: " + ", ".join(f"{o['name']} {o['dtype']}{o['shape']}" for o in m["outputs"]))
-    mem = ef.memory
-    print(
-        f"memory: arena {mem.arena_bytes} B ({mem.algorithm}; lower bound {mem.lower_bound_bytes} B, "
-        f"no reuse {mem.naive_bytes} B), workspace {mem.workspace_bytes} B, "
-        f"weights {sum(w.nbytes for w in ef.weights.values())} B"
-    )
-    launches = [ln for s in ef.plan.steps for ln in s.launches]
-    print(
-        f"steps: {len(ef.plan.steps)} ({sum(1 for s in ef.plan.steps if s.alias)} views), "
-        f"{len(launches)} launches of {len({ln.digest for ln in launches})} distinct kernels"
-    )
-    for s in ef.plan.steps:
-        tag = "view" if s.alias else s.kind
-        fused = f" <- {', '.join(s.origins)}" if len(s.origins) > 1 or (s.origins and s.origins[0] != s.name) else ""
-        print(f"  [{s.index:3d}] {tag:<22} {s.name}{fused}")
-        for ln in s.launches:
-            print(
-                f"        {ln.family}:{ln.kernel} grid {ln.grid} block {ln.block} smem {ln.shared_bytes} "
-                f"{json.dumps(ln.params) if ln.params else ''}"
-            )
-    if args.memory:
-        from graphc.inspect import draw_memory
+    print(describe_engine(ef, str(args.engine)))
+    if memory_png is not None:
+        from graphc.inspect import describe_peak, draw_memory
 
-        draw_memory(ef.plan, ef.memory, args.memory, title=str(args.engine))
-        print(f"wrote {args.memory}")
+        peak = draw_memory(ef.plan, ef.memory, memory_png, title=str(args.engine))
+        print(describe_peak(ef.plan, ef.memory, peak))
+        print(f"wrote {memory_png}")
     return 0
+
+
+# ---- check -------------------------------------------------------------------------------------
+
+
+def _add_check(sub) -> None:
+    k = sub.add_parser("check", help="list the ops of a model that graphc does not support", parents=[_common()])
+    k.add_argument("model", help="path to an .onnx file")
+    k.set_defaults(func=_cmd_check)
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -302,8 +624,58 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- cache -------------------------------------------------------------------------------------
+
+
+def _add_cache(sub) -> None:
+    k = sub.add_parser("cache", help="the kernel cache: where it is, its size, clearing it", parents=[_common()])
+    g = k.add_mutually_exclusive_group()
+    g.add_argument("--info", action="store_true", help="location, entries, size and limit (the default)")
+    g.add_argument("--clear", action="store_true", help="delete every cached kernel")
+    k.set_defaults(func=_cmd_cache)
+
+
+def _cmd_cache(args: argparse.Namespace) -> int:
+    from graphc import cache
+    from graphc.inspect import format_bytes
+
+    if args.clear:
+        n, nbytes = cache.clear()
+        print(f"removed {n} cached kernel(s), {format_bytes(nbytes)}, from {cache.cache_dir()}")
+        return 0
+    st = cache.stats()
+    print(f"kernel cache: {st.path}")
+    print(f"  {st.entries} kernel(s), {format_bytes(st.bytes)} of a {format_bytes(st.limit)} limit")
+    print(f"  tuning records: {cache.root_dir() / 'tuning.sqlite'} (kept by --clear)")
+    print(f"  set graphc's cache folder with {cache.ENV_DIR}, the kernels' limit (bytes) with {cache.ENV_LIMIT}")
+    return 0
+
+
+# ---- the parser --------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (argparse prints the whole usage block first)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _common() -> argparse.ArgumentParser:
+    """Flags every command takes, before or after the command name. SUPPRESS as default: a
+    subcommand that is not given the flag leaves the main parser's value alone."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks and debug logging")
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log progress (INFO)")
+    return p
+
+
+# One entry per subcommand; a new one is an _add_NAME function listed here.
+COMMANDS = [_add_compile, _add_run, _add_bench, _add_inspect, _add_check, _add_cache]
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="graphc",
         description="graphc: compile ONNX models into fast engines for NVIDIA GPUs (and the CPU).",
         epilog="Example: graphc compile model.onnx -o model.engine --precision fp16 --shapes input:1x3x224x224",
@@ -312,51 +684,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-
-    c = sub.add_parser("compile", help="compile an ONNX model into an engine file")
-    c.add_argument("model", help="path to an .onnx file")
-    c.add_argument("-o", "--output", required=True, help="engine file to write")
-    c.add_argument("--target", choices=["cuda", "cpu"], default="cuda", help="cuda (default) or cpu (reference)")
-    c.add_argument(
-        "--arch", help="comma-separated CUDA archs for cubin (default: the local GPU, else sm_80,sm_86,sm_89,sm_90)"
-    )
-    c.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp32")
-    c.add_argument("--shapes", help="input shapes, e.g. input:1x3x224x224,mask:1x128, or dims by name: batch=8")
-    c.add_argument("--opt-level", type=int, default=2, choices=[0, 1, 2, 3])
-    c.add_argument("--tune", choices=["off", "fast", "full"], default="off", help="auto-tune kernels on this GPU")
-    c.add_argument("--allow-tf32", action="store_true", help="let fp32 GEMMs/convolutions use TF32 tensor cores")
-    c.add_argument("--report", help="write the compile report (JSON) here")
-    c.add_argument("--dump-ir", help="write the IR after every pass into this folder")
-    c.add_argument("-q", "--quiet", action="store_true", help="print only the result line")
-    c.set_defaults(func=_cmd_compile)
-
-    r = sub.add_parser("run", help="run an engine on inputs (random ones by default)")
-    r.add_argument("engine")
-    r.add_argument("--inputs", help=".npz with one array per input (never unpickled)")
-    r.add_argument("--outputs", help="write the outputs to this .npz")
-    r.add_argument("--compare", help="the .onnx model: run ONNX Runtime on the same inputs and compare")
-    r.add_argument("--rtol", type=float, help="max error relative to each output's scale (default 1e-3 for fp32)")
-    r.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    r.add_argument("--device", type=int, default=0)
-    r.set_defaults(func=_cmd_run)
-
-    b = sub.add_parser("bench", help="measure an engine's latency and throughput")
-    b.add_argument("engine")
-    b.add_argument("--iterations", type=int, default=200)
-    b.add_argument("--warmup", type=int, default=20)
-    b.add_argument("--per-kernel", action="store_true", help="also time every kernel")
-    b.add_argument("--json", help="write the numbers here")
-    b.add_argument("--device", type=int, default=0)
-    b.set_defaults(func=_cmd_bench)
-
-    i = sub.add_parser("inspect", help="kernels, fusions, memory plan and build info of an engine")
-    i.add_argument("engine")
-    i.add_argument("--memory", help="draw the memory timeline to this PNG (needs matplotlib)")
-    i.set_defaults(func=_cmd_inspect)
-
-    k = sub.add_parser("check", help="list the ops of a model that graphc does not support")
-    k.add_argument("model", help="path to an .onnx file")
-    k.set_defaults(func=_cmd_check)
+    for add in COMMANDS:
+        add(sub)
     return p
 
 

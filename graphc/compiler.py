@@ -141,6 +141,10 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
         report["memory"] = memory_report(memory)
     report["target"] = opts.target
     report["precision"] = opts.precision
+    # what a report read on its own needs to say what it is about
+    report["graphc_version"] = _graphc_version()
+    report["model"] = str(model) if isinstance(model, (str, Path)) else f"<{type(model).__name__}>"
+    report["input_shapes"] = {v.name: list(v.type.shape) for v in graph.inputs}
     report["steps"] = len(plan.steps)
     report["kernels"] = sum(1 for s in plan.steps if not s.alias)
     report["timings"] = phase.timings
@@ -164,6 +168,12 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
     engine = build_cuda_engine(optimized, plan, weights, opts, report, phase)
     engine.build_info.update(_build_info(opts, options_json))
     return engine
+
+
+def _graphc_version() -> str:
+    from graphc._version import __version__
+
+    return __version__
 
 
 def _channels_last(graph):

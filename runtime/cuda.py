@@ -20,7 +20,11 @@ def import_cupy():
     try:
         import cupy
     except ImportError as e:
-        raise EngineError("running a cuda engine needs cupy: pip install graphc[cuda]") from e
+        # graphc is not on the package index: name the packages, and the extra of a clone
+        raise EngineError(
+            "running a cuda engine needs cupy: pip install cupy-cuda13x (cupy-cuda12x for a CUDA 12 driver), "
+            "or in a clone of graphc: pip install -e '.[cuda]'"
+        ) from e
     try:
         n = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:  # no driver

@@ -93,6 +93,14 @@ class Engine:
             )
         return self.executor.run(self.check_feeds(feeds), **kwargs)
 
+    def __repr__(self) -> str:
+        # one line: the dataclass repr would print every weight and step (445,000 characters for BERT)
+        ios = ", ".join(f"{s.name} {s.dtype}{s.shape}" for s in self.inputs)
+        return (
+            f"<graphc Engine {self.target} {self.build_info.get('precision', '')}: {len(self.plan.steps)} steps, "
+            f"inputs {ios}; outputs {', '.join(s.name for s in self.outputs)}>"
+        )
+
     def __call__(self, **feeds: Any) -> dict[str, Any]:
         return self.run(feeds)
 

@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 import graphc  # noqa: E402
 import models  # noqa: E402
 from graphc.cli import compare_outputs  # noqa: E402
-from graphc.passes.report import summarize  # noqa: E402
+from graphc.inspect import compile_summary, format_bytes  # noqa: E402
 
 
 def gpu_present() -> bool:
@@ -56,15 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         engine = graphc.compile(str(path), target=target, precision=precision, shapes=shapes)
         print(f"   compiled in {time.perf_counter() - t0:.2f} s")
-        print("   " + summarize(engine.report, max_lines=4).replace("\n", "\n   "))
-        mem = engine.report["memory"]
-        print(
-            f"   memory: arena {mem['arena_bytes']} B = {mem['arena_over_lower_bound']:.3f} x the lower bound "
-            f"({mem['lower_bound_bytes']} B); {mem['naive_bytes']} B without reuse"
-        )
+        # the CLI's summary (its last line is the memory plan): one wording and one set of units
+        print("   " + compile_summary(engine.report, max_lines=4).replace("\n", "\n   "))
         engine_path = Path(tmp) / f"{args.model}.engine"
         engine.save(engine_path)
-        print(f"   engine file: {engine_path.stat().st_size} bytes")
+        print(f"   engine file: {format_bytes(engine_path.stat().st_size)}")
 
         print("3. loading the engine file and running it")
         loaded = graphc.runtime.load(engine_path)
