@@ -28,9 +28,8 @@ Pools are converted only where they touch the NHWC region: when a path through e
 leads from or to a convolution being converted (a lone pool on an NCHW graph would only gain two
 transposes).
 
-Not in the default pipeline: the compiler calls `to_channels_last(graph)` for target="cuda" after
-optimization (fusion must have made its Fused[Conv] nodes first: epilogue fusion anchors on the
-ONNX Conv, not on graphc.ConvNHWC).
+In the pipeline (passes/pipeline.py) for target="cuda", after fusion (fusion must have made its
+Fused[Conv] nodes first: epilogue fusion anchors on the ONNX Conv, not on graphc.ConvNHWC).
 """
 
 from __future__ import annotations
