@@ -15,7 +15,8 @@ a bracket, a quote...) is written as a JSON string: `%"a b"`.
 `parse_graph(text, constants)` reads the form back into a Graph: nodes are rebuilt through the
 GraphBuilder, so their types are inferred again and must agree with the types the text states (a
 stale or hand-written wrong type is an error naming the line). Constants shown by digest take their
-data from `constants` (name -> array), which must match the digest; inline ones need nothing. What
+data from `constants` (name -> array), which must match the digest; inline ones need nothing; a
+hand-written `const %w: f32[64,64] = given` takes its data from `constants` unchecked. What
 the text does not hold: `graph.meta` (provenance, near misses), which a parsed graph has empty.
 """
 
@@ -37,6 +38,7 @@ from graphc.ir.types import DType, SequenceType, TensorType, ValueType
 
 INLINE_MAX_ELEMENTS = 8
 DIGEST_PREFIX = "sha1:"
+GIVEN = "given"  # hand-written text: the data is in parse_graph's `constants`, unchecked
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_./:#@$\-]+")
 
 
@@ -358,14 +360,16 @@ def _node_attrs(cls: type[Attrs], sc: _Scanner) -> Attrs:
 def _constant_data(name: str, t: ValueType, sc: _Scanner, constants: Mapping[str, np.ndarray]) -> np.ndarray:
     if not isinstance(t, TensorType) or t.shape is None or not t.is_static:
         sc.fail(f"constant %{name} needs a static tensor type, got {t}")
+    digest = None
     if sc.take(DIGEST_PREFIX):
         digest = sc.regex(re.compile(r"[0-9a-f]+"), "a digest")
+    if digest is not None or sc.take(GIVEN):
         if name not in constants:
-            sc.fail(f"constant %{name} is shown by digest; pass its data in `constants`")
+            sc.fail(f"constant %{name} is not inline; pass its data in `constants`")
         data = np.asarray(constants[name])
         if data.dtype != t.dtype.numpy or data.shape != t.shape:
             sc.fail(f"constant %{name} is {t}, the data given is {data.dtype}{list(data.shape)}")
-        if data_digest(data) != digest:
+        if digest is not None and data_digest(data) != digest:
             sc.fail(f"constant %{name}: the data given does not match digest {digest}")
         return data
     values = sc.literal()
