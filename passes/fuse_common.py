@@ -51,8 +51,17 @@ def known_shape(shape: Shape | None) -> bool:
     return shape is not None and all(d is not None for d in shape)
 
 
-def same_shape(a: Shape | None, b: Shape | None) -> bool:
-    return known_shape(a) and a == b
+def same_shape(a: Value | Shape | None, b: Value | Shape | None) -> bool:
+    """Both have the same fully known shape (a broadcast did not grow one of them). Takes values
+    or shapes; a value that is not a tensor has no shape."""
+    sa, sb = _shape_of(a), _shape_of(b)
+    return known_shape(sa) and sa == sb
+
+
+def _shape_of(x: Value | Shape | None) -> Shape | None:
+    if isinstance(x, Value):
+        return x.type.shape if isinstance(x.type, TensorType) else None
+    return x
 
 
 def broadcasts_into(t: object, out: Shape | None) -> bool:

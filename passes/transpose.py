@@ -50,6 +50,7 @@ from graphc.ops.internal import INTERNAL_DOMAIN
 from graphc.ops.registry import Category, get_op, has_op
 from graphc.passes.constant_folding import FOLD_SMALL_BYTES
 from graphc.passes.dce import eliminate_dead_code
+from graphc.passes.op_traits import is_axes_reduction
 from graphc.passes.provenance import origins_of
 from graphc.passes.report import add_near_miss
 from graphc.passes.transpose_perm import (
@@ -81,20 +82,6 @@ MAX_LOOKAHEAD_DEPTH = 64
 
 # Elementwise ops that are not pure pointwise functions of their inputs' elements.
 _NOT_POINTWISE = frozenset({"Dropout", "CastLike"})
-_REDUCE_OPS = frozenset(
-    {
-        "ReduceSum",
-        "ReduceMean",
-        "ReduceMax",
-        "ReduceMin",
-        "ReduceProd",
-        "ReduceL1",
-        "ReduceL2",
-        "ReduceLogSum",
-        "ReduceLogSumExp",
-        "ReduceSumSquare",
-    }
-)
 _SOFTMAX_OPS = frozenset({"Softmax", "LogSoftmax"})
 
 
@@ -297,7 +284,7 @@ class _Analysis:
         out = _shape(node.outputs[0])
         if out is None:
             return None
-        if node.op in _REDUCE_OPS:
+        if is_axes_reduction(node):
             return self._pushable_reduce(node, assume, out)
         if node.op in _SOFTMAX_OPS:
             p = self._perm_in(node.inputs[0], assume)
@@ -524,7 +511,7 @@ def _rules_for(node: Node) -> list[tuple[str, Rewrite]]:
             return [(RULE_MATMUL, _absorb_into_matmul)]
         if node.op == "Gemm":
             return [(RULE_GEMM, _absorb_into_gemm)]
-        if node.op in _REDUCE_OPS:
+        if is_axes_reduction(node):
             return [(RULE_PUSH_REDUCE, _push)]
         if node.op in _SOFTMAX_OPS:
             return [(RULE_PUSH_SOFTMAX, _push)]
