@@ -106,6 +106,11 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
     # Every rewrite, target-specific ones included, is a pass of passes/pipeline.py, switched on
     # by the target context: --dump-ir, verification and the report's per-pass times cover all.
     target = Target(opts.target, opts.precision, bool(opts.allow_tf32))
+    if opts.target == "cuda":
+        from graphc.codegen.capabilities import CUDA
+
+        # Fusion asks the target what its kernels can hold; passes never import codegen.
+        target = dataclasses.replace(target, capabilities=CUDA)
     with phase("optimize"):
         result = optimize(
             graph,

@@ -42,6 +42,10 @@ Ordering rules (why the list is in this order; each is repeated beside the passe
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from graphc.ir.graph import Graph
+from graphc.passes.capabilities import FusionCapabilities
 from graphc.passes.constant_folding import fold_constants
 from graphc.passes.cse import eliminate_common_subexpressions
 from graphc.passes.dce import eliminate_dead_code
@@ -61,8 +65,16 @@ from graphc.passes.layout import to_channels_last
 from graphc.passes.manager import FixedPoint, Pass, Stage
 from graphc.passes.precision import precision_pass
 from graphc.passes.simplify import simplify
-from graphc.passes.target import for_cuda, for_reduced_precision
+from graphc.passes.target import Target, for_cuda, for_reduced_precision
 from graphc.passes.transpose import eliminate_transposes
+
+
+def _with_capabilities(fn: Callable[[Graph, FusionCapabilities], Graph]) -> Callable[[Graph, Target], Graph]:
+    def run(graph: Graph, target: Target) -> Graph:
+        return fn(graph, target.capabilities)
+
+    run.__name__ = fn.__name__
+    return run
 
 
 def cleanup() -> FixedPoint:
@@ -117,8 +129,9 @@ def stages() -> list[Stage]:
         ),
         Pass("fuse_attention", fuse_attention, min_level=2),  # rule 7
         cleanup(),
-        Pass("fuse_epilogues", fuse_epilogues, min_level=2),  # rule 8
-        Pass("fuse_elementwise", fuse_elementwise, min_level=2),  # rule 8
+        # Both ask the target what its fused kernels can hold (target.capabilities).
+        Pass("fuse_epilogues", _with_capabilities(fuse_epilogues), min_level=2, takes_target=True),  # rule 8
+        Pass("fuse_elementwise", _with_capabilities(fuse_elementwise), min_level=2, takes_target=True),  # rule 8
         # Fusion can leave Reshape(Reshape(x)) where it looked through a reshape: collapse them.
         Pass("simplify", simplify),
         Pass("dce", eliminate_dead_code),

@@ -8,7 +8,9 @@ that the pipeline reads as a list of rules ("for CUDA", "for reduced precision")
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from graphc.passes.capabilities import REFERENCE, FusionCapabilities
 
 TARGET_NAMES = ("cpu", "cuda")
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -20,11 +22,14 @@ class Target:
     precision: the storage type of float tensors inside the engine ("fp32", "fp16", "bf16").
     allow_tf32: fp32 GEMMs and convolutions may use TF32 tensor cores (read by codegen; no pass
     changes the graph for it, it is here so that a pass that must know can ask).
+    capabilities: what the target's fused kernels can hold (passes/capabilities.py); compile()
+    hands in codegen's for CUDA. The default is the reference executor's (the CPU engine).
     """
 
     name: str = "cpu"
     precision: str = "fp32"
     allow_tf32: bool = False
+    capabilities: FusionCapabilities = field(default=REFERENCE, compare=False)
 
     def __post_init__(self) -> None:
         if self.name not in TARGET_NAMES:
@@ -42,6 +47,9 @@ class Target:
 
     def __str__(self) -> str:
         return f"{self.name}/{self.precision}" + ("/tf32" if self.allow_tf32 else "")
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.precision, self.allow_tf32, self.capabilities.name))
 
 
 CPU = Target()
