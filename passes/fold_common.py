@@ -29,11 +29,11 @@ import numpy as np
 
 from graphc.ir.builder import GraphBuilder
 from graphc.ir.graph import Graph, Node, Value
+from graphc.ir.provenance import ORIGINS_KEY, merged_origins, origins_table
 from graphc.ir.types import DType, TensorType
 from graphc.ops.internal import INTERNAL_DOMAIN
 from graphc.passes.dce import eliminate_dead_code
 from graphc.passes.fuse_util import record_near_misses
-from graphc.passes.provenance import origins_of
 from graphc.passes.report import add_near_miss
 
 ANCHOR_OPS = frozenset({("", "Conv"), ("", "ConvTranspose"), ("", "Gemm"), ("", "MatMul"), (INTERNAL_DOMAIN, "MatMul")})
@@ -276,7 +276,7 @@ def rebuild(graph: Graph, replacements: Sequence[Replacement], *, near_misses: S
     def mapv(v: Value) -> Value:
         return subst.get(v.name) or b.values[v.name]
 
-    origins = dict(graph.meta.get("origins", {}))
+    origins = origins_table(graph)
     for node in graph.nodes:
         r = by_at.get(node.name)
         if r is not None:
@@ -284,7 +284,7 @@ def rebuild(graph: Graph, replacements: Sequence[Replacement], *, near_misses: S
             outs = r.emit(b, mapv)
             for old, new in zip(node.outputs, outs, strict=False):
                 subst[old.name] = new
-            absorbed = tuple(dict.fromkeys(o for n in r.absorbed for o in origins_of(graph, n.name)))
+            absorbed = merged_origins(graph, (n.name for n in r.absorbed))
             for n in b.nodes[before:]:
                 origins[n.name] = absorbed
             continue
@@ -292,5 +292,5 @@ def rebuild(graph: Graph, replacements: Sequence[Replacement], *, near_misses: S
             continue
         b.keep_or_copy(node, [None if v is None else mapv(v) for v in node.inputs])
     b.set_outputs([mapv(v) for v in graph.outputs], graph.output_names)
-    b.meta["origins"] = origins
+    b.meta[ORIGINS_KEY] = origins
     return eliminate_dead_code(b.build(verify=False))

@@ -48,11 +48,11 @@ import numpy as np
 
 from graphc.ir.builder import GraphBuilder
 from graphc.ir.graph import Graph, Node, Value
+from graphc.ir.provenance import ORIGINS_KEY, merged_origins, origins_table
 from graphc.ir.types import DType, TensorType
 from graphc.ops.internal import INTERNAL_DOMAIN
 from graphc.passes.dce import eliminate_dead_code
 from graphc.passes.fuse_util import scalar
-from graphc.passes.provenance import origins_of
 from graphc.passes.report import add_near_miss
 
 # A Where fill at or below this is "masked": exp(fill - row max) is 0 in float32 for any
@@ -578,7 +578,7 @@ def _absorbed(g: Graph, core: list[Node], operands: list[_Operand]) -> tuple[str
             nodes.append(n)
     order = {id(n): i for i, n in enumerate(g.nodes)}
     nodes.sort(key=lambda n: order[id(n)])
-    return tuple(dict.fromkeys(o for n in nodes for o in origins_of(g, n.name)))
+    return merged_origins(g, (n.name for n in nodes))
 
 
 # ---- emission ----------------------------------------------------------------------------------
@@ -711,7 +711,7 @@ def fuse_attention(graph: Graph) -> Graph:
     def mapv(v: Value) -> Value:
         return subst.get(v.name) or b.values[v.name]
 
-    origins = dict(graph.meta.get("origins", {}))
+    origins = origins_table(graph)
     for node in graph.nodes:
         plan = plans.get(node.name)
         if plan is None:
@@ -722,7 +722,7 @@ def fuse_attention(graph: Graph) -> Graph:
         for n in b.nodes[before:]:
             origins[n.name] = plan.absorbed
     b.set_outputs([mapv(v) for v in graph.outputs], graph.output_names)
-    b.meta["origins"] = origins
+    b.meta[ORIGINS_KEY] = origins
     for m in new_misses:
         add_near_miss(b.meta, m)
     return eliminate_dead_code(b.build(verify=False))

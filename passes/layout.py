@@ -41,6 +41,7 @@ import numpy as np
 
 from graphc.ir.builder import GraphBuilder
 from graphc.ir.graph import Graph, Node, Value
+from graphc.ir.provenance import ORIGINS_KEY, origins_table
 from graphc.ir.types import DType, TensorType
 from graphc.ops.fused import FUSED_DOMAIN, FusedAttrs
 from graphc.ops.layout_ops import (
@@ -210,7 +211,7 @@ def _convert(graph: Graph) -> Graph:
         return subst.get(v.name) or b.values[v.name]
 
     changed = False
-    origins = dict(graph.meta.get("origins", {}))
+    origins = origins_table(graph)
     for node in graph.nodes:
         before = len(b.nodes)
         outs = None
@@ -232,7 +233,7 @@ def _convert(graph: Graph) -> Graph:
     if not changed:
         return graph
     b.set_outputs([new(v) for v in graph.outputs], graph.output_names)
-    b.meta["origins"] = origins
+    b.meta[ORIGINS_KEY] = origins
     return b.build(verify=False)
 
 

@@ -25,8 +25,8 @@ import numpy as np
 
 from graphc.ir.builder import GraphBuilder
 from graphc.ir.graph import Graph, Node, Value
+from graphc.ir.provenance import ORIGINS_KEY, merged_origins, origins_table
 from graphc.ir.types import TensorType
-from graphc.passes.provenance import origins_of
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ def apply_rules(graph: Graph, rules: Sequence[Rule], *, fired: list[str] | None 
         return subst.get(v.name) or b.values[v.name]
 
     changed = False
-    origins = dict(graph.meta.get("origins", {}))
+    origins = origins_table(graph)
     for node in graph.nodes:
         replaced = False
         for rule in by_op.get((node.domain, node.op), ()):
@@ -222,7 +222,7 @@ def apply_rules(graph: Graph, rules: Sequence[Rule], *, fired: list[str] | None 
             outs = [out] if isinstance(out, Value) else list(out)
             for old, new in zip(node.outputs, outs, strict=False):
                 subst[old.name] = new
-            absorbed = tuple(dict.fromkeys(o for n in m.matched for o in origins_of(graph, n.name)))
+            absorbed = merged_origins(graph, (n.name for n in m.matched))
             for n in b.nodes[before:]:
                 origins[n.name] = absorbed
             if fired is not None:
@@ -236,7 +236,7 @@ def apply_rules(graph: Graph, rules: Sequence[Rule], *, fired: list[str] | None 
     if not changed:
         return graph
     b.set_outputs([mapv(v) for v in graph.outputs], graph.output_names)
-    b.meta["origins"] = origins
+    b.meta[ORIGINS_KEY] = origins
     return eliminate_dead_code(b.build(verify=False))
 
 

@@ -45,13 +45,13 @@ import numpy as np
 
 from graphc.ir.builder import GraphBuilder
 from graphc.ir.graph import Graph, Node, Value
+from graphc.ir.provenance import ORIGINS_KEY, merged_origins, origins_table
 from graphc.ir.types import TensorType
 from graphc.ops.internal import INTERNAL_DOMAIN
 from graphc.ops.registry import Category, get_op, has_op
 from graphc.passes.constant_folding import FOLD_SMALL_BYTES
 from graphc.passes.dce import eliminate_dead_code
 from graphc.passes.op_traits import is_axes_reduction
-from graphc.passes.provenance import origins_of
 from graphc.passes.report import add_near_miss
 from graphc.passes.transpose_perm import (
     Perm,
@@ -464,7 +464,7 @@ def _sweep(graph: Graph, fired: list[str] | None) -> Graph:
         return subst.get(v.name) or b.values[v.name]
 
     ctx = _Ctx(a, b, new)
-    origins = dict(graph.meta.get("origins", {}))
+    origins = origins_table(graph)
     changed = False
     for node in graph.nodes:
         done = False
@@ -483,7 +483,7 @@ def _sweep(graph: Graph, fired: list[str] | None) -> Graph:
                 subst[old.name] = nv
             for n in b.nodes[before:]:
                 olds = (res.origins or {}).get(n.name, (node, *res.matched))
-                origins[n.name] = tuple(dict.fromkeys(o for m in olds for o in origins_of(graph, m.name)))
+                origins[n.name] = merged_origins(graph, (m.name for m in olds))
             if fired is not None:
                 fired.append(f"{name} at '{node.name}'")
             log.debug("rule %s fired at %s", name, node.name)
@@ -494,7 +494,7 @@ def _sweep(graph: Graph, fired: list[str] | None) -> Graph:
     if not changed:
         return graph
     b.set_outputs([new(v) for v in graph.outputs], graph.output_names)
-    b.meta["origins"] = origins
+    b.meta[ORIGINS_KEY] = origins
     return eliminate_dead_code(b.build(verify=False))
 
 
