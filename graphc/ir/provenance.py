@@ -29,4 +29,3 @@ def merged_origins(graph: Graph, node_names: Iterable[str]) -> tuple[str, ...]:
 def origins_table(graph: Graph) -> dict[str, tuple[str, ...]]:
     """A copy of the graph's table to extend while building its successor."""
     return dict(graph.meta.get(ORIGINS_KEY, {}))  # type: ignore[arg-type]
-

@@ -107,7 +107,7 @@ def test_wrong_text_is_an_error_naming_the_line(edit, message):
 def test_constants_by_digest_need_matching_data():
     w = np.arange(12, dtype=np.float32).reshape(3, 4)
     text = _small_text(w)
-    with pytest.raises(TextParseError, match="pass its data"):
+    with pytest.raises(TextParseError, match="pass its data in"):
         parse_graph(text)
     with pytest.raises(TextParseError, match="does not match digest"):
         parse_graph(text, {"w": w + 1})
