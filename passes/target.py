@@ -8,7 +8,7 @@ that the pipeline reads as a list of rules ("for CUDA", "for reduced precision")
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from graphc.passes.capabilities import REFERENCE, FusionCapabilities
 
@@ -29,7 +29,7 @@ class Target:
     name: str = "cpu"
     precision: str = "fp32"
     allow_tf32: bool = False
-    capabilities: FusionCapabilities = field(default=REFERENCE, compare=False)
+    capabilities: FusionCapabilities = REFERENCE
 
     def __post_init__(self) -> None:
         if self.name not in TARGET_NAMES:
@@ -47,9 +47,6 @@ class Target:
 
     def __str__(self) -> str:
         return f"{self.name}/{self.precision}" + ("/tf32" if self.allow_tf32 else "")
-
-    def __hash__(self) -> int:
-        return hash((self.name, self.precision, self.allow_tf32, self.capabilities.name))
 
 
 CPU = Target()
