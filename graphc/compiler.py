@@ -90,6 +90,7 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
     from graphc.ir.shapes import bind_shapes
     from graphc.passes.manager import OptimizeOptions, optimize
     from graphc.passes.report import optimizer_report
+    from graphc.passes.target import Target
 
     opts = dataclasses.replace(options or CompileOptions(), **kwargs)
     opts.validate()
@@ -102,33 +103,20 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
         graph = load_onnx(model)
     with phase("bind_shapes"):
         graph = bind_shapes(graph, opts.shapes)
+    # Every rewrite, target-specific ones included, is a pass of passes/pipeline.py, switched on
+    # by the target context: --dump-ir, verification and the report's per-pass times cover all.
+    target = Target(opts.target, opts.precision, bool(opts.allow_tf32))
     if opts.target == "cuda":
-        from graphc.passes.decompose_conv_transpose import decompose_conv_transpose
-        from graphc.passes.decompose_einsum import decompose_einsum
-        from graphc.passes.decompose_qdq import decompose_qdq
-        from graphc.passes.decompose_window_ops import decompose_window_ops
+        from graphc.codegen.capabilities import CUDA
 
-        # Ops the CUDA kernels cover only in another form, rewritten before the optimizer so that
-        # the convolutions and matmuls they become fuse like any others.
-        with phase("cuda_forms"):
-            for rewrite in (decompose_conv_transpose, decompose_einsum, decompose_window_ops, decompose_qdq):
-                graph = rewrite(graph)
+        # Fusion asks the target what its kernels can hold; passes never import codegen.
+        target = dataclasses.replace(target, capabilities=CUDA)
     with phase("optimize"):
-        result = optimize(graph, OptimizeOptions(opt_level=opts.opt_level, verify=opts.verify, dump_ir=opts.dump_ir))
+        result = optimize(
+            graph,
+            OptimizeOptions(opt_level=opts.opt_level, verify=opts.verify, dump_ir=opts.dump_ir, target=target),
+        )
         optimized = result.graph
-    if opts.target == "cuda" and opts.opt_level > 0:
-        with phase("layout"):
-            optimized = _channels_last(optimized)
-    if opts.precision != "fp32":
-        from graphc.passes.precision import convert_precision
-
-        with phase("precision"):
-            optimized = convert_precision(optimized, opts.precision)
-    if opts.target == "cuda" and opts.opt_level > 0:
-        from graphc.passes.gemm_weight_layout import k_major_gemm_weights
-
-        with phase("gemm_layout"):
-            optimized = k_major_gemm_weights(optimized)
     with phase("lower"):
         plan = lower_to_plan(optimized)
     memory = None
@@ -174,15 +162,6 @@ def _graphc_version() -> str:
     from graphc._version import __version__
 
     return __version__
-
-
-def _channels_last(graph):
-    """NHWC for the convolutions of the CUDA target, when the layout pass is available."""
-    try:
-        from graphc.passes.layout import to_channels_last
-    except ImportError:
-        return graph
-    return to_channels_last(graph)
 
 
 def _build_info(opts: CompileOptions, options_json: dict[str, Any]) -> dict[str, Any]:

@@ -31,10 +31,7 @@ from graphc.ir.builder import GraphBuilder
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.types import DType, TensorType
 from graphc.ops.internal import INTERNAL_DOMAIN
-from graphc.passes.dce import eliminate_dead_code
-from graphc.passes.fuse_util import record_near_misses
-from graphc.passes.provenance import origins_of
-from graphc.passes.report import add_near_miss
+from graphc.passes.rewrite import DROP, RewriteContext, Rewritten, rewrite_graph
 
 ANCHOR_OPS = frozenset({("", "Conv"), ("", "ConvTranspose"), ("", "Gemm"), ("", "MatMul"), (INTERNAL_DOMAIN, "MatMul")})
 FLOAT_DTYPES = frozenset({DType.float32, DType.float64, DType.float16, DType.bfloat16})
@@ -263,34 +260,14 @@ class Replacement:
 def rebuild(graph: Graph, replacements: Sequence[Replacement], *, near_misses: Sequence[str] = ()) -> Graph:
     """The graph with each replacement's absorbed nodes dropped and its emitted nodes placed at
     `at`; every other node kept; `near_misses` added to the meta. Returns `graph` itself when
-    there is nothing to replace and no new near miss."""
-    if not replacements:
-        return record_near_misses(graph, near_misses)
+    there is nothing to replace and no new near miss. (Through passes/rewrite.py's driver.)"""
     by_at = {r.at: r for r in replacements}
     dropped = {n.name for r in replacements for n in r.absorbed} - set(by_at)
-    b = GraphBuilder.like(graph)
-    for msg in near_misses:
-        add_near_miss(b.meta, msg)
-    subst: dict[str, Value] = {}
 
-    def mapv(v: Value) -> Value:
-        return subst.get(v.name) or b.values[v.name]
-
-    origins = dict(graph.meta.get("origins", {}))
-    for node in graph.nodes:
+    def visit(node: Node, ctx: RewriteContext) -> Rewritten | None:
         r = by_at.get(node.name)
         if r is not None:
-            before = len(b.nodes)
-            outs = r.emit(b, mapv)
-            for old, new in zip(node.outputs, outs, strict=False):
-                subst[old.name] = new
-            absorbed = tuple(dict.fromkeys(o for n in r.absorbed for o in origins_of(graph, n.name)))
-            for n in b.nodes[before:]:
-                origins[n.name] = absorbed
-            continue
-        if node.name in dropped:
-            continue
-        b.keep_or_copy(node, [None if v is None else mapv(v) for v in node.inputs])
-    b.set_outputs([mapv(v) for v in graph.outputs], graph.output_names)
-    b.meta["origins"] = origins
-    return eliminate_dead_code(b.build(verify=False))
+            return Rewritten(list(r.emit(ctx.b, ctx.mapv)), r.absorbed)
+        return DROP if node.name in dropped else None
+
+    return rewrite_graph(graph, visit, near_misses=near_misses)

@@ -50,10 +50,8 @@ from graphc.ir.builder import GraphBuilder
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.types import DType, TensorType
 from graphc.ops.internal import INTERNAL_DOMAIN
-from graphc.passes.dce import eliminate_dead_code
 from graphc.passes.fuse_util import scalar
-from graphc.passes.provenance import origins_of
-from graphc.passes.report import add_near_miss
+from graphc.passes.rewrite import RewriteContext, Rewritten, rewrite_graph
 
 # A Where fill at or below this is "masked": exp(fill - row max) is 0 in float32 for any
 # realistic score, so replacing it by -inf changes nothing on rows that attend somewhere.
@@ -271,7 +269,7 @@ class _Plan:
     three_d: bool
     heads: tuple[int, int]  # (q heads, kv heads) for the 3-D form
     dims: dict[str, object]
-    absorbed: tuple[str, ...] = ()
+    absorbed: tuple[Node, ...] = ()
 
 
 def _other_reader(g: Graph, v: Value, user: Node) -> str | None:
@@ -565,8 +563,8 @@ def _refine_masks(g: Graph, chain: _Chain, dims: dict[str, object]):
     return additive, refined, is_causal
 
 
-def _absorbed(g: Graph, core: list[Node], operands: list[_Operand]) -> tuple[str, ...]:
-    """Origins of the nodes the Attention node replaces: the core, and the layout and scale
+def _absorbed(g: Graph, core: list[Node], operands: list[_Operand]) -> tuple[Node, ...]:
+    """The nodes the Attention node replaces (in graph order): the core, and the layout and scale
     nodes of Q, K, V whose results nobody else reads."""
     inside = {id(n) for n in core}
     nodes = list(core)
@@ -578,7 +576,7 @@ def _absorbed(g: Graph, core: list[Node], operands: list[_Operand]) -> tuple[str
             nodes.append(n)
     order = {id(n): i for i, n in enumerate(g.nodes)}
     nodes.sort(key=lambda n: order[id(n)])
-    return tuple(dict.fromkeys(o for n in nodes for o in origins_of(g, n.name)))
+    return tuple(nodes)
 
 
 # ---- emission ----------------------------------------------------------------------------------
@@ -696,33 +694,11 @@ def fuse_attention(graph: Graph) -> Graph:
             continue
         if plan is not None:
             plans[plan.root.name] = plan
-    new_misses = [m for m in misses if m not in graph.meta.get("near_misses", ())]
-    if not plans:
-        if not new_misses:
-            return graph
-        meta = dict(graph.meta)
-        for m in new_misses:
-            add_near_miss(meta, m)
-        return graph.with_nodes(graph.nodes, meta=meta)
 
-    b = GraphBuilder.like(graph)
-    subst: dict[str, Value] = {}
-
-    def mapv(v: Value) -> Value:
-        return subst.get(v.name) or b.values[v.name]
-
-    origins = dict(graph.meta.get("origins", {}))
-    for node in graph.nodes:
+    def visit(node: Node, ctx: RewriteContext) -> Rewritten | None:
         plan = plans.get(node.name)
         if plan is None:
-            b.keep_or_copy(node, [None if v is None else mapv(v) for v in node.inputs])
-            continue
-        before = len(b.nodes)
-        subst[node.outputs[0].name] = _emit(graph, b, plan, mapv)
-        for n in b.nodes[before:]:
-            origins[n.name] = plan.absorbed
-    b.set_outputs([mapv(v) for v in graph.outputs], graph.output_names)
-    b.meta["origins"] = origins
-    for m in new_misses:
-        add_near_miss(b.meta, m)
-    return eliminate_dead_code(b.build(verify=False))
+            return None
+        return Rewritten([_emit(graph, ctx.b, plan, ctx.mapv)], plan.absorbed)
+
+    return rewrite_graph(graph, visit, near_misses=misses)

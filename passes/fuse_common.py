@@ -2,9 +2,10 @@
 shape checks, and assembling a Fused node's inputs and epilogue.
 
 A node can go into a fused epilogue when it is an ONNX elementwise op (registry category
-ELEMENTWISE) that the CUDA target can render (graphc.codegen.expr.EXPRESSIONS), with one output,
-on dtypes that have CUDA types, and no omitted input in the middle (Clip(x, , max)): a fused
-node's input list cannot end in an omitted input, so such a node stays on its own.
+ELEMENTWISE) that the target can render (its FusionCapabilities, passes/capabilities.py, handed in
+through the target context), with one output, on dtypes the target stores, and no omitted input
+in the middle (Clip(x, , max)): a fused node's input list cannot end in an omitted input, so such
+a node stays on its own.
 
 Every value an epilogue reads from outside must broadcast INTO the fused node's output shape
 (each of its trailing dims 1 or the output's), so the kernel reads it by index arithmetic and
@@ -15,26 +16,25 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from graphc.codegen.cuda_types import CUDA_TYPES
-from graphc.codegen.expr import EXPRESSIONS
 from graphc.ir.attrs import Attrs
 from graphc.ir.graph import Node, Value
 from graphc.ir.types import Shape, TensorType
 from graphc.ops.fused import OP, EpilogueOp, Ref
 from graphc.ops.registry import Category, get_op
+from graphc.passes.capabilities import FusionCapabilities
 
 # Ops that never go into a fused node although they render: Dropout may carry a mask output or a
 # training flag (simplify removes the inference form anyway).
 EXCLUDED = frozenset({"Dropout"})
 
 
-def supported_value(v: Value | None) -> bool:
-    return v is None or (isinstance(v.type, TensorType) and v.type.dtype in CUDA_TYPES)
+def supported_value(v: Value | None, caps: FusionCapabilities) -> bool:
+    return v is None or (isinstance(v.type, TensorType) and caps.stores(v.type.dtype))
 
 
-def fusable_elementwise(node: Node) -> bool:
+def fusable_elementwise(node: Node, caps: FusionCapabilities) -> bool:
     """An elementwise node that a fused node can hold (see the module doc)."""
-    if node.domain or node.op in EXCLUDED or node.op not in EXPRESSIONS or len(node.outputs) != 1:
+    if node.domain or node.op in EXCLUDED or not caps.renders(node.op) or len(node.outputs) != 1:
         return False
     if get_op(node.op).category is not Category.ELEMENTWISE:
         return False
@@ -43,7 +43,7 @@ def fusable_elementwise(node: Node) -> bool:
     out = node.outputs[0].type
     if not isinstance(out, TensorType) or out.shape is None:
         return False
-    return all(supported_value(v) for v in (*node.inputs, *node.outputs))
+    return all(supported_value(v, caps) for v in (*node.inputs, *node.outputs))
 
 
 def known_shape(shape: Shape | None) -> bool:
@@ -51,8 +51,17 @@ def known_shape(shape: Shape | None) -> bool:
     return shape is not None and all(d is not None for d in shape)
 
 
-def same_shape(a: Shape | None, b: Shape | None) -> bool:
-    return known_shape(a) and a == b
+def same_shape(a: Value | Shape | None, b: Value | Shape | None) -> bool:
+    """Both have the same fully known shape (a broadcast did not grow one of them). Takes values
+    or shapes; a value that is not a tensor has no shape."""
+    sa, sb = _shape_of(a), _shape_of(b)
+    return known_shape(sa) and sa == sb
+
+
+def _shape_of(x: Value | Shape | None) -> Shape | None:
+    if isinstance(x, Value):
+        return x.type.shape if isinstance(x.type, TensorType) else None
+    return x
 
 
 def broadcasts_into(t: object, out: Shape | None) -> bool:

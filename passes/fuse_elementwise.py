@@ -20,6 +20,7 @@ from __future__ import annotations
 from graphc.ir.graph import Graph, Node
 from graphc.ir.types import DType
 from graphc.ops.fused import FUSED_DOMAIN, FusedAttrs
+from graphc.passes.capabilities import REFERENCE, FusionCapabilities
 from graphc.passes.fold_common import Replacement, rebuild
 from graphc.passes.fuse_common import EpilogueBuilder, broadcasts_into, fusable_elementwise, same_shape
 
@@ -52,19 +53,19 @@ MAX_BROADCAST_OPS = 2
 MAX_GROUP_OPS = 64
 
 
-def _candidate(node: Node) -> bool:
-    if not fusable_elementwise(node):
+def _candidate(node: Node, caps: FusionCapabilities) -> bool:
+    if not fusable_elementwise(node, caps):
         return False
     t = node.outputs[0].ttype
     return not (t.dtype == DType.int64 and len(t.shape) <= 1)
 
 
-def _groups(graph: Graph) -> list[list[Node]]:
+def _groups(graph: Graph, caps: FusionCapabilities) -> list[list[Node]]:
     group_of: dict[str, str] = {}
     members: dict[str, list[Node]] = {}
     small: dict[str, int] = {}
     for node in reversed(graph.nodes):
-        if not _candidate(node):
+        if not _candidate(node, caps):
             continue
         out = node.outputs[0]
         users = graph.users(out.name)
@@ -118,5 +119,7 @@ def _replacement(group: list[Node]) -> Replacement:
     return Replacement(last.name, emit, tuple(group))
 
 
-def fuse_elementwise(graph: Graph) -> Graph:
-    return rebuild(graph, [_replacement(g) for g in _groups(graph)])
+def fuse_elementwise(graph: Graph, caps: FusionCapabilities = REFERENCE) -> Graph:
+    """Group elementwise nodes into Fused[Elementwise] nodes; `caps` says which ops and dtypes the
+    target's fused kernels take (the reference executor's by default)."""
+    return rebuild(graph, [_replacement(g) for g in _groups(graph, caps)])

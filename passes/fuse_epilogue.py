@@ -35,6 +35,7 @@ from graphc.ir.types import Shape, TensorType
 from graphc.ops.fused import ACC, FUSED_DOMAIN, FusedAttrs, Ref
 from graphc.ops.internal import INTERNAL_DOMAIN
 from graphc.ops.registry import get_op
+from graphc.passes.capabilities import REFERENCE, FusionCapabilities
 from graphc.passes.fold_common import Replacement, rebuild
 from graphc.passes.fuse_common import (
     EpilogueBuilder,
@@ -54,14 +55,14 @@ def _kind(node: Node) -> str:
     return node.op if not node.domain else f"{node.domain}.{node.op}"
 
 
-def _is_anchor(node: Node) -> bool:
+def _is_anchor(node: Node, caps: FusionCapabilities) -> bool:
     if (node.domain, node.op) not in ANCHORS or len(node.outputs) != 1:
         return False
     out = node.outputs[0].type
     return (
         isinstance(out, TensorType)
         and out.shape is not None
-        and all(supported_value(v) for v in (*node.inputs, *node.outputs))
+        and all(supported_value(v, caps) for v in (*node.inputs, *node.outputs))
     )
 
 
@@ -90,14 +91,14 @@ def _frame_input(t: object, frame: Shape, shape: Shape) -> tuple[int, ...] | Non
     return dims if len(dims) <= len(shape) else dims[len(dims) - k :] if k else ()
 
 
-def _takes(node: Node, frames: dict[str, Shape], shape: Shape) -> bool:
+def _takes(node: Node, frames: dict[str, Shape], shape: Shape, anchor: str, caps: FusionCapabilities) -> bool:
     """Whether an epilogue over the anchor output (`shape`) can take `node`: an elementwise op
     whose inputs made inside share one frame (the anchor shape, or a reshaped view of it) that
     its output keeps, and whose other inputs broadcast into that frame; or a view of a value made
     inside."""
     if _is_view(node):
         return node.inputs[0].name in frames
-    if not fusable_elementwise(node):
+    if not fusable_elementwise(node, caps) or not caps.fuses_epilogue(anchor, node.op, node.outputs[0].ttype.dtype):
         return False
     inner = {frames[v.name] for v in node.inputs if v.name in frames}
     if len(inner) != 1:
@@ -125,7 +126,7 @@ def _valid(graph: Graph, acc: Value, prefix: list[Node]) -> bool:
 
 
 def _grow(
-    graph: Graph, anchor: Node, index: dict[str, int], claimed: set[str]
+    graph: Graph, anchor: Node, index: dict[str, int], claimed: set[str], caps: FusionCapabilities
 ) -> tuple[list[Node], tuple[list[Node], Node] | None]:
     """The epilogue of `anchor`, and (kept, next) when a node after it was left out."""
     acc = anchor.outputs[0]
@@ -147,7 +148,7 @@ def _grow(
     while heap and len(cands) < MAX_EPILOGUE_OPS:
         _, name = heapq.heappop(heap)
         u = nodes[name]
-        if name in claimed or not _takes(u, frames, shape):
+        if name in claimed or not _takes(u, frames, shape, _kind(anchor), caps):
             continue
         cands.append(u)
         frames[u.outputs[0].name] = u.outputs[0].ttype.shape
@@ -261,16 +262,18 @@ def _replacement(anchor: Node, region: list[Node], bias) -> Replacement:
     return Replacement(last.name, emit, (anchor, *region))
 
 
-def fuse_epilogues(graph: Graph) -> Graph:
+def fuse_epilogues(graph: Graph, caps: FusionCapabilities = REFERENCE) -> Graph:
+    """Fuse each anchor's elementwise consumers into its epilogue; `caps` says which ops and dtypes
+    the target's kernels take in an epilogue (the reference executor's by default)."""
     index = {n.name: i for i, n in enumerate(graph.nodes)}
     claimed: set[str] = set()
     replacements: list[Replacement] = []
     misses: list[str] = []
     left_out: list[tuple[Node, list[Node], Node]] = []
     for node in graph.nodes:
-        if not _is_anchor(node):
+        if not _is_anchor(node, caps):
             continue
-        region, miss = _grow(graph, node, index, claimed)
+        region, miss = _grow(graph, node, index, claimed, caps)
         if miss is not None:
             left_out.append((node, *miss))
         bias = _bias(graph, node)

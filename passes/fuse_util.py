@@ -18,6 +18,7 @@ import numpy as np
 
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.types import TensorType
+from graphc.passes.fuse_common import same_shape
 from graphc.passes.report import add_near_miss
 from graphc.passes.rewrite import Const, Match, Op, Pattern, Rule, Var, apply_rules, match
 
@@ -58,19 +59,6 @@ def is_scalar(value: float, *, approx: bool = False) -> Callable[[np.ndarray], b
 
 def is_float(v: Value) -> bool:
     return isinstance(v.type, TensorType) and v.type.dtype.is_float
-
-
-def same_shape(a: Value, b: Value) -> bool:
-    """Both have the same known shape (a broadcast did not grow one of them)."""
-    ta, tb = a.type, b.type
-    return (
-        isinstance(ta, TensorType)
-        and isinstance(tb, TensorType)
-        and ta.shape is not None
-        and tb.shape is not None
-        and ta.shape == tb.shape
-        and all(d is not None for d in ta.shape)
-    )
 
 
 def closed_interior(m: Match) -> str | None:

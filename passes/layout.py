@@ -28,9 +28,8 @@ Pools are converted only where they touch the NHWC region: when a path through e
 leads from or to a convolution being converted (a lone pool on an NCHW graph would only gain two
 transposes).
 
-Not in the default pipeline: the compiler calls `to_channels_last(graph)` for target="cuda" after
-optimization (fusion must have made its Fused[Conv] nodes first: epilogue fusion anchors on the
-ONNX Conv, not on graphc.ConvNHWC).
+In the pipeline (passes/pipeline.py) for target="cuda", after fusion (fusion must have made its
+Fused[Conv] nodes first: epilogue fusion anchors on the ONNX Conv, not on graphc.ConvNHWC).
 """
 
 from __future__ import annotations
@@ -54,6 +53,8 @@ from graphc.ops.layout_ops import (
 )
 from graphc.ops.nn import window_geometry
 from graphc.ops.registry import Category, get_op, has_op
+from graphc.passes.op_traits import is_pointwise
+from graphc.passes.rewrite import RewriteContext, Rewritten, rewrite_graph
 
 log = logging.getLogger(__name__)
 
@@ -202,39 +203,19 @@ def _convert(graph: Graph) -> Graph:
         region |= joined
     pools = {n.name for n in graph.nodes if n.name in region and _pool_op(n)}
     bns = {n.name for n in graph.nodes if n.name in region and _inference_bn(graph, n)}
-    b = GraphBuilder.like(graph)
-    subst: dict[str, Value] = {}
 
-    def new(v: Value | None) -> Value | None:
-        if v is None:
-            return None
-        return subst.get(v.name) or b.values[v.name]
-
-    changed = False
-    origins = dict(graph.meta.get("origins", {}))
-    for node in graph.nodes:
-        before = len(b.nodes)
+    def visit(node: Node, ctx: RewriteContext) -> Rewritten | None:
         outs = None
         if node.name in convs:
-            outs = _rewrite_conv(graph, node, b, new)
+            outs = _rewrite_conv(graph, node, ctx.b, ctx.new)
         elif node.name in pools:
-            outs = _rewrite_pool(node, b, new)
+            outs = _rewrite_pool(node, ctx.b, ctx.new)
         elif node.name in bns:
-            outs = _bn_to_affine(graph, node, b, new)
-        if outs is None:
-            del b.nodes[before:]
-            b.keep_or_copy(node, [new(v) for v in node.inputs])
-            continue
-        for old, nv in zip(node.outputs, outs, strict=True):
-            subst[old.name] = nv
-        for n in b.nodes[before:]:
-            origins[n.name] = origins.get(node.name, (node.name,))
-        changed = True
-    if not changed:
-        return graph
-    b.set_outputs([new(v) for v in graph.outputs], graph.output_names)
-    b.meta["origins"] = origins
-    return b.build(verify=False)
+            outs = _bn_to_affine(graph, node, ctx.b, ctx.new)
+        return None if outs is None else Rewritten(outs, (node,))
+
+    # No dead code elimination here: the transposes' cleanup (cancel_transposes) does it.
+    return rewrite_graph(graph, visit, dce=False)
 
 
 def _to_nhwc(b: GraphBuilder, v: Value, name: str) -> Value:
@@ -415,46 +396,20 @@ def push_through_pointwise(graph: Graph) -> Graph:
     at least as many transposes as it adds (one per output). Transpose elimination does this too
     for plain ops, but only where its lookahead sees a gain; a join of two NHWC branches (the
     residual Add) is a gain it cannot see from either branch alone."""
-    b = GraphBuilder.like(graph)
-    subst: dict[str, Value] = {}
 
-    def new(v: Value | None) -> Value | None:
-        if v is None:
-            return None
-        return subst.get(v.name) or b.values[v.name]
+    def visit(node: Node, ctx: RewriteContext) -> Rewritten | None:
+        outs = _push_fused(graph, node, ctx.b, ctx.new)
+        # The moved transposes are layout, not fusion: no provenance entry for them.
+        return None if outs is None else Rewritten(outs, None)
 
-    changed = False
-    for node in graph.nodes:
-        before = len(b.nodes)
-        outs = _push_fused(graph, node, b, new)
-        if outs is None:
-            del b.nodes[before:]
-            b.keep_or_copy(node, [new(v) for v in node.inputs])
-            continue
-        for old, nv in zip(node.outputs, outs, strict=True):
-            subst[old.name] = nv
-        changed = True
-    if not changed:
-        return graph
-    b.set_outputs([new(v) for v in graph.outputs], graph.output_names)
-    from graphc.passes.dce import eliminate_dead_code
-
-    return eliminate_dead_code(b.build(verify=False))
-
-
-_NOT_POINTWISE = frozenset({"Dropout", "BitCast", "CastLike"})
+    return rewrite_graph(graph, visit)
 
 
 def _pointwise(node: Node) -> bool:
     """A Fused[Elementwise] node or a pointwise ONNX elementwise op."""
     if node.domain == FUSED_DOMAIN and node.op == "Fused":
         return node.attrs.anchor_op is None
-    return (
-        node.domain == ""
-        and node.op not in _NOT_POINTWISE
-        and has_op(node.op)
-        and get_op(node.op).category is Category.ELEMENTWISE
-    )
+    return is_pointwise(node.op, node.domain)
 
 
 def _push_fused(graph: Graph, node: Node, b: GraphBuilder, new) -> list[Value] | None:

@@ -1,49 +1,61 @@
-"""The pass manager: an ordered pipeline of named passes, per optimization level.
+"""The pass manager: runs an ordered pipeline of named passes for an optimization level and a
+target, with instruments (dump, verify, timing) around every pass.
 
-Ordering rules (why the list below is in this order):
-1. `cleanup` first and again after each rewriting stage: constant folding turns the exporters'
-   shape arithmetic (Shape -> Gather -> Concat -> Reshape) into constants once shapes are static,
-   simplify removes what became a no-op, CSE merges the duplicates exporters emit, DCE drops the
-   rest. These enable each other, so they run as a group to a fixed point.
-2. Pattern fusion (LayerNorm, RMSNorm, GELU) before BatchNorm folding and epilogue fusion:
-   their patterns contain Add/Mul/Div by constants that affine folding would otherwise fold into
-   a preceding MatMul and break up.
-3. Transpose elimination after cleanup (perms are constants by then) and before attention
-   fusion, which expects the Q, K, V layouts in canonical form.
-4. BatchNorm and affine folding before epilogue fusion: the scale goes into the conv weights,
-   leaving a bias that the epilogue absorbs. Folding emits arithmetic on constants, so cleanup
-   (constant folding) runs right after.
-5. Attention fusion before epilogue fusion: the QK^T and PV MatMuls must not be taken as anchors
-   first.
-6. Epilogue fusion (anchor + elementwise) before plain elementwise fusion, so that activations
-   join their conv/matmul rather than a standalone elementwise kernel.
-7. Quantize/DequantizeLinear decomposition after the first cleanup (constant folding turns the
-   weights' DequantizeLinear into float constants with the op's own reference first) and before
-   the fusions, which then take the activations' quantize-dequantize arithmetic into epilogues.
+The pipeline itself, with the ordering rules beside it, is passes/pipeline.py. Each `Pass` says
+from which opt level it runs (`min_level`; 0 means always, for rewrites a target cannot do
+without) and on which targets (`when`, a predicate over passes/target.py's `Target`). A
+`FixedPoint` is a group of passes that enable each other, run until none changes the graph.
+
+A pass that does nothing must return its input graph itself (`new is graph`): the manager and its
+instruments take identity as "unchanged" (no dump, no verification, fixed points end).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from graphc.ir.graph import Graph
-from graphc.ir.verify import verify_graph
+from graphc.passes.instruments import DumpIR, PassInstrument, PassRecord, PassTiming, VerifyIR
+from graphc.passes.target import CPU, Target
 
 log = logging.getLogger(__name__)
 
 PassFn = Callable[[Graph], Graph]
+TargetPassFn = Callable[[Graph, Target], Graph]
 MAX_FIXED_POINT_ITERATIONS = 10
+
+__all__ = [
+    "FixedPoint",
+    "MAX_FIXED_POINT_ITERATIONS",
+    "OptimizeOptions",
+    "OptimizeResult",
+    "Pass",
+    "PassRecord",
+    "Stage",
+    "default_pipeline",
+    "optimize",
+]
 
 
 @dataclass(frozen=True)
 class Pass:
+    """A named rewrite. `fn(graph)`, or `fn(graph, target)` with `takes_target` (a pass whose
+    rewrite depends on the target's parameters, e.g. the precision)."""
+
     name: str
-    fn: PassFn
+    fn: PassFn | TargetPassFn
     min_level: int = 1
+    when: Callable[[Target], bool] | None = None
+    takes_target: bool = False
+
+    def active(self, opt_level: int, target: Target) -> bool:
+        return self.min_level <= opt_level and (self.when is None or self.when(target))
+
+    def __call__(self, graph: Graph, target: Target = CPU) -> Graph:
+        return self.fn(graph, target) if self.takes_target else self.fn(graph)  # type: ignore[call-arg]
 
 
 @dataclass(frozen=True)
@@ -52,25 +64,22 @@ class FixedPoint:
 
     name: str
     passes: tuple[Pass, ...]
+    max_rounds: int = MAX_FIXED_POINT_ITERATIONS
 
 
 Stage = Pass | FixedPoint
 
 
 @dataclass
-class PassRecord:
-    name: str
-    seconds: float
-    nodes_before: int
-    nodes_after: int
-    changed: bool
-
-
-@dataclass
 class OptimizeOptions:
+    """opt_level: 0 runs only the passes a target needs (min_level 0), 1 cleanup, 2 everything.
+    verify / dump_ir add the VerifyIR / DumpIR instruments; `instruments` are added after them."""
+
     opt_level: int = 2
     verify: bool = False
-    dump_ir: Path | None = None
+    dump_ir: Path | str | None = None
+    target: Target = CPU
+    instruments: Sequence[PassInstrument] = ()
 
 
 @dataclass
@@ -88,50 +97,54 @@ def default_pipeline() -> list[Stage]:
 def optimize(
     graph: Graph, options: OptimizeOptions | None = None, stages: Sequence[Stage] | None = None
 ) -> OptimizeResult:
-    """Run the pipeline for `options.opt_level` (0 runs nothing)."""
+    """Run the pipeline (default: passes/pipeline.py) for `options.opt_level` and `options.target`."""
     options = options or OptimizeOptions()
     stages = default_pipeline() if stages is None else stages
-    result = OptimizeResult(graph)
-    dump = Path(options.dump_ir) if options.dump_ir else None
-    counter = [0]
-    if dump:
-        dump.mkdir(parents=True, exist_ok=True)
-        _dump(dump, counter, "input", graph)
-    if options.opt_level <= 0:
-        return result
+    timing = PassTiming()
+    # Timing first: instruments nest (see passes/instruments.py), so it times the pass alone.
+    instruments: list[PassInstrument] = [timing]
+    if options.verify:
+        instruments.append(VerifyIR())
+    if options.dump_ir:
+        instruments.append(DumpIR(Path(options.dump_ir)))
+    instruments += list(options.instruments)
+    runner = _Runner(options.opt_level, options.target, instruments)
 
-    def run_pass(p: Pass, g: Graph) -> Graph:
-        t0 = time.perf_counter()
-        new = p.fn(g)
-        dt = time.perf_counter() - t0
-        changed = new is not g
-        result.records.append(PassRecord(p.name, dt, len(g.nodes), len(new.nodes), changed))
-        if changed and options.verify:
-            verify_graph(new)
-        if changed and dump:
-            _dump(dump, counter, p.name, new)
-        log.debug("pass %s: %d -> %d nodes in %.3fs", p.name, len(g.nodes), len(new.nodes), dt)
-        return new
-
+    for inst in instruments:
+        inst.enter_pipeline(graph)
     g = graph
     for stage in stages:
+        g = runner.run_stage(stage, g)
+    for inst in instruments:
+        inst.exit_pipeline(g)
+    return OptimizeResult(g, timing.records)
+
+
+@dataclass
+class _Runner:
+    opt_level: int
+    target: Target
+    instruments: list[PassInstrument]
+
+    def run_pass(self, p: Pass, g: Graph) -> Graph:
+        for inst in reversed(self.instruments):
+            inst.before_pass(p, g)
+        new = p(g, self.target)
+        for inst in self.instruments:
+            inst.after_pass(p, g, new)
+        return new
+
+    def run_stage(self, stage: Stage, g: Graph) -> Graph:
         if isinstance(stage, Pass):
-            if stage.min_level <= options.opt_level:
-                g = run_pass(stage, g)
-            continue
-        active = [p for p in stage.passes if p.min_level <= options.opt_level]
-        for _round in range(MAX_FIXED_POINT_ITERATIONS):
+            return self.run_pass(stage, g) if stage.active(self.opt_level, self.target) else g
+        active = [p for p in stage.passes if p.active(self.opt_level, self.target)]
+        if not active:
+            return g
+        for _round in range(stage.max_rounds):
             before = g
             for p in active:
-                g = run_pass(p, g)
+                g = self.run_pass(p, g)
             if g is before:
-                break
-        else:
-            log.warning("%s did not reach a fixed point in %d rounds", stage.name, MAX_FIXED_POINT_ITERATIONS)
-    result.graph = g
-    return result
-
-
-def _dump(folder: Path, counter: list[int], name: str, graph: Graph) -> None:
-    (folder / f"{counter[0]:02d}-{name}.txt").write_text(str(graph))
-    counter[0] += 1
+                return g
+        log.warning("%s did not reach a fixed point in %d rounds", stage.name, stage.max_rounds)
+        return g

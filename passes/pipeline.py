@@ -1,11 +1,58 @@
-"""The ordered list of passes (see passes/manager.py for the ordering rules)."""
+"""The ordered list of passes: every rewrite of the graph between the frontend and lowering.
+
+`compile()` runs this list through the pass manager for its opt level and target; nothing else
+rewrites the graph, so `--dump-ir DIR` shows each step as `NN-passname.txt`, the verifier checks
+each, and the compile report times each. Target-specific passes carry `when=for_cuda` (or another
+predicate of passes/target.py); `min_level=0` marks passes that run at every opt level because
+the target cannot do without them.
+
+Ordering rules (why the list is in this order; each is repeated beside the passes it orders):
+ 1. CUDA forms first, at every opt level: ConvTranspose, Einsum, LRN/LpPool and Quantize/
+    DequantizeLinear become convolutions, matmuls, pools and elementwise arithmetic, which the CUDA
+    kernels cover; done before the optimizer so that what they become folds and fuses like any
+    other conv or matmul.
+ 2. `cleanup` first and again after each rewriting stage: constant folding turns the exporters'
+    shape arithmetic (Shape -> Gather -> Concat -> Reshape) into constants once shapes are static,
+    simplify removes what became a no-op, CSE merges the duplicates exporters emit, DCE drops the
+    rest. These enable each other, so they run as a group to a fixed point.
+ 3. Quantize/DequantizeLinear decomposition (all targets) after the first cleanup (constant
+    folding turns the weights' DequantizeLinear into float constants with the op's own reference
+    first) and before the fusions, which then take the activations' quantize-dequantize
+    arithmetic into epilogues.
+ 4. Pattern fusion (LayerNorm, RMSNorm, GELU) before BatchNorm folding and epilogue fusion: their
+    patterns contain Add/Mul/Div by constants that affine folding would otherwise fold into a
+    preceding MatMul and break up.
+ 5. Transpose elimination after cleanup (perms are constants by then) and before attention
+    fusion, which expects the Q, K, V layouts in canonical form.
+ 6. BatchNorm and affine folding before epilogue fusion: the scale goes into the conv weights,
+    leaving a bias that the epilogue absorbs. Folding emits arithmetic on constants, so cleanup
+    (constant folding) runs right after.
+ 7. Attention fusion before epilogue fusion: the QK^T and PV MatMuls must not be taken as anchors
+    first.
+ 8. Epilogue fusion (anchor + elementwise) before plain elementwise fusion, so that activations
+    join their conv/matmul rather than a standalone elementwise kernel.
+ 9. Channels-last layout (CUDA) after fusion: epilogue fusion anchors on the ONNX Conv, not on
+    graphc.ConvNHWC, so the Fused[Conv] nodes must exist before they are converted.
+10. Precision after layout and before the GEMM weight layout: it retypes everything layout made
+    (the NHWC weights, the edge transposes) in one sweep, and the weight layout's choice depends
+    on the final dtype (16-byte chunks hold 8 fp16 or 4 fp32 elements).
+11. K-major GEMM weights (CUDA) last: a pure re-layout of constant weights for the kernels' loads;
+    nothing after it matches GEMM weights.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from graphc.ir.graph import Graph
+from graphc.passes.capabilities import FusionCapabilities
 from graphc.passes.constant_folding import fold_constants
 from graphc.passes.cse import eliminate_common_subexpressions
 from graphc.passes.dce import eliminate_dead_code
+from graphc.passes.decompose_conv_transpose import decompose_conv_transpose
+from graphc.passes.decompose_einsum import decompose_einsum
 from graphc.passes.decompose_qdq import decompose_qdq
+from graphc.passes.decompose_window_ops import decompose_window_ops
 from graphc.passes.fold_affine import fold_affine
 from graphc.passes.fold_batchnorm import fold_batchnorm
 from graphc.passes.fuse_attention import fuse_attention
@@ -13,9 +60,21 @@ from graphc.passes.fuse_elementwise import fuse_elementwise
 from graphc.passes.fuse_epilogue import fuse_epilogues
 from graphc.passes.fuse_gelu import fuse_gelu
 from graphc.passes.fuse_layernorm import fuse_layernorm
+from graphc.passes.gemm_weight_layout import k_major_gemm_weights
+from graphc.passes.layout import to_channels_last
 from graphc.passes.manager import FixedPoint, Pass, Stage
+from graphc.passes.precision import precision_pass
 from graphc.passes.simplify import simplify
+from graphc.passes.target import Target, for_cuda, for_reduced_precision
 from graphc.passes.transpose import eliminate_transposes
+
+
+def _with_capabilities(fn: Callable[[Graph, FusionCapabilities], Graph]) -> Callable[[Graph, Target], Graph]:
+    def run(graph: Graph, target: Target) -> Graph:
+        return fn(graph, target.capabilities)
+
+    run.__name__ = fn.__name__
+    return run
 
 
 def cleanup() -> FixedPoint:
@@ -30,35 +89,56 @@ def cleanup() -> FixedPoint:
     )
 
 
+def cuda_forms() -> tuple[Pass, ...]:
+    """Rule 1: the ops the CUDA kernels cover only in another form, rewritten at every opt level
+    (lowering would otherwise find no kernel for them)."""
+    return (
+        Pass("decompose_conv_transpose", decompose_conv_transpose, min_level=0, when=for_cuda),
+        Pass("decompose_einsum", decompose_einsum, min_level=0, when=for_cuda),
+        Pass("decompose_window_ops", decompose_window_ops, min_level=0, when=for_cuda),
+        # For CUDA also at opt level 0, where rule 3's pass does not run (the CUDA target has no
+        # Quantize/DequantizeLinear kernel); at level 1+ the later run then finds nothing.
+        Pass("decompose_qdq", decompose_qdq, min_level=0, when=for_cuda),
+    )
+
+
 def stages() -> list[Stage]:
     return [
-        cleanup(),
-        # After constant folding has turned DequantizeLinear of constant weights into float weights:
-        # the activations' Quantize/DequantizeLinear become elementwise ops, which later fuse.
+        *cuda_forms(),  # rule 1
+        cleanup(),  # rule 2
+        # Rule 3: after constant folding has turned DequantizeLinear of constant weights into float
+        # weights; the activations' Quantize/DequantizeLinear become elementwise ops, which fuse.
         Pass("decompose_qdq", decompose_qdq),
-        # Level 2: the algebraic rewrites and fusions, each stage followed by cleanup.
+        # Level 2: the algebraic rewrites and fusions, each stage followed by cleanup (rule 2).
         FixedPoint(
             "patterns",
             (
-                Pass("fuse_layernorm", fuse_layernorm, min_level=2),
-                Pass("fuse_gelu", fuse_gelu, min_level=2),
-                Pass("eliminate_transposes", eliminate_transposes, min_level=2),
+                Pass("fuse_layernorm", fuse_layernorm, min_level=2),  # rule 4
+                Pass("fuse_gelu", fuse_gelu, min_level=2),  # rule 4
+                Pass("eliminate_transposes", eliminate_transposes, min_level=2),  # rule 5
                 *cleanup().passes,
             ),
         ),
         FixedPoint(
             "folding",
             (
-                Pass("fold_batchnorm", fold_batchnorm, min_level=2),
-                Pass("fold_affine", fold_affine, min_level=2),
+                Pass("fold_batchnorm", fold_batchnorm, min_level=2),  # rule 6
+                Pass("fold_affine", fold_affine, min_level=2),  # rule 6
                 *cleanup().passes,
             ),
         ),
-        Pass("fuse_attention", fuse_attention, min_level=2),
+        Pass("fuse_attention", fuse_attention, min_level=2),  # rule 7
         cleanup(),
-        Pass("fuse_epilogues", fuse_epilogues, min_level=2),
-        Pass("fuse_elementwise", fuse_elementwise, min_level=2),
+        # Both ask the target what its fused kernels can hold (target.capabilities).
+        Pass("fuse_epilogues", _with_capabilities(fuse_epilogues), min_level=2, takes_target=True),  # rule 8
+        Pass("fuse_elementwise", _with_capabilities(fuse_elementwise), min_level=2, takes_target=True),  # rule 8
         # Fusion can leave Reshape(Reshape(x)) where it looked through a reshape: collapse them.
         Pass("simplify", simplify),
         Pass("dce", eliminate_dead_code),
+        # Rule 9: NHWC convolutions and pools; the pass cancels the transposes it creates itself
+        # (cleanup and transpose elimination to a fixed point) when it converted anything.
+        Pass("to_channels_last", to_channels_last, when=for_cuda),
+        # Rule 10: at every opt level (the precision is the user's choice, not an optimization).
+        Pass("convert_precision", precision_pass, min_level=0, when=for_reduced_precision, takes_target=True),
+        Pass("k_major_gemm_weights", k_major_gemm_weights, when=for_cuda),  # rule 11
     ]

@@ -21,6 +21,7 @@ from graphc.ir.graph import Graph, Value
 from graphc.ir.types import DType, TensorType
 from graphc.ops.fused import EpilogueOp, FusedAttrs
 from graphc.ops.registry import get_op
+from graphc.passes.target import Target
 
 TARGETS = {"fp16": DType.float16, "bf16": DType.bfloat16}
 
@@ -44,6 +45,11 @@ def _retype_attrs(op: str, attrs, target: DType):
             anchor = _retype_attrs(attrs.anchor_op, anchor, target)
         return dataclasses.replace(attrs, epilogue=epi, anchor_attrs=anchor)
     return attrs
+
+
+def precision_pass(graph: Graph, target: Target) -> Graph:
+    """The pipeline's form: the target's precision."""
+    return convert_precision(graph, target.precision)
 
 
 def convert_precision(graph: Graph, precision: str) -> Graph:

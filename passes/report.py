@@ -7,8 +7,8 @@ from typing import Any
 
 from graphc.ir.graph import Graph
 from graphc.ir.kinds import node_kind
+from graphc.ir.provenance import origins_of
 from graphc.passes.manager import PassRecord
-from graphc.passes.provenance import origins_of
 
 
 def add_near_miss(meta: dict, message: str) -> None:

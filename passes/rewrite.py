@@ -17,7 +17,7 @@ None to decline. Matched nodes that become dead are removed by dead code elimina
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,8 +25,8 @@ import numpy as np
 
 from graphc.ir.builder import GraphBuilder
 from graphc.ir.graph import Graph, Node, Value
+from graphc.ir.provenance import ORIGINS_KEY, merged_origins, origins_table
 from graphc.ir.types import TensorType
-from graphc.passes.provenance import origins_of
 
 log = logging.getLogger(__name__)
 
@@ -193,51 +193,29 @@ def _match_op(graph: Graph, pat: Op, node: Node, m: Match, is_root: bool) -> boo
 def apply_rules(graph: Graph, rules: Sequence[Rule], *, fired: list[str] | None = None) -> Graph:
     """One sweep over the graph in order; at each node the first rule that matches and builds wins.
     Returns `graph` itself when nothing fired."""
-    from graphc.passes.dce import eliminate_dead_code
-
     by_op: dict[tuple[str, str], list[Rule]] = {}
     for r in rules:
         for op in r.pattern.ops:
             by_op.setdefault((r.pattern.domain, op), []).append(r)
-    b = GraphBuilder.like(graph)
-    subst: dict[str, Value] = {}
 
-    def mapv(v: Value) -> Value:
-        return subst.get(v.name) or b.values[v.name]
-
-    changed = False
-    origins = dict(graph.meta.get("origins", {}))
-    for node in graph.nodes:
-        replaced = False
+    def visit(node: Node, ctx: RewriteContext) -> Rewritten | None:
         for rule in by_op.get((node.domain, node.op), ()):
             m = match(graph, rule.pattern, node)
             if m is None or (rule.predicate is not None and not rule.predicate(m)):
                 continue
-            m._map = mapv
-            before = len(b.nodes)
-            out = rule.build(m, b)
+            m._map = ctx.mapv
+            mark = checkpoint(ctx.b)
+            out = rule.build(m, ctx.b)
             if out is None:
-                del b.nodes[before:]  # a declining builder must leave nothing behind
+                rollback(ctx.b, mark)  # the next rule starts from a clean builder
                 continue
-            outs = [out] if isinstance(out, Value) else list(out)
-            for old, new in zip(node.outputs, outs, strict=False):
-                subst[old.name] = new
-            absorbed = tuple(dict.fromkeys(o for n in m.matched for o in origins_of(graph, n.name)))
-            for n in b.nodes[before:]:
-                origins[n.name] = absorbed
             if fired is not None:
                 fired.append(f"{rule.name} at '{node.name}'")
             log.debug("rule %s fired at %s", rule.name, node.name)
-            replaced = changed = True
-            break
-        if not replaced:
-            ins = [None if v is None else mapv(v) for v in node.inputs]
-            b.keep_or_copy(node, ins)
-    if not changed:
-        return graph
-    b.set_outputs([mapv(v) for v in graph.outputs], graph.output_names)
-    b.meta["origins"] = origins
-    return eliminate_dead_code(b.build(verify=False))
+            return Rewritten([out] if isinstance(out, Value) else list(out), m.matched)
+        return None
+
+    return rewrite_graph(graph, visit)
 
 
 def apply_rules_counted(graph: Graph, rules: Sequence[Rule], what: str, *, fired: list[str] | None = None) -> Graph:
@@ -254,3 +232,126 @@ def static_shape(v: Value) -> tuple[int, ...] | None:
     """The value's shape when every dim is a number (a tensor after bind_shapes), else None."""
     t = v.type
     return t.static_shape if isinstance(t, TensorType) and t.is_static else None
+
+
+# ---- the rewrite driver ------------------------------------------------------------------------
+#
+# The one loop every rewriting pass runs (apply_rules above, fold_common.rebuild, transpose,
+# layout, attention fusion): walk the old graph in order; at each node a visitor either keeps it,
+# drops it, or builds its replacement in the new graph's builder; the driver substitutes the
+# replacement for the node's outputs everywhere after, records provenance for every node built,
+# undoes whatever a declining visitor built, and removes what became dead.
+
+
+class _Drop:
+    def __repr__(self) -> str:
+        return "DROP"
+
+
+DROP: Any = _Drop()  # a visitor's answer: leave the node out (its outputs must be unused after)
+
+
+@dataclass
+class Rewritten:
+    """A visitor's replacement of a node: values for the node's outputs (in order), the old nodes
+    the new ones stand for (provenance), or per new node name its own old nodes."""
+
+    outputs: Sequence[Value]
+    absorbed: Sequence[Node] | None  # None: record nothing (the new nodes stand for themselves)
+    origins: Mapping[str, Sequence[Node]] | None = None
+
+
+class RewriteContext:
+    """What a visitor sees: the old graph, the new graph's builder and the value map."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.b = GraphBuilder.like(graph)
+        self.subst: dict[str, Value] = {}
+
+    def new(self, v: Value | None) -> Value | None:
+        """The new graph's value for an old value (None stays None)."""
+        if v is None:
+            return None
+        return self.subst.get(v.name) or self.b.values[v.name]
+
+    def mapv(self, v: Value) -> Value:
+        return self.subst.get(v.name) or self.b.values[v.name]
+
+
+Visitor = Callable[[Node, RewriteContext], "Rewritten | None"]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    nodes: int
+    values: int
+    constants: int
+    known: int
+
+
+def checkpoint(b: GraphBuilder) -> Checkpoint:
+    """Where the builder stands, to `rollback` to."""
+    return Checkpoint(len(b.nodes), len(b.values), len(b.constants), len(b.known))
+
+
+def rollback(b: GraphBuilder, m: Checkpoint) -> None:
+    """Forget everything the builder got since `m` (dicts keep insertion order): a declining
+    visitor leaves no node, value, constant or reserved name behind."""
+    for n in b.nodes[m.nodes :]:
+        b._node_names.discard(n.name)  # noqa: SLF001 (the builder has no public undo yet)
+    del b.nodes[m.nodes :]
+    for table, keep in ((b.values, m.values), (b.constants, m.constants), (b.known, m.known)):
+        for key in list(table)[keep:]:
+            del table[key]
+
+
+def rewrite_graph(
+    graph: Graph,
+    visit: Visitor,
+    *,
+    near_misses: Sequence[str] = (),
+    dce: bool = True,
+    context: RewriteContext | None = None,
+) -> Graph:
+    """Rebuild `graph` node by node through `visit` (see above). Returns `graph` itself when no
+    visitor replaced or dropped anything and no near miss is new; else the new graph with
+    `near_misses` added to its meta, dead code removed when `dce`."""
+    from graphc.passes.dce import eliminate_dead_code
+    from graphc.passes.report import add_near_miss
+
+    ctx = context or RewriteContext(graph)
+    b = ctx.b
+    origins = origins_table(graph)
+    changed = False
+    for node in graph.nodes:
+        mark = checkpoint(b)
+        res = visit(node, ctx)
+        if res is DROP:
+            changed = True
+            continue
+        if res is None:
+            rollback(b, mark)
+            b.keep_or_copy(node, [ctx.new(v) for v in node.inputs])
+            continue
+        for old, nv in zip(node.outputs, res.outputs, strict=False):
+            ctx.subst[old.name] = nv
+        for n in b.nodes[mark.nodes :]:
+            olds = (res.origins or {}).get(n.name, res.absorbed)
+            if olds is not None:
+                origins[n.name] = merged_origins(graph, (o.name for o in olds))
+        changed = True
+    new_misses = [m for m in dict.fromkeys(near_misses) if m not in graph.meta.get("near_misses", ())]
+    if not changed:
+        if not new_misses:
+            return graph
+        meta = dict(graph.meta)
+        for msg in new_misses:
+            add_near_miss(meta, msg)
+        return graph.with_nodes(graph.nodes, meta=meta)
+    b.set_outputs([ctx.mapv(v) for v in graph.outputs], graph.output_names)
+    b.meta[ORIGINS_KEY] = origins
+    for msg in new_misses:
+        add_near_miss(b.meta, msg)
+    out = b.build(verify=False)
+    return eliminate_dead_code(out) if dce else out

@@ -47,11 +47,11 @@ from graphc.ir.builder import GraphBuilder
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.types import TensorType
 from graphc.ops.internal import INTERNAL_DOMAIN
-from graphc.ops.registry import Category, get_op, has_op
+from graphc.ops.registry import has_op
 from graphc.passes.constant_folding import FOLD_SMALL_BYTES
-from graphc.passes.dce import eliminate_dead_code
-from graphc.passes.provenance import origins_of
+from graphc.passes.op_traits import is_axes_reduction, is_pointwise
 from graphc.passes.report import add_near_miss
+from graphc.passes.rewrite import RewriteContext, Rewritten, checkpoint, rewrite_graph, rollback
 from graphc.passes.transpose_perm import (
     Perm,
     compose,
@@ -79,22 +79,6 @@ RULE_PUSH_SOFTMAX = "softmax(transpose(x, p), axis) -> transpose(softmax(x, p[ax
 MAX_SWEEPS = 64
 MAX_LOOKAHEAD_DEPTH = 64
 
-# Elementwise ops that are not pure pointwise functions of their inputs' elements.
-_NOT_POINTWISE = frozenset({"Dropout", "CastLike"})
-_REDUCE_OPS = frozenset(
-    {
-        "ReduceSum",
-        "ReduceMean",
-        "ReduceMax",
-        "ReduceMin",
-        "ReduceProd",
-        "ReduceL1",
-        "ReduceL2",
-        "ReduceLogSum",
-        "ReduceLogSumExp",
-        "ReduceSumSquare",
-    }
-)
 _SOFTMAX_OPS = frozenset({"Softmax", "LogSoftmax"})
 
 
@@ -161,13 +145,16 @@ def _transpose_pairs(graph: Graph, a: _Analysis):
             if c.domain != "" or len(c.outputs) != 1 or not has_op(c.op):
                 break
             push = a.pushable(c, (v.name, p))
-            if get_op(c.op).category is not Category.ELEMENTWISE or c.op in _NOT_POINTWISE:
+            if not is_pointwise(c.op, c.domain):
                 if push is None:
                     break
                 p = push.out_perm
             elif push is None and blocker is None:
                 blocker = _why_not(a, c, v, p)
             v = c.outputs[0]
+            vs = _shape(v)
+            if vs is None or len(vs) != len(p):
+                break  # a broadcast grew the rank: p no longer describes v's dims
 
 
 def _why_not(a: _Analysis, node: Node, v: Value, p: Perm) -> str:
@@ -297,7 +284,7 @@ class _Analysis:
         out = _shape(node.outputs[0])
         if out is None:
             return None
-        if node.op in _REDUCE_OPS:
+        if is_axes_reduction(node):
             return self._pushable_reduce(node, assume, out)
         if node.op in _SOFTMAX_OPS:
             p = self._perm_in(node.inputs[0], assume)
@@ -305,7 +292,7 @@ class _Analysis:
                 return None
             axis = node.attrs.axis + len(p) if node.attrs.axis < 0 else node.attrs.axis
             return _Push(p, p, (0,), axis=p[axis])
-        if node.op in _NOT_POINTWISE or not has_op(node.op) or get_op(node.op).category is not Category.ELEMENTWISE:
+        if not is_pointwise(node.op):
             return None
         rank = len(out)
         p = None
@@ -332,7 +319,8 @@ class _Analysis:
 
     def _pushable_reduce(self, node: Node, assume, out) -> _Push | None:
         p = self._perm_in(node.inputs[0], assume)
-        if p is None:
+        x_shape = _shape(node.inputs[0])
+        if p is None or x_shape is None or len(x_shape) != len(p):
             return None
         rank = len(p)
         axes_v = node.input(1)
@@ -467,22 +455,13 @@ Rewrite = Callable[[Node, _Ctx], "_Result | tuple[list[Value], list[Node]] | Non
 
 
 def _sweep(graph: Graph, fired: list[str] | None) -> Graph:
-    a = _Analysis(graph)
-    b = GraphBuilder.like(graph)
-    subst: dict[str, Value] = {}
+    """One sweep of the rules through passes/rewrite.py's driver."""
+    rc = RewriteContext(graph)
+    ctx = _Ctx(_Analysis(graph), rc.b, rc.new)
 
-    def new(v: Value | None) -> Value | None:
-        if v is None:
-            return None
-        return subst.get(v.name) or b.values[v.name]
-
-    ctx = _Ctx(a, b, new)
-    origins = dict(graph.meta.get("origins", {}))
-    changed = False
-    for node in graph.nodes:
-        done = False
+    def visit(node: Node, _: RewriteContext) -> Rewritten | None:
         for name, rule in _rules_for(node):
-            before = len(b.nodes)
+            mark = checkpoint(rc.b)
             res = rule(node, ctx)
             if isinstance(res, tuple):
                 res = _Result(*res)
@@ -490,25 +469,16 @@ def _sweep(graph: Graph, fired: list[str] | None) -> Graph:
                 log.warning("%s at '%s' declined: it would change an output type", name, node.name)
                 res = None
             if res is None:
-                del b.nodes[before:]  # a declining rule leaves nothing behind
+                rollback(rc.b, mark)  # the next rule starts from a clean builder
                 continue
-            for old, nv in zip(node.outputs, res.outputs, strict=True):
-                subst[old.name] = nv
-            for n in b.nodes[before:]:
-                olds = (res.origins or {}).get(n.name, (node, *res.matched))
-                origins[n.name] = tuple(dict.fromkeys(o for m in olds for o in origins_of(graph, m.name)))
             if fired is not None:
                 fired.append(f"{name} at '{node.name}'")
             log.debug("rule %s fired at %s", name, node.name)
-            done = changed = True
-            break
-        if not done:
-            b.keep_or_copy(node, [new(v) for v in node.inputs])
-    if not changed:
-        return graph
-    b.set_outputs([new(v) for v in graph.outputs], graph.output_names)
-    b.meta["origins"] = origins
-    return eliminate_dead_code(b.build(verify=False))
+            origins = {k: list(v) for k, v in (res.origins or {}).items()}
+            return Rewritten(res.outputs, (node, *res.matched), origins)
+        return None
+
+    return rewrite_graph(graph, visit, context=rc)
 
 
 def _rules_for(node: Node) -> list[tuple[str, Rewrite]]:
@@ -524,7 +494,7 @@ def _rules_for(node: Node) -> list[tuple[str, Rewrite]]:
             return [(RULE_MATMUL, _absorb_into_matmul)]
         if node.op == "Gemm":
             return [(RULE_GEMM, _absorb_into_gemm)]
-        if node.op in _REDUCE_OPS:
+        if is_axes_reduction(node):
             return [(RULE_PUSH_REDUCE, _push)]
         if node.op in _SOFTMAX_OPS:
             return [(RULE_PUSH_SOFTMAX, _push)]

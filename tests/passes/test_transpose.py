@@ -595,3 +595,24 @@ def test_random_chains_through_the_pipeline(graph):
     out = optimize(graph, OptimizeOptions(opt_level=2, verify=True)).graph
     assert transposes(out) <= transposes(graph)
     assert_same_numbers(graph, out, seed=1)
+
+
+def test_a_broadcast_that_grows_the_rank_ends_the_lookahead():
+    """Found by the property test: Transpose -> Add growing rank 4 to 5 -> ReduceSum over axis 4.
+    The transpose's perm (rank 4) does not describe the Add's output; the pass must leave it."""
+    from graphc.ir.text import parse_graph
+
+    text = """
+    graph prop (opset 21)
+      input  %x: f32[2,2,1,1]
+      const  %c: f32[2,2,2,1,1] = given
+      const  %i: i64[1] = [4]
+      %t: f32[2,2,1,1] = Transpose[t](%x) {perm=[1,0,2,3]}
+      %a: f32[2,2,2,1,1] = Add[add](%t, %c)
+      %y: f32[2,2,2,1] = ReduceSum[sum](%a, %i) {keepdims=0}
+      output %y: f32[2,2,2,1]
+    """
+    c = np.random.default_rng(3).standard_normal((2, 2, 2, 1, 1)).astype(np.float32)
+    g = parse_graph(text, {"c": c})
+    out = optimize(g, OptimizeOptions(opt_level=2, verify=True)).graph
+    assert_same_numbers(g, out)

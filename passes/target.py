@@ -1,0 +1,62 @@
+"""The target context: what the pipeline compiles for, so that target-specific rewrites are
+ordinary passes switched on by it (never code inside `compile()`).
+
+A pass in passes/pipeline.py carries a `when` predicate over this context; the pass manager runs
+it only where the predicate holds. The predicates below are the ones the pipeline uses, named so
+that the pipeline reads as a list of rules ("for CUDA", "for reduced precision").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphc.passes.capabilities import REFERENCE, FusionCapabilities
+
+TARGET_NAMES = ("cpu", "cuda")
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class Target:
+    """name: "cpu" (the numpy reference executor) or "cuda" (generated CUDA kernels).
+    precision: the storage type of float tensors inside the engine ("fp32", "fp16", "bf16").
+    allow_tf32: fp32 GEMMs and convolutions may use TF32 tensor cores (read by codegen; no pass
+    changes the graph for it, it is here so that a pass that must know can ask).
+    capabilities: what the target's fused kernels can hold (passes/capabilities.py); compile()
+    hands in codegen's for CUDA. The default is the reference executor's (the CPU engine).
+    """
+
+    name: str = "cpu"
+    precision: str = "fp32"
+    allow_tf32: bool = False
+    capabilities: FusionCapabilities = REFERENCE
+
+    def __post_init__(self) -> None:
+        if self.name not in TARGET_NAMES:
+            raise ValueError(f"target must be one of {TARGET_NAMES}, got {self.name!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.name == "cuda"
+
+    @property
+    def reduced_precision(self) -> bool:
+        return self.precision != "fp32"
+
+    def __str__(self) -> str:
+        return f"{self.name}/{self.precision}" + ("/tf32" if self.allow_tf32 else "")
+
+
+CPU = Target()
+
+
+def for_cuda(target: Target) -> bool:
+    """CUDA only: the CUDA kernels cover some ops only in another form, or want another layout."""
+    return target.is_cuda
+
+
+def for_reduced_precision(target: Target) -> bool:
+    """fp16/bf16 engines (CPU too: its numpy references then compute in that precision)."""
+    return target.reduced_precision
