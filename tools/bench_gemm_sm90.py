@@ -6,9 +6,10 @@ older GEMM paths, in one run on one GPU: many variants per shape, each checked, 
 
 Each variant's output is poisoned (NaN) before a checked run on fresh random inputs and compared
 with torch's fp32 product (relative Frobenius error); a NaN left or an error above 1e-2 fails it.
-Times are CUDA-event medians of single launches after a warm-up, the launches rotating over
-operand sets that together exceed 3x the L2, the same for cuBLAS. Tensor maps are encoded for
-each operand set (they hold its addresses). Results stream to DIR/gemm_sm90.jsonl; a table last.
+Times are per launch: `iters` launches captured in one CUDA graph (both sides), the median of
+several timed replays; the launches rotate over operand sets that together exceed 3x the L2.
+Tensor maps are encoded for each operand set (they hold its addresses). Results stream to
+DIR/gemm_sm90.jsonl; a table last.
 """
 
 from __future__ import annotations
@@ -160,20 +161,33 @@ class Shape:
         ref = self.a[0].float() @ (b.t() if self.b_layout == "k" else b)
         return float((ours - ref).norm() / ref.norm())
 
-    def time(self, go, iters: int, warmup: int = 10) -> float:
-        torch = self.torch
-        for i in range(warmup):
-            go(i)
+    def time(self, go, iters: int, reps: int = 7) -> float:
+        """Median ms per launch: `iters` launches (rotating operand sets) captured in one CUDA
+        graph, its replays timed with events, so host launch overhead is out of both sides."""
+        torch, cupy = self.torch, self.cupy
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), cupy.cuda.ExternalStream(side.cuda_stream):
+            for i in range(3):
+                go(i)
+        torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
-        ev = []
-        for i in range(iters):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph), cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+            for i in range(iters):
+                go(i)
+        graph.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
-            go(i)
+            graph.replay()
             e.record()
-            ev.append((s, e))
-        torch.cuda.synchronize()
-        return statistics.median(s.elapsed_time(e) for s, e in ev)
+            torch.cuda.synchronize()
+            times.append(s.elapsed_time(e) / iters)
+        del graph
+        return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", action="append", choices=["fp16", "bf16"])
     ap.add_argument("--layout", action="append", choices=["mn", "k"], help="B layout: mn = [K, N], k = [N, K]")
     ap.add_argument("--shape", action="append", help="MxNxK")
-    ap.add_argument("--iters", type=int, default=40)
+    ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--cache", type=Path, help="NVRTC cache directory")
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("."))

@@ -99,9 +99,9 @@ def _tmap(tensor: str, dtype: DType, lay, k: int, tile_rows: int, batch: int) ->
     bstride = lay.batch_strides[0] if lay.batch_strides else 0
     nb = batch if bstride else 1
     if lay.kcontig:
-        dims, box = [k, lay.rows, nb], [BK, tile_rows]
+        dims, box = [k, lay.rows, nb], [BK, tile_rows, 1]
     else:
-        dims, box = [lay.rows, k, nb], [64, BK]
+        dims, box = [lay.rows, k, nb], [64, BK, 1]
     plane = bstride * e if bstride else dims[1] * lay.pitch * e
     return {
         "tensor": tensor,
