@@ -1,13 +1,17 @@
 """The Hopper GEMM (templates/gemm_sm90.cu.j2): TMA loads through tensor maps into 128-byte
 swizzled stages, mbarrier pipeline, one producer warpgroup and two wgmma consumer warpgroups with
-setmaxnreg, persistent CTAs over a grouped tile order, split-K through the workspace.
+setmaxnreg, persistent CTAs over a grouped tile order (cooperative or ping-pong consumers), split-K
+reduced inside the kernel (partials in the workspace, a counter per tile half: one launch).
 
 It takes the same normalized Problem as the other GEMM kernels (gemm.problem_of) and the same
 rendered epilogue. Its operands are described to the runtime as tensor-map specs
 (runtime/tensormap.py) in `params["tmaps"]`, passed as the arguments "@tmap:0" (A) and "@tmap:1" (B).
 
-Parameters: BN (tile columns: 128, 192, 256; BM is 128, a warpgroup per 64 rows), STAGES (as many as
-shared memory holds by default), SPLITS (K slices, for problems of too few tiles).
+Parameters: BN (tile columns: 128, 192, 256; BM is 128), STAGES (as many as shared memory holds by
+default), SPLITS (K slices, for problems of too few tiles), PINGPONG (0: the two consumer
+warpgroups split each tile's rows; 1: each takes whole tiles in turn, BN 128 or 192).
+A split launch also takes "@counters": params["counters"] int32 counters, zero at the first launch,
+that the runtime keeps per execution context (the kernel leaves them zero).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from graphc.codegen.cuda_types import cuda_type
 from graphc.codegen.epilogue import render_epilogue, step_operands
 from graphc.codegen.expr import lit
 from graphc.codegen.families.gemm import SM_COUNT, Problem, _c_expr, _kernel_args, problem_of
-from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, grid_1d, render
+from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, render
 from graphc.errors import CompileError
 from graphc.ir.types import DType
 
@@ -28,6 +32,7 @@ log = logging.getLogger(__name__)
 BM = 128
 BK = 64
 BNS = (128, 192, 256)
+PINGPONG_BNS = (128, 192)
 THREADS = 384  # producer warpgroup + two consumer warpgroups
 SMEM_LIMIT = 227 * 1024
 _EP_BYTES = 2 * 64 * 40 * 4  # the consumers' fp32 epilogue buffers
@@ -81,6 +86,7 @@ def heuristic(prob: Problem) -> dict[str, Any]:
                 best, best_cost = {"BN": bn, "SPLITS": s}, cost
     assert best is not None
     best["STAGES"] = max_stages(best["BN"])
+    best["PINGPONG"] = 0
     return best
 
 
@@ -88,6 +94,8 @@ def valid(prob: Problem, p: dict[str, Any]) -> bool:
     bn, st, s = p.get("BN"), p.get("STAGES"), p.get("SPLITS", 1)
     if bn not in BNS or not isinstance(st, int) or not isinstance(s, int):
         return False
+    if p.get("PINGPONG", 0) not in (0, 1) or (p.get("PINGPONG") and bn not in PINGPONG_BNS):
+        return False  # a ping-pong warpgroup holds the whole 128 x BN accumulator
     if not 2 <= st <= max_stages(bn) or s < 1 or s > max(1, ceil_div(prob.K, BK)):
         return False
     return unsupported(prob) is None
@@ -120,9 +128,9 @@ def generate(ctx: StepContext, params: dict[str, Any] | None = None) -> list[Ker
     why = unsupported(prob)
     if why is not None:
         raise ctx.fail(f"no TMA GEMM: {why}")
-    params = {k: v for k, v in (params or {}).items() if k in ("BN", "STAGES", "SPLITS")}
-    if "BN" in params:  # a forced tile: one K slice and the deepest ring unless named
-        p = {"SPLITS": 1, "STAGES": max_stages(params["BN"]) if params["BN"] in BNS else 0, **params}
+    params = {k: v for k, v in (params or {}).items() if k in ("BN", "STAGES", "SPLITS", "PINGPONG")}
+    if "BN" in params:  # a forced tile: one K slice, cooperative, the deepest ring unless named
+        p = {"SPLITS": 1, "PINGPONG": 0, "STAGES": max_stages(params["BN"]) if params["BN"] in BNS else 0, **params}
     else:
         p = {**heuristic(prob), **params}
     if not valid(prob, p):
@@ -155,8 +163,10 @@ def generate(ctx: StepContext, params: dict[str, Any] | None = None) -> list[Ker
         "out_args": out_args,
     }
     tparams = ["const gc_tmap* __restrict__ tA", "const gc_tmap* __restrict__ tB"]
-    if splits > 1:
-        kparams, kargs = [*tparams, "float* __restrict__ ws"], ["@tmap:0", "@tmap:1", "@workspace"]
+    if splits > 1:  # partials in the workspace, a zeroed counter per 64-row half of a tile
+        kparams = [*tparams, "float* __restrict__ ws", "int* __restrict__ sem"]
+        kargs = ["@tmap:0", "@tmap:1", "@workspace", "@counters", *out_names]
+        kparams += out_decls
     else:
         kparams, kargs = tparams + out_decls, ["@tmap:0", "@tmap:1", *out_names]
     source = render(
@@ -173,6 +183,7 @@ def generate(ctx: StepContext, params: dict[str, Any] | None = None) -> list[Ker
         kt_per_split=kt_per,
         batch=prob.batch,
         group_m=8,
+        pingpong=bool(p.get("PINGPONG", 0)),
         a_kcontig=prob.a.kcontig,
         b_kcontig=prob.b.kcontig,
         trans_a=int(not prob.a.kcontig),
@@ -194,6 +205,8 @@ def generate(ctx: StepContext, params: dict[str, Any] | None = None) -> list[Ker
         "requires_arch": "sm_90a",
         "tmaps": [ta, tb],
     }
+    if splits > 1:
+        kp["counters"] = prob.batch * ceil_div(prob.M, BM) * ceil_div(prob.N, bn) * 2
     total = prob.batch * prob.M * prob.N
     ws_bytes = splits * total * 4 if splits > 1 else 0
     kernels = [
@@ -209,31 +222,6 @@ def generate(ctx: StepContext, params: dict[str, Any] | None = None) -> list[Ker
             workspace_bytes=ws_bytes,
         )
     ]
-    if splits > 1:
-        rname = f"{name}_reduce"
-        rsrc = render(
-            "gemm.cu.j2",
-            **common,
-            name=rname,
-            kind="reduce",
-            kparams=[*out_decls, "const float* __restrict__ ws"],
-            total=total,
-            splits=splits,
-            batch_dims=prob.batch_dims,
-        )
-        kernels.append(
-            KernelSource(
-                "gemm",
-                rname,
-                rsrc,
-                grid_1d(total, 256, max_blocks=SM_COUNT * 16),
-                (256, 1, 1),
-                [*out_names, "@workspace"],
-                0,
-                params={"reduce": True, "SPLITS": splits},
-                workspace_bytes=ws_bytes,
-            )
-        )
     return kernels
 
 

@@ -50,6 +50,31 @@ def _cases() -> list[Case]:
     # more tiles than CTAs: the persistent loop and the stage ring wrap across tiles
     cases.append(Case("fp16-persistent", "fp16", "MatMul", [(2176, 256), (256, 2112)], params={"BN": 128, "STAGES": 3}))
     cases.append(Case("fp16-split", "fp16", "MatMul", [(128, 3072), (3072, 768)], params={"BN": 128, "SPLITS": 4}))
+    # ping-pong consumers: each layout, both widths, many tiles per CTA, split-K, a fused epilogue
+    for ta, tb in ((0, 0), (1, 1), (0, 1)):
+        cases.append(
+            Case(
+                f"fp16-pingpong-t{ta}{tb}",
+                "fp16",
+                "MatMul",
+                [(520, 304) if ta else (300, 520), (136, 520) if tb else (520, 136)],
+                domain="graphc",
+                attrs={"trans_a": ta, "trans_b": tb},
+                params={"BN": 128, "PINGPONG": 1},
+            )
+        )
+    cases.append(
+        Case("bf16-pingpong-many", "bf16", "MatMul", [(2176, 192), (192, 2112)], params={"BN": 192, "PINGPONG": 1})
+    )
+    cases.append(
+        Case(
+            "fp16-pingpong-split",
+            "fp16",
+            "MatMul",
+            [(197, 3072), (3072, 776)],
+            params={"BN": 192, "PINGPONG": 1, "SPLITS": 3},
+        )
+    )
     f = _bias_gelu_residual(96, 200)
     cases.append(
         Case(
@@ -61,6 +86,18 @@ def _cases() -> list[Case]:
             epilogue=f["epilogue"],
             outputs=f["outputs"],
             params={"BN": 256, "SPLITS": 6},
+        )
+    )
+    cases.append(
+        Case(
+            "bf16-pingpong-fused",
+            "bf16",
+            "MatMul",
+            [(96, 4096), (4096, 200), *f["extra"]],
+            n_anchor=2,
+            epilogue=f["epilogue"],
+            outputs=f["outputs"],
+            params={"BN": 128, "PINGPONG": 1, "SPLITS": 4},
         )
     )
     f = _bias_gelu_residual(333, 264)
@@ -140,10 +177,12 @@ def _run(case: Case):
         specs = validate_launch(k.params, k.args, ctx.tensors, k.name)
         table = TensorMapTable(cupy, [(s, dev[s.tensor].data.ptr) for s in specs]) if specs else None
         keep.append((mod, table))
-        args = tuple(
-            ws if a == "@workspace" else table.arg(tmap_index(a, k.name)) if is_tmap_arg(a) else dev[a] for a in k.args
-        )
-        fn(k.grid, k.block, args, shared_mem=k.shared_bytes)
+        ctr = cupy.zeros(max(1, k.params.get("counters", 1)), dtype=cupy.int32)
+        named = {"@workspace": ws, "@counters": ctr, **dev}
+        args = tuple(table.arg(tmap_index(a, k.name)) if is_tmap_arg(a) else named[a] for a in k.args)
+        for _ in range(2):  # twice: the split-K counters must be left at zero by the first launch
+            fn(k.grid, k.block, args, shared_mem=k.shared_bytes)
+        keep.append(ctr)
     cupy.cuda.runtime.deviceSynchronize()
     outs = [cupy.asnumpy(dev[o]).astype(np.float64) for o in ctx.step.outputs]
     return outs, reference(case, [x.astype(np.float64) for x in xs]), kernels

@@ -82,10 +82,18 @@ SHAPES = [
 ]
 
 
+# forced variants: ping-pong consumers, and split-K reduced in the kernel
+FORCED = [
+    (4096, 768, 768, DType.float16, "mn", True, {"BN": 192, "PINGPONG": 1}),
+    (128, 768, 3072, DType.bfloat16, "k", True, {"BN": 128, "PINGPONG": 1, "SPLITS": 4}),
+    (197, 2304, 768, DType.float16, "mn", False, {"BN": 256, "SPLITS": 3}),
+]
+
+
 @needs_cuobjdump
-@pytest.mark.parametrize(("m", "n", "k", "dtype", "b_layout", "epi"), SHAPES)
-def test_tma_gemm_sass(tmp_path, m, n, k, dtype, b_layout, epi):
-    ks = gemm_sm90.generate(_ctx(m, n, k, dtype, b_layout, epi))
+@pytest.mark.parametrize(("m", "n", "k", "dtype", "b_layout", "epi", "params"), [(*s, None) for s in SHAPES] + FORCED)
+def test_tma_gemm_sass(tmp_path, m, n, k, dtype, b_layout, epi, params):
+    ks = gemm_sm90.generate(_ctx(m, n, k, dtype, b_layout, epi), params)
     main = ks[0]
     assert main.params["requires_arch"] == "sm_90a"
     text = sass(compile_cubin(main.source, main.name, "sm_90a"), tmp_path, main.name)
