@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -30,7 +31,9 @@ LINEAR = [(m, n, k) for m in (128, 197, 4096, 6304) for n, k in NK]
 QUICK = [(4096, 4096, 4096), (4096, 768, 768), (4096, 3072, 768), (128, 768, 768)]
 
 
-def variants(prob) -> list[dict[str, Any]]:
+def variants(prob, lean: bool = False) -> list[dict[str, Any]]:
+    """The variants timed per shape; `lean`: the deepest ring only, K splits only where a
+    split-free launch has fewer tiles than SMs."""
     from graphc.codegen.families import gemm_sm90 as g
 
     out = []
@@ -39,7 +42,9 @@ def variants(prob) -> list[dict[str, Any]]:
         for s in (1, 2, 3, 4, 6, 8):
             if s > 1 and (tiles[bn] * s > 4 * g.SM_COUNT or -(-prob.K // 64) // s < 3):
                 continue
-            for st in sorted({g.max_stages(bn), g.max_stages(bn) - (s == 1)}):
+            if lean and s > 1 and tiles[bn] >= g.SM_COUNT:
+                continue
+            for st in sorted({g.max_stages(bn), g.max_stages(bn) - (s == 1 and not lean)}):
                 out.append({"BN": bn, "STAGES": st, "SPLITS": s, "PINGPONG": 0})
             if bn in g.PINGPONG_BNS:
                 out.append({"BN": bn, "STAGES": g.max_stages(bn), "SPLITS": s, "PINGPONG": 1})
@@ -56,7 +61,7 @@ def context(m: int, n: int, k: int, dtype, b_layout: str):
     return standalone_context("MatMul", [(m, k), (k, n)], dtype)
 
 
-def kernels_for(ctx, prob, quick: bool) -> list[tuple[str, dict | None, list]]:
+def kernels_for(ctx, prob, quick: bool, lean: bool = False) -> list[tuple[str, dict | None, list]]:
     """(label, params, KernelSources) of every candidate: the TMA variants, graphc's default
     and its cp.async wgmma path."""
     from graphc.codegen.families import gemm_sm90 as g
@@ -64,7 +69,7 @@ def kernels_for(ctx, prob, quick: bool) -> list[tuple[str, dict | None, list]]:
 
     out = []
     h = g.heuristic(prob)
-    vs = [h] if quick else variants(prob)
+    vs = [h] if quick else variants(prob, lean)
     if h not in vs:
         vs.insert(0, h)
     for p in vs:
@@ -90,6 +95,10 @@ def compile_sources(ks, cache) -> list[bytes]:
     return compile_all(
         [CompileJob(k.name, k.source, k.params.get("requires_arch", "sm_90")) for k in ks], cache_dir=cache
     )
+
+
+class Hang(RuntimeError):
+    pass
 
 
 class Shape:
@@ -157,6 +166,13 @@ class Shape:
             b.normal_()
         self.out.fill_(float("nan"))
         go(0)
+        done = torch.cuda.Event()
+        done.record()
+        deadline = time.time() + 10.0
+        while not done.query():  # a kernel that hangs ends the run (its row says so) instead of the lease
+            if time.time() > deadline:
+                raise Hang("no completion within 10 s")
+            time.sleep(0.001)
         torch.cuda.synchronize()
         ours = self.out.float()
         if torch.isnan(ours).any():
@@ -203,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--cache", type=Path, help="NVRTC cache directory")
     ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--lean", action="store_true", help="fewer variants per shape (see variants())")
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
 
@@ -222,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         for lay in layouts:
             for m, n, k in shapes:
                 ctx = context(m, n, k, dtype, lay)
-                todo.append((dt, lay, (m, n, k), kernels_for(ctx, problem_of(ctx), args.quick)))
+                todo.append((dt, lay, (m, n, k), kernels_for(ctx, problem_of(ctx), args.quick, args.lean)))
     every = [k for *_, cands in todo for _, _, ks in cands for k in ks]
     t0 = time.time()
     cubins = iter(compile_sources(every, args.cache))
@@ -230,8 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.compile_only:
         return 0
 
+    import warnings
+
     import cupy
     import torch
+
+    warnings.filterwarnings("ignore", category=DeprecationWarning)  # cupy's ExternalStream
 
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
@@ -260,6 +281,10 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:  # noqa: BLE001 - a failing candidate is infinitely slow
                 row["error"] = str(e)[:300]
                 print(f"  FAIL {dt} {lay} {m}x{n}x{k} {label} {p}: {row['error']}", flush=True)
+                if isinstance(e, Hang):
+                    log.write(json.dumps(row) + "\n")
+                    log.close()
+                    os._exit(3)  # the GPU is stuck in that kernel: nothing more can be timed
             log.write(json.dumps(row) + "\n")
             log.flush()
             rows.append(row)

@@ -39,11 +39,11 @@ _EP_BYTES = 2 * 64 * 40 * 4  # the consumers' fp32 epilogue buffers
 
 
 def shared_bytes(bn: int, stages: int) -> int:
-    return stages * (BM + bn) * BK * 2 + _EP_BYTES + 16 * stages + 1024  # + slack to align to 1024
+    return stages * (BM + bn) * BK * 2 + _EP_BYTES + 16 * stages + 16 + 1024  # + slack to align to 1024
 
 
 def max_stages(bn: int) -> int:
-    return min(8, (SMEM_LIMIT - _EP_BYTES - 1024 - 128) // ((BM + bn) * BK * 2))
+    return min(8, (SMEM_LIMIT - _EP_BYTES - 1024 - 144) // ((BM + bn) * BK * 2))
 
 
 def unsupported(prob: Problem) -> str | None:

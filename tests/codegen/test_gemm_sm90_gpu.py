@@ -63,6 +63,10 @@ def _cases() -> list[Case]:
                 params={"BN": 128, "PINGPONG": 1},
             )
         )
+    # more K tiles than stages and several units per warpgroup: the main loops must stay ordered
+    cases.append(
+        Case("fp16-pingpong-deep", "fp16", "MatMul", [(2176, 1024), (1024, 2112)], params={"BN": 128, "PINGPONG": 1})
+    )
     cases.append(
         Case("bf16-pingpong-many", "bf16", "MatMul", [(2176, 192), (192, 2112)], params={"BN": 192, "PINGPONG": 1})
     )
