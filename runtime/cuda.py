@@ -12,7 +12,7 @@ import numpy as np
 
 from graphc.runtime.errors import EngineError
 from graphc.runtime.plan import ALIAS, ARENA, INPUT, WEIGHT, KernelPlan, MemoryPlan
-from graphc.runtime.tensormap import COUNTERS, TensorMapTable, is_tmap_arg, tmap_index, validate_launch
+from graphc.runtime.tensormap import TensorMapTable, is_tmap_arg, tmap_index, validate_launch
 
 log = logging.getLogger(__name__)
 
@@ -111,13 +111,12 @@ class CUDAContext:
                     views[name] = cupy.ndarray(tuple(t.shape), dtype=_numpy_dtype(t.dtype), memptr=src.data)
             self.views = views
             self.tensormaps = self._tensor_maps(plan, views)
-            self.counters: list[Any] = []
             self.launches = []
             first = 0  # index of the launch's first tensor map in the context's table
             for step in plan.steps:
                 for ln in step.launches:
                     fn = functions[ln.digest]
-                    args = tuple(self._arg(a, views, first, ln, step.name) for a in ln.args)
+                    args = tuple(self._arg(a, views, first, step.name) for a in ln.args)
                     first += len(ln.params.get("tmaps", []))
                     self.launches.append((fn, tuple(ln.grid), tuple(ln.block), args, ln.shared_bytes, step.name))
         self.graph = None
@@ -133,15 +132,9 @@ class CUDAContext:
                 entries += [(s, int(views[s.tensor].data.ptr)) for s in specs]
         return TensorMapTable(self.cupy, entries) if entries else None
 
-    def _arg(self, a: str, views: dict[str, Any], first: int, ln: Any, step: str) -> Any:
+    def _arg(self, a: str, views: dict[str, Any], first: int, step: str) -> Any:
         if a == "@workspace":
             return self.workspace
-        if a == COUNTERS:
-            # Zeroed int32 counters of this launch (split-K in one kernel), kept for the context's
-            # life: the kernel leaves them zero, so every replay of a captured graph starts clean.
-            buf = self.cupy.zeros(int(ln.params["counters"]), dtype=self.cupy.int32)
-            self.counters.append(buf)
-            return buf
         if is_tmap_arg(a):
             assert self.tensormaps is not None  # validate_launch saw the spec
             return self.tensormaps.arg(first + tmap_index(a, f"step '{step}'"))

@@ -33,7 +33,7 @@ from graphc.runtime.plan import (
     memory_plan_from_json,
     memory_plan_to_json,
 )
-from graphc.runtime.tensormap import COUNTERS, is_tmap_arg, validate_launch
+from graphc.runtime.tensormap import is_tmap_arg, validate_launch
 
 log = logging.getLogger(__name__)
 
@@ -323,7 +323,7 @@ def _check_plan(plan: KernelPlan, memory: MemoryPlan, manifest: dict, sources: d
                     f"{len(ln.args)}"
                 )
             for a in ln.args:
-                if a not in ("@workspace", COUNTERS) and not is_tmap_arg(a) and a not in tensors:
+                if a != "@workspace" and not is_tmap_arg(a) and a not in tensors:
                     raise bad(f"step '{step.name}': kernel argument '{a}' is not a tensor of the plan")
             try:  # "@tmap:I" arguments: typed tensor-map specs over tensors of the plan
                 validate_launch(ln.params, ln.args, tensors, f"step '{step.name}'")

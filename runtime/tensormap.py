@@ -26,8 +26,6 @@ from graphc.runtime.errors import EngineError
 TMAP_BYTES = 128
 TMAP_ALIGN = 64
 PREFIX = "@tmap:"
-COUNTERS = "@counters"  # a launch's zeroed int32 counters, params["counters"] of them
-MAX_COUNTERS = 1 << 24
 
 # Closed tables: a spec names one of these, never a driver enum value.
 _DTYPES = {"float16": ("FLOAT16", 2), "bfloat16": ("BFLOAT16", 2), "float32": ("FLOAT32", 4)}
@@ -118,16 +116,11 @@ def validate_launch(
     params: dict[str, Any], args: list[str], tensors: dict[str, Any], where: str
 ) -> list[TensorMapSpec]:
     """The tensor maps of one launch, checked: every "@tmap:I" names a spec, every spec names a
-    tensor of the plan with its dtype, and the map addresses nothing beyond the tensor's bytes;
-    an "@counters" argument has a count in range."""
+    tensor of the plan with its dtype, and the map addresses nothing beyond the tensor's bytes."""
     raw = params.get("tmaps", [])
     if not isinstance(raw, list):
         raise EngineError(f"{where}: params.tmaps must be a list")
     specs = [spec_from_json(d, f"{where}, tensor map {i}") for i, d in enumerate(raw)]
-    if COUNTERS in args:
-        n = params.get("counters")
-        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_COUNTERS:
-            raise EngineError(f"{where}: argument {COUNTERS} needs params.counters in [1, {MAX_COUNTERS}], got {n!r}")
     for a in args:
         if is_tmap_arg(a) and tmap_index(a, where) >= len(specs):
             raise EngineError(f"{where}: argument {a} names no tensor map (the launch has {len(specs)})")

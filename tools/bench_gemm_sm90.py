@@ -46,7 +46,7 @@ def variants(prob, lean: bool = False) -> list[dict[str, Any]]:
                 continue
             for st in sorted({g.max_stages(bn), g.max_stages(bn) - (s == 1 and not lean)}):
                 out.append({"BN": bn, "STAGES": st, "SPLITS": s, "PINGPONG": 0})
-            if bn in g.PINGPONG_BNS:
+            if bn in g.PINGPONG_BNS and s == 1:
                 out.append({"BN": bn, "STAGES": g.max_stages(bn), "SPLITS": s, "PINGPONG": 1})
     return out
 
@@ -138,7 +138,6 @@ class Shape:
         outv = cupy.asarray(self.out)
         av = [cupy.asarray(x) for x in self.a]
         bv = [cupy.asarray(x) for x in self.b]
-        counters = [cupy.zeros(max(1, k.params.get("counters", 1)), dtype=cupy.int32) for _, k, _ in fns]
         tables = []  # per operand set, per kernel
         for i in range(self.sets):
             per = []
@@ -152,11 +151,10 @@ class Shape:
             j = i % self.sets
             names = {"x0": av[j], "x1": bv[j], "y0": outv, "@workspace": ws}
             for q, (fn, k, _) in enumerate(fns):
-                names["@counters"] = counters[q]
                 args = tuple(tables[j][q].arg(tmap_index(a, k.name)) if is_tmap_arg(a) else names[a] for a in k.args)
                 fn(k.grid, k.block, args, shared_mem=k.shared_bytes)
 
-        go.keep = (fns, ws, tables, counters)  # type: ignore[attr-defined]
+        go.keep = (fns, ws, tables)  # type: ignore[attr-defined]
         return go
 
     def check(self, go) -> float:

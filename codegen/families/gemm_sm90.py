@@ -1,7 +1,7 @@
 """The Hopper GEMM (templates/gemm_sm90.cu.j2): TMA loads through tensor maps into 128-byte
 swizzled stages, mbarrier pipeline, one producer warpgroup and two wgmma consumer warpgroups with
 setmaxnreg, persistent CTAs over a grouped tile order (cooperative or ping-pong consumers), split-K
-reduced inside the kernel (partials in the workspace, a counter per tile half: one launch).
+through fp32 partials in the workspace and the GEMM family's "reduce" kernel.
 
 It takes the same normalized Problem as the other GEMM kernels (gemm.problem_of) and the same
 rendered epilogue. Its operands are described to the runtime as tensor-map specs
@@ -10,8 +10,6 @@ rendered epilogue. Its operands are described to the runtime as tensor-map specs
 Parameters: BN (tile columns: 128, 192, 256; BM is 128), STAGES (as many as shared memory holds by
 default), SPLITS (K slices, for problems of too few tiles), PINGPONG (0: the two consumer
 warpgroups split each tile's rows; 1: each takes whole tiles in turn, BN 128 or 192).
-A split launch also takes "@counters": params["counters"] int32 counters, zero at the first launch,
-that the runtime keeps per execution context (the kernel leaves them zero).
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from graphc.codegen.cuda_types import cuda_type
 from graphc.codegen.epilogue import render_epilogue, step_operands
 from graphc.codegen.expr import lit
 from graphc.codegen.families.gemm import SM_COUNT, Problem, _c_expr, _kernel_args, problem_of
-from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, render
+from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, grid_1d, render
 from graphc.errors import CompileError
 from graphc.ir.types import DType
 
@@ -94,8 +92,8 @@ def valid(prob: Problem, p: dict[str, Any]) -> bool:
     bn, st, s = p.get("BN"), p.get("STAGES"), p.get("SPLITS", 1)
     if bn not in BNS or not isinstance(st, int) or not isinstance(s, int):
         return False
-    if p.get("PINGPONG", 0) not in (0, 1) or (p.get("PINGPONG") and bn not in PINGPONG_BNS):
-        return False  # a ping-pong warpgroup holds the whole 128 x BN accumulator
+    if p.get("PINGPONG", 0) not in (0, 1) or (p.get("PINGPONG") and (bn not in PINGPONG_BNS or s > 1)):
+        return False  # a ping-pong warpgroup holds the whole 128 x BN accumulator; never won split
     if not 2 <= st <= max_stages(bn) or s < 1 or s > max(1, ceil_div(prob.K, BK)):
         return False
     return unsupported(prob) is None
@@ -163,10 +161,8 @@ def generate(ctx: StepContext, params: dict[str, Any] | None = None) -> list[Ker
         "out_args": out_args,
     }
     tparams = ["const gc_tmap* __restrict__ tA", "const gc_tmap* __restrict__ tB"]
-    if splits > 1:  # partials in the workspace, a zeroed counter per 64-row half of a tile
-        kparams = [*tparams, "float* __restrict__ ws", "int* __restrict__ sem"]
-        kargs = ["@tmap:0", "@tmap:1", "@workspace", "@counters", *out_names]
-        kparams += out_decls
+    if splits > 1:  # fp32 partials to the workspace; the family's "reduce" kernel runs the epilogue
+        kparams, kargs = [*tparams, "float* __restrict__ ws"], ["@tmap:0", "@tmap:1", "@workspace"]
     else:
         kparams, kargs = tparams + out_decls, ["@tmap:0", "@tmap:1", *out_names]
     source = render(
@@ -205,8 +201,6 @@ def generate(ctx: StepContext, params: dict[str, Any] | None = None) -> list[Ker
         "requires_arch": "sm_90a",
         "tmaps": [ta, tb],
     }
-    if splits > 1:
-        kp["counters"] = prob.batch * ceil_div(prob.M, BM) * ceil_div(prob.N, bn) * 2
     total = prob.batch * prob.M * prob.N
     ws_bytes = splits * total * 4 if splits > 1 else 0
     kernels = [
@@ -222,16 +216,55 @@ def generate(ctx: StepContext, params: dict[str, Any] | None = None) -> list[Ker
             workspace_bytes=ws_bytes,
         )
     ]
+    if splits > 1:
+        rname = f"{name}_reduce"
+        rsrc = render(
+            "gemm.cu.j2",
+            **common,
+            name=rname,
+            kind="reduce",
+            kparams=[*out_decls, "const float* __restrict__ ws"],
+            total=total,
+            splits=splits,
+            batch_dims=prob.batch_dims,
+        )
+        kernels.append(
+            KernelSource(
+                "gemm",
+                rname,
+                rsrc,
+                grid_1d(total, 256, max_blocks=SM_COUNT * 16),
+                (256, 1, 1),
+                [*out_names, "@workspace"],
+                0,
+                params={"reduce": True, "SPLITS": splits},
+                workspace_bytes=ws_bytes,
+            )
+        )
     return kernels
 
 
 # ---- selection (measured on an H200: docs/results/gemm_sm90.md) ----------------------------------
-SELECT_MIN_M = 256  # rows (batches folded in)
+# fp16/bf16, CUDA-graph replays, ratio = cuBLAS time / ours, same run:
+# - M >= 4096 (batches folded in; BERT/GPT-2 at batch 32, ViT-B/16's 6304), N, K in 768..3072, and
+#   4096^3 / 8192^3: the TMA GEMM 0.68-0.99x, the cp.async wgmma path 0.41-0.72x, mma.sync
+#   0.26-0.43x. -> TMA.
+# - M <= 256 (batch 1) with K >= 3072: TMA with split-K (8 slices) 0.99-1.01x, wgmma 0.79-0.98x. -> TMA.
+# - M <= 256 with K = 768: the wgmma path as fast or faster (0.56-0.75x against 0.60-0.75x, 128-row
+#   tiles leave most SMs idle) -> not TMA (the older rule decides).
+# - 256 < M < 4096: not measured -> not TMA.
+# The tile choice inside (heuristic()) matched the best measured variant within 4% on every M >= 4096
+# shape; the ping-pong schedule won only at 6304x2304x768 (+3%), so the heuristic stays cooperative.
+SELECT_MIN_M = 4096
+SMALL_M_MAX = 256
+SMALL_M_MIN_K = 3072
 
 
 def selected(prob: Problem) -> bool:
     """Whether an sm_90 engine runs this problem on the TMA GEMM rather than the older paths."""
-    return unsupported(prob) is None and prob.M >= SELECT_MIN_M and prob.N >= 128 and prob.K >= 128
+    if unsupported(prob) is not None or prob.N < 128 or prob.K < 128:
+        return False
+    return prob.M >= SELECT_MIN_M or (prob.M <= SMALL_M_MAX and prob.K >= SMALL_M_MIN_K)
 
 
 def select(ctx: StepContext) -> list[KernelSource]:

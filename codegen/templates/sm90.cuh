@@ -56,10 +56,4 @@ __device__ __forceinline__ void gc_setmaxnreg_dec() {
 __device__ __forceinline__ void gc_named_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
-// A load that bypasses L1 (data other CTAs wrote during this launch, seen through L2).
-__device__ __forceinline__ float gc_ldcg(const float* p) {
-  float v;
-  asm volatile("ld.global.cg.f32 %0, [%1];\n" : "=f"(v) : "l"(p));
-  return v;
-}
 {% endraw %}
