@@ -48,6 +48,10 @@ def allow_large_shared_memory(fn: Any, nbytes: int) -> None:
         raise EngineError(f"kernel {getattr(fn, 'name', '?')} needs {nbytes} bytes of shared memory: {e}") from None
 
 
+def _sm_count(cupy: Any, device: int) -> int:
+    return int(cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"])
+
+
 def _numpy_dtype(name: str):
     try:
         return np.dtype(name)
@@ -112,13 +116,21 @@ class CUDAContext:
             self.views = views
             self.tensormaps = self._tensor_maps(plan, views)
             self.launches = []
+            sms = (
+                _sm_count(cupy, device)
+                if any(ln.params.get("persistent") for s in plan.steps for ln in s.launches)
+                else 0
+            )
             first = 0  # index of the launch's first tensor map in the context's table
             for step in plan.steps:
                 for ln in step.launches:
                     fn = functions[ln.digest]
                     args = tuple(self._arg(a, views, first, step.name) for a in ln.args)
                     first += len(ln.params.get("tmaps", []))
-                    self.launches.append((fn, tuple(ln.grid), tuple(ln.block), args, ln.shared_bytes, step.name))
+                    grid = tuple(ln.grid)
+                    if ln.params.get("persistent"):  # a CTA per SM at most: the kernel strides by gridDim
+                        grid = (min(grid[0], sms), *grid[1:])
+                    self.launches.append((fn, grid, tuple(ln.block), args, ln.shared_bytes, step.name))
         self.graph = None
         self.lock = threading.Lock()
 

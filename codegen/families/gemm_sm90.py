@@ -200,6 +200,9 @@ def generate(ctx: StepContext, params: dict[str, Any] | None = None) -> list[Ker
         "b": "k" if prob.b.kcontig else "mn",
         "requires_arch": "sm_90a",
         "tmaps": [ta, tb],
+        # the grid is min(work units, 132 SMs of an H100/H200 SXM); the runtime lowers it to the
+        # device's SM count (an H100 PCIe has 114), which the unit loop (stride gridDim.x) allows
+        "persistent": True,
     }
     total = prob.batch * prob.M * prob.N
     ws_bytes = splits * total * 4 if splits > 1 else 0
