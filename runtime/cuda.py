@@ -12,6 +12,7 @@ import numpy as np
 
 from graphc.runtime.errors import EngineError
 from graphc.runtime.plan import ALIAS, ARENA, INPUT, WEIGHT, KernelPlan, MemoryPlan
+from graphc.runtime.tensormap import TensorMapTable, is_tmap_arg, tmap_index, validate_launch
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,10 @@ def allow_large_shared_memory(fn: Any, nbytes: int) -> None:
         driver.funcSetAttribute(fn.ptr, attr, int(nbytes))
     except Exception as e:
         raise EngineError(f"kernel {getattr(fn, 'name', '?')} needs {nbytes} bytes of shared memory: {e}") from None
+
+
+def _sm_count(cupy: Any, device: int) -> int:
+    return int(cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"])
 
 
 def _numpy_dtype(name: str):
@@ -113,14 +118,43 @@ class CUDAContext:
                     src = views[root]
                     views[name] = cupy.ndarray(tuple(t.shape), dtype=_numpy_dtype(t.dtype), memptr=src.data)
             self.views = views
+            self.tensormaps = self._tensor_maps(plan, views)
             self.launches = []
+            sms = (
+                _sm_count(cupy, device)
+                if any(ln.params.get("persistent") for s in plan.steps for ln in s.launches)
+                else 0
+            )
+            first = 0  # index of the launch's first tensor map in the context's table
             for step in plan.steps:
                 for ln in step.launches:
                     fn = functions[ln.digest]
-                    args = tuple(self.workspace if a == "@workspace" else views[a] for a in ln.args)
-                    self.launches.append((fn, tuple(ln.grid), tuple(ln.block), args, ln.shared_bytes, step.name))
+                    args = tuple(self._arg(a, views, first, step.name) for a in ln.args)
+                    first += len(ln.params.get("tmaps", []))
+                    grid = tuple(ln.grid)
+                    if ln.params.get("persistent"):  # a CTA per SM at most: the kernel strides by gridDim
+                        grid = (min(grid[0], sms), *grid[1:])
+                    self.launches.append((fn, grid, tuple(ln.block), args, ln.shared_bytes, step.name))
         self.graph = None
         self.lock = threading.Lock()
+
+    def _tensor_maps(self, plan: KernelPlan, views: dict[str, Any]) -> TensorMapTable | None:
+        """Every launch's tensor maps, encoded for this context's addresses (arena and weights) in
+        one device buffer that lives as long as the context, so a captured graph stays valid."""
+        entries = []
+        for step in plan.steps:
+            for ln in step.launches:
+                specs = validate_launch(ln.params, ln.args, plan.tensors, f"step '{step.name}'")
+                entries += [(s, int(views[s.tensor].data.ptr)) for s in specs]
+        return TensorMapTable(self.cupy, entries) if entries else None
+
+    def _arg(self, a: str, views: dict[str, Any], first: int, step: str) -> Any:
+        if a == "@workspace":
+            return self.workspace
+        if is_tmap_arg(a):
+            assert self.tensormaps is not None  # validate_launch saw the spec
+            return self.tensormaps.arg(first + tmap_index(a, f"step '{step}'"))
+        return views[a]
 
     def launch_all(self) -> None:
         for fn, grid, block, args, smem, _name in self.launches:

@@ -34,6 +34,7 @@ from graphc.runtime.plan import (
     memory_plan_from_json,
     memory_plan_to_json,
 )
+from graphc.runtime.tensormap import is_tmap_arg, validate_launch
 
 log = logging.getLogger(__name__)
 
@@ -324,8 +325,12 @@ def _check_plan(plan: KernelPlan, memory: MemoryPlan, manifest: dict, sources: d
                     f"{len(ln.args)}"
                 )
             for a in ln.args:
-                if a != "@workspace" and a not in tensors:
+                if a != "@workspace" and not is_tmap_arg(a) and a not in tensors:
                     raise bad(f"step '{step.name}': kernel argument '{a}' is not a tensor of the plan")
+            try:  # "@tmap:I" arguments: typed tensor-map specs over tensors of the plan
+                validate_launch(ln.params, ln.args, tensors, f"step '{step.name}'")
+            except EngineError as e:
+                raise bad(str(e)) from None
             if len(ln.grid) != 3 or len(ln.block) != 3 or any(int(x) < 1 for x in (*ln.grid, *ln.block)):
                 raise bad(f"step '{step.name}': bad launch geometry {ln.grid} x {ln.block}")
             if ln.block[0] * ln.block[1] * ln.block[2] > 1024 or ln.shared_bytes < 0 or ln.shared_bytes > 232448:

@@ -1,0 +1,285 @@
+"""The Hopper GEMM (templates/gemm_sm90.cu.j2): TMA loads through tensor maps into 128-byte
+swizzled stages, mbarrier pipeline, one producer warpgroup and two wgmma consumer warpgroups with
+setmaxnreg, persistent CTAs over a grouped tile order (cooperative or ping-pong consumers), split-K
+through fp32 partials in the workspace and the GEMM family's "reduce" kernel.
+
+It takes the same normalized Problem as the other GEMM kernels (gemm.problem_of) and the same
+rendered epilogue. Its operands are described to the runtime as tensor-map specs
+(runtime/tensormap.py) in `params["tmaps"]`, passed as the arguments "@tmap:0" (A) and "@tmap:1" (B).
+
+Parameters: BN (tile columns: 128, 192, 256; BM is 128), STAGES (as many as shared memory holds by
+default), SPLITS (K slices, for problems of too few tiles), PINGPONG (0: the two consumer
+warpgroups split each tile's rows; 1: each takes whole tiles in turn, BN 128 or 192).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from graphc.codegen.cuda_types import cuda_type
+from graphc.codegen.epilogue import render_epilogue, step_operands
+from graphc.codegen.expr import lit
+from graphc.codegen.families.gemm import SM_COUNT, Problem, _c_expr, _kernel_args, problem_of
+from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, grid_1d, render
+from graphc.errors import CompileError
+from graphc.ir.types import DType
+
+log = logging.getLogger(__name__)
+
+BM = 128
+BK = 64
+BNS = (128, 192, 256)
+PINGPONG_BNS = (128, 192)
+THREADS = 384  # producer warpgroup + two consumer warpgroups
+SMEM_LIMIT = 227 * 1024
+_EP_BYTES = 2 * 64 * 40 * 4  # the consumers' fp32 epilogue buffers
+
+
+def shared_bytes(bn: int, stages: int) -> int:
+    return stages * (BM + bn) * BK * 2 + _EP_BYTES + 16 * stages + 16 + 1024  # + slack to align to 1024
+
+
+def max_stages(bn: int) -> int:
+    return min(8, (SMEM_LIMIT - _EP_BYTES - 1024 - 144) // ((BM + bn) * BK * 2))
+
+
+def unsupported(prob: Problem) -> str | None:
+    """Why this kernel cannot run the problem, or None."""
+    if prob.dtype not in (DType.float16, DType.bfloat16):
+        return f"{prob.dtype.name} (the TMA GEMM takes float16 and bfloat16)"
+    if len(prob.batch_dims) > 1:
+        return "more than one batch dimension after merging"
+    for name, lay in (("A", prob.a), ("B", prob.b)):
+        rows_used = lay.rows if lay.kcontig else prob.K
+        if (rows_used > 1 and lay.pitch % 8) or any(s % 8 for s in lay.batch_strides):
+            return f"{name}'s rows are not 16-byte aligned (TMA needs 16-byte strides)"
+    if prob.K < 1 or prob.M < 1 or prob.N < 1:
+        return "an empty problem"
+    return None
+
+
+def units(prob: Problem, bn: int, splits: int) -> int:
+    return ceil_div(prob.M, BM) * ceil_div(prob.N, bn) * prob.batch * splits
+
+
+def heuristic(prob: Problem) -> dict[str, Any]:
+    """Tile width and split count by a wave model: the busiest SM's share of (padded) tile work,
+    the wider tiles a little faster per element (fewer operand bytes per FLOP), split-K charged its
+    workspace round trip. Measured rules: see docs/results/gemm_sm90.md."""
+    ktiles = ceil_div(prob.K, BK)
+    best, best_cost = None, float("inf")
+    for bn in BNS:
+        eff = {128: 0.86, 192: 0.95, 256: 1.0}[bn]
+        for s in (1, 2, 3, 4, 6, 8):
+            if s > 1 and ktiles // s < 4:
+                continue
+            u = units(prob, bn, s)
+            waves = ceil_div(u, SM_COUNT)
+            kspan = ceil_div(ktiles, s) * BK
+            cost = waves * BM * bn * kspan / eff
+            if s > 1:  # fp32 partials written and read back, a second launch (in MAC units)
+                cost += 2 * s * prob.batch * prob.M * prob.N * 4 * 40 / SM_COUNT + 3e5
+            if cost < best_cost * 0.999:
+                best, best_cost = {"BN": bn, "SPLITS": s}, cost
+    assert best is not None
+    best["STAGES"] = max_stages(best["BN"])
+    best["PINGPONG"] = 0
+    return best
+
+
+def valid(prob: Problem, p: dict[str, Any]) -> bool:
+    bn, st, s = p.get("BN"), p.get("STAGES"), p.get("SPLITS", 1)
+    if bn not in BNS or not isinstance(st, int) or not isinstance(s, int):
+        return False
+    if p.get("PINGPONG", 0) not in (0, 1) or (p.get("PINGPONG") and (bn not in PINGPONG_BNS or s > 1)):
+        return False  # a ping-pong warpgroup holds the whole 128 x BN accumulator; never won split
+    if not 2 <= st <= max_stages(bn) or s < 1 or s > max(1, ceil_div(prob.K, BK)):
+        return False
+    return unsupported(prob) is None
+
+
+def _tmap(tensor: str, dtype: DType, lay, k: int, tile_rows: int, batch: int) -> tuple[dict[str, Any], bool]:
+    """The tensor-map spec of one operand and whether its batch coordinate moves."""
+    e = dtype.itemsize
+    bstride = lay.batch_strides[0] if lay.batch_strides else 0
+    nb = batch if bstride else 1
+    if lay.kcontig:
+        dims, box = [k, lay.rows, nb], [BK, tile_rows, 1]
+    else:
+        dims, box = [lay.rows, k, nb], [64, BK, 1]
+    plane = bstride * e if bstride else dims[1] * lay.pitch * e
+    return {
+        "tensor": tensor,
+        "dtype": dtype.numpy.name,
+        "dims": dims,
+        "strides": [lay.pitch * e, plane],
+        "box": box,
+        "swizzle": "128B",
+    }, bool(bstride)
+
+
+def generate(ctx: StepContext, params: dict[str, Any] | None = None) -> list[KernelSource]:
+    step = ctx.step
+    where = f"{step.kind} node '{step.name}'"
+    prob = problem_of(ctx)
+    why = unsupported(prob)
+    if why is not None:
+        raise ctx.fail(f"no TMA GEMM: {why}")
+    params = {k: v for k, v in (params or {}).items() if k in ("BN", "STAGES", "SPLITS", "PINGPONG")}
+    if "BN" in params:  # a forced tile: one K slice, cooperative, the deepest ring unless named
+        p = {"SPLITS": 1, "PINGPONG": 0, "STAGES": max_stages(params["BN"]) if params["BN"] in BNS else 0, **params}
+    else:
+        p = {**heuristic(prob), **params}
+    if not valid(prob, p):
+        raise ctx.fail(f"TMA GEMM parameters {p} are not valid for M={prob.M} N={prob.N} K={prob.K}")
+    bn, stages = p["BN"], p["STAGES"]
+    ktiles = ceil_div(prob.K, BK)
+    kt_per = ceil_div(ktiles, p["SPLITS"])
+    splits = ceil_div(ktiles, kt_per)  # no empty slice
+    p["SPLITS"] = splits
+    ops = step_operands(ctx)
+    name = ctx.kernel_name()
+    out_specs = [ctx.tensors[o] for o in step.outputs]
+    rendered = render_epilogue(
+        prob.epilogue, prob.outputs, ops, out_specs, prob.out_shape, prob.dtype, where=where, name=f"{name}_epi"
+    )
+    c_expr, c_ptr = _c_expr(ctx, prob, ops)
+    out_names, out_decls = _kernel_args(ctx, prob, rendered, c_ptr)
+    out_args = (["Cm"] if c_ptr else []) + list(rendered.args)
+    ct = cuda_type(prob.dtype)
+    ta, a_batched = _tmap(step.inputs[0], prob.dtype, prob.a, prob.K, BM, prob.batch)
+    tb, b_batched = _tmap(step.inputs[1], prob.dtype, prob.b, prob.K, bn, prob.batch)
+    common = {
+        "epilogue": rendered,
+        "epilogue_name": f"{name}_epi",
+        "st": ct.storage,
+        "ct": ct.compute,
+        "alpha_lit": None if prob.alpha == 1.0 else lit(prob.alpha, ct.compute),
+        "c_param": c_ptr,
+        "c_expr": c_expr,
+        "out_args": out_args,
+    }
+    tparams = ["const gc_tmap* __restrict__ tA", "const gc_tmap* __restrict__ tB"]
+    if splits > 1:  # fp32 partials to the workspace; the family's "reduce" kernel runs the epilogue
+        kparams, kargs = [*tparams, "float* __restrict__ ws"], ["@tmap:0", "@tmap:1", "@workspace"]
+    else:
+        kparams, kargs = tparams + out_decls, ["@tmap:0", "@tmap:1", *out_names]
+    source = render(
+        "gemm_sm90.cu.j2",
+        **common,
+        name=name,
+        kparams=kparams,
+        M=prob.M,
+        N=prob.N,
+        K=prob.K,
+        BN=bn,
+        STAGES=stages,
+        splits=splits,
+        kt_per_split=kt_per,
+        batch=prob.batch,
+        group_m=8,
+        pingpong=bool(p.get("PINGPONG", 0)),
+        a_kcontig=prob.a.kcontig,
+        b_kcontig=prob.b.kcontig,
+        trans_a=int(not prob.a.kcontig),
+        trans_b=int(not prob.b.kcontig),
+        ab_type="f16" if prob.dtype is DType.float16 else "bf16",
+        a_batched=a_batched,
+        b_batched=b_batched,
+    )
+    n_units = units(prob, bn, splits)
+    kp = {
+        "path": "tma",
+        **p,
+        "M": prob.M,
+        "N": prob.N,
+        "K": prob.K,
+        "batch": prob.batch,
+        "a": "k" if prob.a.kcontig else "mn",
+        "b": "k" if prob.b.kcontig else "mn",
+        "requires_arch": "sm_90a",
+        "tmaps": [ta, tb],
+        # the grid is min(work units, 132 SMs of an H100/H200 SXM); the runtime lowers it to the
+        # device's SM count (an H100 PCIe has 114), which the unit loop (stride gridDim.x) allows
+        "persistent": True,
+    }
+    total = prob.batch * prob.M * prob.N
+    ws_bytes = splits * total * 4 if splits > 1 else 0
+    kernels = [
+        KernelSource(
+            "gemm",
+            name,
+            source,
+            (min(n_units, SM_COUNT), 1, 1),
+            (THREADS, 1, 1),
+            kargs,
+            shared_bytes(bn, stages),
+            params=kp,
+            workspace_bytes=ws_bytes,
+        )
+    ]
+    if splits > 1:
+        rname = f"{name}_reduce"
+        rsrc = render(
+            "gemm.cu.j2",
+            **common,
+            name=rname,
+            kind="reduce",
+            kparams=[*out_decls, "const float* __restrict__ ws"],
+            total=total,
+            splits=splits,
+            batch_dims=prob.batch_dims,
+        )
+        kernels.append(
+            KernelSource(
+                "gemm",
+                rname,
+                rsrc,
+                grid_1d(total, 256, max_blocks=SM_COUNT * 16),
+                (256, 1, 1),
+                [*out_names, "@workspace"],
+                0,
+                params={"reduce": True, "SPLITS": splits},
+                workspace_bytes=ws_bytes,
+            )
+        )
+    return kernels
+
+
+# ---- selection (measured on an H200: docs/results/gemm_sm90.md) ----------------------------------
+# fp16/bf16, CUDA-graph replays, ratio = cuBLAS time / ours, same run:
+# - M >= 4096 (batches folded in; BERT/GPT-2 at batch 32, ViT-B/16's 6304), N, K in 768..3072, and
+#   4096^3 / 8192^3: the TMA GEMM 0.68-0.99x, the cp.async wgmma path 0.41-0.72x, mma.sync
+#   0.26-0.43x. -> TMA.
+# - M <= 256 (batch 1) with K >= 3072: TMA with split-K (8 slices) 0.99-1.01x, wgmma 0.79-0.98x. -> TMA.
+# - M <= 256 with K = 768: the wgmma path as fast or faster (0.56-0.75x against 0.60-0.75x, 128-row
+#   tiles leave most SMs idle) -> not TMA (the older rule decides).
+# - 256 < M < 4096: not measured -> not TMA.
+# The tile choice inside (heuristic()) matched the best measured variant within 4% on every M >= 4096
+# shape; the ping-pong schedule won only at 6304x2304x768 (+3%), so the heuristic stays cooperative.
+SELECT_MIN_M = 4096
+SMALL_M_MAX = 256
+SMALL_M_MIN_K = 3072
+
+
+def selected(prob: Problem) -> bool:
+    """Whether an sm_90 engine runs this problem on the TMA GEMM rather than the older paths."""
+    if unsupported(prob) is not None or prob.N < 128 or prob.K < 128:
+        return False
+    return prob.M >= SELECT_MIN_M or (prob.M <= SMALL_M_MAX and prob.K >= SMALL_M_MIN_K)
+
+
+def select(ctx: StepContext) -> list[KernelSource]:
+    """The TMA GEMM's kernels for a step where the rules choose it; [] elsewhere (the caller takes
+    another path, which is logged)."""
+    if ctx.precision not in ("fp16", "bf16"):
+        return []
+    try:
+        prob = problem_of(ctx)
+    except CompileError:
+        return []
+    if not selected(prob):
+        log.debug("%s: not on the TMA GEMM (M=%d N=%d K=%d)", ctx.step.name, prob.M, prob.N, prob.K)
+        return []
+    return generate(ctx)

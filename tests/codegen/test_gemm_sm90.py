@@ -1,0 +1,155 @@
+"""The Hopper TMA GEMM without a GPU: its tensor-map specs and their validation (in the runtime and in
+the engine loader), the parameters it accepts, and the selection rules measured on an H200."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from graphc.codegen.families import gemm_sm90
+from graphc.codegen.families.gemm import problem_of, standalone_context
+from graphc.errors import CompileError
+from graphc.ir.types import DType
+from graphc.ops.registry import get_op
+from graphc.runtime.errors import EngineError
+from graphc.runtime.tensormap import spec_from_json, validate_launch
+
+
+def _ctx(m: int, n: int, k: int, dtype: DType = DType.float16, b_layout: str = "mn"):
+    if b_layout == "k":
+        attrs = get_op("MatMul", "graphc").attrs(trans_b=1)
+        return standalone_context("MatMul", [(m, k), (n, k)], dtype, domain="graphc", attrs=attrs)
+    return standalone_context("MatMul", [(m, k), (k, n)], dtype)
+
+
+GOOD = {"tensor": "x0", "dtype": "float16", "dims": [768, 4096, 1], "strides": [1536, 6291456], "box": [64, 128, 1]}
+
+
+def test_specs_of_a_launch():
+    ctx = _ctx(4096, 768, 768)
+    (k,) = gemm_sm90.generate(ctx)
+    assert k.args == ["@tmap:0", "@tmap:1", "y0"] and k.block == (384, 1, 1)
+    specs = validate_launch(k.params, k.args, ctx.tensors, "t")
+    a, b = specs
+    assert (a.tensor, a.dims, a.strides, a.box) == ("x0", (768, 4096, 1), (1536, 6291456), (64, 128, 1))
+    # B stored [K, N] (N contiguous): 64-column boxes over 64 K rows
+    assert (b.tensor, b.dims, b.box) == ("x1", (768, 768, 1), (64, 64, 1))
+    assert a.footprint() == ctx.tensors["x0"].nbytes and b.footprint() == ctx.tensors["x1"].nbytes
+    assert k.grid[0] == min(gemm_sm90.units(problem_of(ctx), k.params["BN"], 1), gemm_sm90.SM_COUNT)
+    assert k.shared_bytes <= 227 * 1024
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"dtype": "int8"}, "dtype"),
+        ({"swizzle": "256B"}, "swizzle"),
+        ({"strides": [1540, 6291456]}, "multiples of 16"),
+        ({"box": [64, 512, 1]}, "box"),
+        ({"box": [128, 128, 1]}, "at most 128 bytes"),
+        ({"dims": [768, 4096]}, "rank"),
+        ({"dims": [768, 4096, True]}, "integers"),
+    ],
+)
+def test_bad_specs_are_refused(change, message):
+    with pytest.raises(EngineError, match=message):
+        spec_from_json({**GOOD, "swizzle": "128B", **change}, "step 's'")
+
+
+def test_launch_validation_checks_tensors_and_indices():
+    ctx = _ctx(4096, 768, 768)
+    (k,) = gemm_sm90.generate(ctx)
+    big = copy.deepcopy(k.params)
+    big["tmaps"][0]["dims"][1] = 8192  # twice the rows the tensor has
+    with pytest.raises(EngineError, match="spans"):
+        validate_launch(big, k.args, ctx.tensors, "t")
+    with pytest.raises(EngineError, match="names no tensor map"):
+        validate_launch(k.params, [*k.args, "@tmap:2"], ctx.tensors, "t")
+    other = copy.deepcopy(k.params)
+    other["tmaps"][1]["tensor"] = "nope"
+    with pytest.raises(EngineError, match="unknown tensor"):
+        validate_launch(other, k.args, ctx.tensors, "t")
+    as_bf16 = copy.deepcopy(k.params)
+    as_bf16["tmaps"][0]["dtype"] = "bfloat16"
+    with pytest.raises(EngineError, match="reads 'x0' as bfloat16"):
+        validate_launch(as_bf16, k.args, ctx.tensors, "t")
+
+
+def test_parameters():
+    ctx = _ctx(4096, 3072, 768)
+    for p in (
+        {"BN": 96},
+        {"BN": 256, "PINGPONG": 1},
+        {"BN": 128, "PINGPONG": 1, "SPLITS": 2},
+        {"BN": 256, "STAGES": 5},
+    ):
+        with pytest.raises(CompileError, match="not valid"):
+            gemm_sm90.generate(ctx, p)
+    for bn in gemm_sm90.BNS:
+        assert gemm_sm90.shared_bytes(bn, gemm_sm90.max_stages(bn)) <= 227 * 1024
+        assert gemm_sm90.shared_bytes(bn, gemm_sm90.max_stages(bn) + 1) > 227 * 1024
+    split = gemm_sm90.generate(_ctx(128, 768, 3072), {"BN": 128, "SPLITS": 8})
+    assert [k.params.get("reduce", False) for k in split] == [False, True]
+    assert split[0].args[-1] == "@workspace" and split[0].workspace_bytes == 8 * 128 * 768 * 4
+
+
+def test_unsupported_problems():
+    assert "16-byte" in gemm_sm90.unsupported(problem_of(_ctx(256, 256, 100)))
+    assert "float32" in gemm_sm90.unsupported(problem_of(_ctx(256, 256, 256, DType.float32)))
+    with pytest.raises(CompileError, match="no TMA GEMM"):
+        gemm_sm90.generate(_ctx(256, 256, 100))
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "want"),
+    [
+        (4096, 768, 768, True),  # BERT-base at batch 32: 0.87x cuBLAS against 0.58x (wgmma)
+        (6304, 3072, 768, True),  # ViT-B/16 at batch 32
+        (8192, 8192, 8192, True),
+        (128, 768, 3072, True),  # batch 1, K = 3072: split-K 8, 0.99x against 0.98x
+        (197, 768, 3072, True),
+        (128, 768, 768, False),  # batch 1, K = 768: the wgmma path is as fast
+        (197, 2304, 768, False),
+        (1024, 768, 768, False),  # not measured
+    ],
+)
+def test_selection_rules(m, n, k, want):
+    assert gemm_sm90.selected(problem_of(_ctx(m, n, k))) is want
+
+
+def test_engine_validates_tensor_maps(tmp_path):
+    """An sm_90 engine with TMA GEMMs saves and reads back; a tensor map that reaches past its
+    tensor, or an argument naming no map, is refused when the file is read."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    import graphc
+    from graphc.runtime.format import read_engine
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((768, 768)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4096, 768])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4096, 768])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    eng = graphc.compile(model, target="cuda", precision="fp16", arch=["sm_90"], cache_dir=str(tmp_path / "c"))
+    (ln,) = [ln for s in eng.plan.steps for ln in s.launches if ln.family == "gemm"]
+    assert ln.params["path"] == "tma" and ln.args[:2] == ["@tmap:0", "@tmap:1"]
+    eng.save(tmp_path / "ok.engine")
+    read_engine(tmp_path / "ok.engine")
+    good = copy.deepcopy(ln.params)
+    ln.params["tmaps"][1]["dims"][0] *= 2
+    eng.save(tmp_path / "far.engine")
+    with pytest.raises(EngineError, match="spans"):
+        read_engine(tmp_path / "far.engine")
+    ln.params = good
+    ln.args[1] = "@tmap:9"
+    eng.save(tmp_path / "index.engine")
+    with pytest.raises(EngineError, match="names no tensor map"):
+        read_engine(tmp_path / "index.engine")

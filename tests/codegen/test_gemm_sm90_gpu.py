@@ -1,0 +1,245 @@
+"""The Hopper TMA GEMM (codegen/families/gemm_sm90.py) on an sm_90 GPU against float64 numpy: odd
+shapes (tile edges in M, N and K), every operand layout, each tile width, split-K, batches, bf16,
+alpha / beta C and a fused bias + Gelu + residual epilogue; then a whole engine (compile, save,
+load, CUDA-graph replay in two execution contexts) whose GEMMs run on it.
+
+Outputs and the workspace are poisoned with NaN, so an element no kernel writes fails. Tensor maps
+are built by the runtime's own code (runtime/tensormap.py).
+
+Run on a GPU machine:  python -m pytest tests/codegen/test_gemm_sm90_gpu.py -q
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_gemm_gpu import TOL, Case, _bias_gelu_residual, _inputs, reference  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def _cases() -> list[Case]:
+    cases = []
+    for mode in ("fp16", "bf16"):
+        for ta in (0, 1):
+            for tb in (0, 1):
+                m, n, k = 200, 136, 520  # edges in every dim (K: 8 full tiles + 8)
+                cases.append(
+                    Case(
+                        f"{mode}-t{ta}{tb}",
+                        mode,
+                        "MatMul",
+                        [(k, m) if ta else (m, k), (n, k) if tb else (k, n)],
+                        domain="graphc",
+                        attrs={"trans_a": ta, "trans_b": tb},
+                        params={"BN": 128, "STAGES": 4, "SPLITS": 1},
+                    )
+                )
+    for bn, st in ((128, 6), (192, 5), (256, 4), (256, 2)):
+        cases.append(
+            Case(f"fp16-bn{bn}-s{st}", "fp16", "MatMul", [(300, 1096), (1096, 520)], params={"BN": bn, "STAGES": st})
+        )
+    # more tiles than CTAs: the persistent loop and the stage ring wrap across tiles
+    cases.append(Case("fp16-persistent", "fp16", "MatMul", [(2176, 256), (256, 2112)], params={"BN": 128, "STAGES": 3}))
+    cases.append(Case("fp16-split", "fp16", "MatMul", [(128, 3072), (3072, 768)], params={"BN": 128, "SPLITS": 4}))
+    # ping-pong consumers: each layout, both widths, many tiles per CTA, split-K, a fused epilogue
+    for ta, tb in ((0, 0), (1, 1), (0, 1)):
+        cases.append(
+            Case(
+                f"fp16-pingpong-t{ta}{tb}",
+                "fp16",
+                "MatMul",
+                [(520, 304) if ta else (300, 520), (136, 520) if tb else (520, 136)],
+                domain="graphc",
+                attrs={"trans_a": ta, "trans_b": tb},
+                params={"BN": 128, "PINGPONG": 1},
+            )
+        )
+    # more K tiles than stages and several units per warpgroup: the main loops must stay ordered
+    cases.append(
+        Case("fp16-pingpong-deep", "fp16", "MatMul", [(2176, 1024), (1024, 2112)], params={"BN": 128, "PINGPONG": 1})
+    )
+    cases.append(
+        Case("bf16-pingpong-many", "bf16", "MatMul", [(2176, 192), (192, 2112)], params={"BN": 192, "PINGPONG": 1})
+    )
+    cases.append(
+        Case(
+            "fp16-split-776",
+            "fp16",
+            "MatMul",
+            [(197, 3072), (3072, 776)],
+            params={"BN": 192, "SPLITS": 3},
+        )
+    )
+    f = _bias_gelu_residual(96, 200)
+    cases.append(
+        Case(
+            "fp16-fused-split",
+            "fp16",
+            "MatMul",
+            [(96, 4096), (4096, 200), *f["extra"]],
+            n_anchor=2,
+            epilogue=f["epilogue"],
+            outputs=f["outputs"],
+            params={"BN": 256, "SPLITS": 6},
+        )
+    )
+    cases.append(
+        Case(
+            "bf16-pingpong-fused",
+            "bf16",
+            "MatMul",
+            [(96, 4096), (4096, 200), *f["extra"]],
+            n_anchor=2,
+            epilogue=f["epilogue"],
+            outputs=f["outputs"],
+            params={"BN": 128, "PINGPONG": 1},
+        )
+    )
+    f = _bias_gelu_residual(333, 264)
+    cases.append(
+        Case(
+            "bf16-fused",
+            "bf16",
+            "MatMul",
+            [(333, 768), (768, 264), *f["extra"]],
+            n_anchor=2,
+            epilogue=f["epilogue"],
+            outputs=f["outputs"],
+        )
+    )
+    cases.append(
+        Case(
+            "fp16-gemm-c",
+            "fp16",
+            "Gemm",
+            [(130, 264), (200, 264), (200,)],
+            attrs={"transB": 1, "alpha": 0.5, "beta": 1.5},
+        )
+    )
+    cases.append(
+        Case("fp16-batched", "fp16", "MatMul", [(3, 130, 64), (3, 64, 72)], domain="graphc", params={"BN": 128})
+    )
+    cases.append(Case("bf16-bshared-a", "bf16", "MatMul", [(136, 96), (4, 96, 72)]))
+    return cases
+
+
+CASES = _cases()
+
+
+@functools.cache
+def _built() -> dict[str, Any]:
+    from graphc.codegen.families import gemm_sm90
+    from graphc.codegen.nvrtc import CompileJob, compile_all
+    from graphc.runtime.cuda import device_arch
+
+    if device_arch() != "sm_90":
+        return {}
+    gen, jobs = {}, []
+    for case in CASES:
+        params, case.params = case.params, None
+        ctx = case.context()
+        ks = gemm_sm90.generate(ctx, params)
+        case.params = params
+        gen[case.id] = (ctx, ks)
+        jobs += [CompileJob(k.name, k.source, k.params.get("requires_arch", "sm_90")) for k in ks]
+    cubins = iter(compile_all(jobs))
+    return {cid: (ctx, [(k, next(cubins)) for k in ks]) for cid, (ctx, ks) in gen.items()}
+
+
+def _run(case: Case):
+    import cupy
+
+    from graphc.runtime.cuda import allow_large_shared_memory
+    from graphc.runtime.tensormap import TensorMapTable, is_tmap_arg, tmap_index, validate_launch
+
+    if case.id not in _built():
+        pytest.skip("needs an sm_90 GPU (TMA, wgmma)")
+    ctx, kernels = _built()[case.id]
+    xs = _inputs(case, ctx, np.random.default_rng(1))
+    dev = {n: cupy.asarray(x) for n, x in zip(ctx.step.inputs, xs, strict=True)}
+    for o in ctx.step.outputs:
+        spec = ctx.tensors[o]
+        dt = np.dtype(getattr(ml_dtypes, spec.dtype)) if spec.dtype == "bfloat16" else np.dtype(spec.dtype)
+        dev[o] = cupy.full(spec.nbytes, 0xFF, dtype=cupy.uint8).view(dt).reshape(tuple(spec.shape))
+    ws = cupy.full(max(max(k.workspace_bytes for k, _ in kernels), 1), 0xFF, dtype=cupy.uint8)
+    keep = []
+    for k, cubin in kernels:
+        mod = cupy.cuda.function.Module()
+        mod.load(cubin)
+        fn = mod.get_function(k.name)
+        if k.shared_bytes > 48 * 1024:
+            allow_large_shared_memory(fn, k.shared_bytes)
+        specs = validate_launch(k.params, k.args, ctx.tensors, k.name)
+        table = TensorMapTable(cupy, [(s, dev[s.tensor].data.ptr) for s in specs]) if specs else None
+        keep.append((mod, table))
+        named = {"@workspace": ws, **dev}
+        args = tuple(table.arg(tmap_index(a, k.name)) if is_tmap_arg(a) else named[a] for a in k.args)
+        fn(k.grid, k.block, args, shared_mem=k.shared_bytes)
+    cupy.cuda.runtime.deviceSynchronize()
+    outs = [cupy.asnumpy(dev[o]).astype(np.float64) for o in ctx.step.outputs]
+    return outs, reference(case, [x.astype(np.float64) for x in xs]), kernels
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_gemm_sm90(case: Case):
+    outs, refs, kernels = _run(case)
+    assert kernels[0][0].params["path"] == "tma"
+    for out, ref in zip(outs, refs, strict=True):
+        assert np.isfinite(out).all(), f"{np.count_nonzero(~np.isfinite(out))} elements unwritten or not finite"
+        err = np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30)
+        assert err < TOL[case.mode], f"relative error {err:.3g} >= {TOL[case.mode]} with {kernels[0][0].params}"
+
+
+def test_engine_runs_tma_gemms(tmp_path):
+    """MatMul + bias + Gelu and a residual MatMul as one sm_90 engine: built, saved, loaded, run
+    through CUDA-graph replay in the default and a second context, against numpy."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    import graphc
+    from graphc.runtime.cuda import device_arch
+
+    if device_arch() != "sm_90":
+        pytest.skip("needs an sm_90 GPU")
+    rng = np.random.default_rng(2)
+    m, d, h = 4096, 768, 3072  # batch 32 x 128 tokens: both GEMMs are selected for TMA
+    w1 = (rng.standard_normal((d, h)) / np.sqrt(d)).astype(np.float32)
+    b1 = rng.standard_normal(h).astype(np.float32)
+    w2 = (rng.standard_normal((h, d)) / np.sqrt(h)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["t"]),
+        helper.make_node("Add", ["t", "b1"], ["u"]),
+        helper.make_node("Relu", ["u"], ["v"]),
+        helper.make_node("MatMul", ["v", "w2"], ["z"]),
+        helper.make_node("Add", ["z", "x"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, d])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, d])],
+        [numpy_helper.from_array(a, n) for n, a in (("w1", w1), ("b1", b1), ("w2", w2))],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    eng = graphc.compile(model, target="cuda", precision="fp16", arch=["sm_90"])
+    paths = [ln.params.get("path") for s in eng.plan.steps for ln in s.launches if ln.family == "gemm"]
+    assert paths.count("tma") == 2, paths
+    path = tmp_path / "mlp.engine"
+    eng.save(path)
+    loaded = graphc.runtime.load(path)
+    x = rng.standard_normal((m, d)).astype(np.float32)
+    ref = np.maximum(x @ w1 + b1, 0) @ w2 + x
+    for run in (loaded.run, loaded.create_context().run):
+        for _ in range(2):  # capture, then replay
+            got = np.asarray(run({"x": x}, to_numpy=True)["y"], np.float64)
+            err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+            assert err < 5e-3, err

@@ -1,0 +1,310 @@
+"""The Hopper TMA GEMM (codegen/families/gemm_sm90.py) against cuBLAS (torch.matmul) and graphc's
+older GEMM paths, in one run on one GPU: many variants per shape, each checked, then timed.
+
+    python tools/bench_gemm_sm90.py [--quick] [--dtype fp16 --dtype bf16] [--out DIR]
+    python tools/bench_gemm_sm90.py --compile-only --cache DIR   # NVRTC every variant, no GPU
+
+Each variant's output is poisoned (NaN) before a checked run on fresh random inputs and compared
+with torch's fp32 product (relative Frobenius error); a NaN left or an error above 1e-2 fails it.
+Times are per launch: `iters` launches captured in one CUDA graph (both sides), the median of
+several timed replays; the launches rotate over operand sets that together exceed 3x the L2.
+Tensor maps are encoded for each operand set (they hold its addresses). Results stream to
+DIR/gemm_sm90.jsonl; a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+BIG = [(4096, 4096, 4096), (8192, 8192, 8192)]
+NK = [(768, 768), (2304, 768), (3072, 768), (768, 3072)]
+LINEAR = [(m, n, k) for m in (128, 197, 4096, 6304) for n, k in NK]
+QUICK = [(4096, 4096, 4096), (4096, 768, 768), (4096, 3072, 768), (128, 768, 768)]
+
+
+def variants(prob, lean: bool = False) -> list[dict[str, Any]]:
+    """The variants timed per shape; `lean`: the deepest ring only, K splits only where a
+    split-free launch has fewer tiles than SMs."""
+    from graphc.codegen.families import gemm_sm90 as g
+
+    out = []
+    tiles = {bn: g.units(prob, bn, 1) for bn in g.BNS}
+    for bn in g.BNS:
+        for s in (1, 2, 3, 4, 6, 8):
+            if s > 1 and (tiles[bn] * s > 4 * g.SM_COUNT or -(-prob.K // 64) // s < 3):
+                continue
+            if lean and s > 1 and tiles[bn] >= g.SM_COUNT:
+                continue
+            for st in sorted({g.max_stages(bn), g.max_stages(bn) - (s == 1 and not lean)}):
+                out.append({"BN": bn, "STAGES": st, "SPLITS": s, "PINGPONG": 0})
+            if bn in g.PINGPONG_BNS and s == 1:
+                out.append({"BN": bn, "STAGES": g.max_stages(bn), "SPLITS": s, "PINGPONG": 1})
+    return out
+
+
+def context(m: int, n: int, k: int, dtype, b_layout: str):
+    from graphc.codegen.families.gemm import standalone_context
+    from graphc.ops.registry import get_op
+
+    if b_layout == "k":
+        attrs = get_op("MatMul", "graphc").attrs(trans_b=1)
+        return standalone_context("MatMul", [(m, k), (n, k)], dtype, domain="graphc", attrs=attrs)
+    return standalone_context("MatMul", [(m, k), (k, n)], dtype)
+
+
+def kernels_for(ctx, prob, quick: bool, lean: bool = False) -> list[tuple[str, dict | None, list]]:
+    """(label, params, KernelSources) of every candidate: the TMA variants, graphc's default
+    and its cp.async wgmma path."""
+    from graphc.codegen.families import gemm_sm90 as g
+    from graphc.codegen.kernel import family_for
+
+    out = []
+    h = g.heuristic(prob)
+    vs = [h] if quick else variants(prob, lean)
+    if h not in vs:
+        vs.insert(0, h)
+    for p in vs:
+        try:
+            out.append(("tma" + ("*" if p == h else ""), p, g.generate(ctx, p)))
+        except Exception as e:  # noqa: BLE001 - a variant that does not render is reported and skipped
+            print(f"  skip {p}: {e}")
+    fam = family_for(ctx)
+    out.append(("default", None, fam.generate(ctx)))
+    try:
+        ctx.params = {"path": "wgmma"}
+        out.append(("wgmma", {"path": "wgmma"}, fam.generate(ctx)))
+    except Exception as e:  # noqa: BLE001
+        print(f"  no wgmma: {e}")
+    finally:
+        ctx.params = None
+    return out
+
+
+def compile_sources(ks, cache) -> list[bytes]:
+    from graphc.codegen.nvrtc import CompileJob, compile_all
+
+    return compile_all(
+        [CompileJob(k.name, k.source, k.params.get("requires_arch", "sm_90")) for k in ks], cache_dir=cache
+    )
+
+
+class Hang(RuntimeError):
+    pass
+
+
+class Shape:
+    def __init__(self, torch, cupy, dt_name: str, m: int, n: int, k: int, b_layout: str):
+        self.torch, self.cupy = torch, cupy
+        self.m, self.n, self.k, self.b_layout = m, n, k, b_layout
+        tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dt_name]
+        per = (m * k + k * n) * 2
+        self.sets = max(2, min(24, -(-3 * 60 * 2**20 // per)))
+        g = torch.Generator(device="cuda").manual_seed(m * 7 + n * 13 + k)
+        bshape = (n, k) if b_layout == "k" else (k, n)
+        self.a = [torch.randn((m, k), generator=g, device="cuda").to(tdt) for _ in range(self.sets)]
+        self.b = [torch.randn(bshape, generator=g, device="cuda").to(tdt) for _ in range(self.sets)]
+        self.out = torch.empty((m, n), device="cuda", dtype=tdt)
+
+    def torch_launch(self):
+        def go(i):
+            b = self.b[i % self.sets]
+            self.torch.matmul(self.a[i % self.sets], b.t() if self.b_layout == "k" else b, out=self.out)
+
+        return go
+
+    def graphc_launch(self, ks, cubins):
+        from graphc.runtime.cuda import allow_large_shared_memory
+        from graphc.runtime.tensormap import TensorMapTable, is_tmap_arg, spec_from_json, tmap_index
+
+        cupy = self.cupy
+        fns = []
+        for k, cub in zip(ks, cubins, strict=True):
+            mod = cupy.cuda.function.Module()
+            mod.load(cub)
+            fn = mod.get_function(k.name)
+            if k.shared_bytes > 48 * 1024:
+                allow_large_shared_memory(fn, k.shared_bytes)
+            fns.append((fn, k, mod))
+        ws = cupy.empty(max(max(k.workspace_bytes for k in ks), 1), dtype=cupy.uint8)
+        outv = cupy.asarray(self.out)
+        av = [cupy.asarray(x) for x in self.a]
+        bv = [cupy.asarray(x) for x in self.b]
+        tables = []  # per operand set, per kernel
+        for i in range(self.sets):
+            per = []
+            for _, k, _ in fns:
+                specs = [spec_from_json(d, k.name) for d in k.params.get("tmaps", [])]
+                addr = {"x0": av[i].data.ptr, "x1": bv[i].data.ptr}
+                per.append(TensorMapTable(cupy, [(s, addr[s.tensor]) for s in specs]) if specs else None)
+            tables.append(per)
+
+        def go(i):
+            j = i % self.sets
+            names = {"x0": av[j], "x1": bv[j], "y0": outv, "@workspace": ws}
+            for q, (fn, k, _) in enumerate(fns):
+                args = tuple(tables[j][q].arg(tmap_index(a, k.name)) if is_tmap_arg(a) else names[a] for a in k.args)
+                fn(k.grid, k.block, args, shared_mem=k.shared_bytes)
+
+        go.keep = (fns, ws, tables)  # type: ignore[attr-defined]
+        return go
+
+    def check(self, go) -> float:
+        torch = self.torch
+        for a, b in zip(self.a[:1], self.b[:1], strict=True):  # fresh values in set 0
+            a.normal_()
+            b.normal_()
+        self.out.fill_(float("nan"))
+        go(0)
+        done = torch.cuda.Event()
+        done.record()
+        deadline = time.time() + 10.0
+        while not done.query():  # a kernel that hangs ends the run (its row says so) instead of the lease
+            if time.time() > deadline:
+                raise Hang("no completion within 10 s")
+            time.sleep(0.001)
+        torch.cuda.synchronize()
+        ours = self.out.float()
+        if torch.isnan(ours).any():
+            return float("nan")
+        b = self.b[0].float()
+        ref = self.a[0].float() @ (b.t() if self.b_layout == "k" else b)
+        return float((ours - ref).norm() / ref.norm())
+
+    def time(self, go, iters: int, reps: int = 7) -> float:
+        """Median ms per launch: `iters` launches (rotating operand sets) captured in one CUDA
+        graph, its replays timed with events, so host launch overhead is out of both sides."""
+        torch, cupy = self.torch, self.cupy
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), cupy.cuda.ExternalStream(side.cuda_stream):
+            for i in range(3):
+                go(i)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph), cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+            for i in range(iters):
+                go(i)
+        graph.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            graph.replay()
+            e.record()
+            torch.cuda.synchronize()
+            times.append(s.elapsed_time(e) / iters)
+        del graph
+        return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="four shapes, the heuristic variant only")
+    ap.add_argument("--dtype", action="append", choices=["fp16", "bf16"])
+    ap.add_argument("--layout", action="append", choices=["mn", "k"], help="B layout: mn = [K, N], k = [N, K]")
+    ap.add_argument("--shape", action="append", help="MxNxK")
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--cache", type=Path, help="NVRTC cache directory")
+    ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--lean", action="store_true", help="fewer variants per shape (see variants())")
+    ap.add_argument("--out", type=Path, default=Path("."))
+    args = ap.parse_args(argv)
+
+    from graphc.codegen.families.gemm import problem_of
+    from graphc.ir.types import DType
+
+    dts = args.dtype or ["fp16"]
+    layouts = args.layout or ["mn"]
+    shapes = (
+        [tuple(int(x) for x in s.split("x")) for s in args.shape]
+        if args.shape
+        else (QUICK if args.quick else BIG + LINEAR)
+    )
+    todo = []
+    for dt in dts:
+        dtype = DType.float16 if dt == "fp16" else DType.bfloat16
+        for lay in layouts:
+            for m, n, k in shapes:
+                ctx = context(m, n, k, dtype, lay)
+                todo.append((dt, lay, (m, n, k), kernels_for(ctx, problem_of(ctx), args.quick, args.lean)))
+    every = [k for *_, cands in todo for _, _, ks in cands for k in ks]
+    t0 = time.time()
+    cubins = iter(compile_sources(every, args.cache))
+    print(f"# compiled {len(every)} kernels in {time.time() - t0:.1f} s", flush=True)
+    if args.compile_only:
+        return 0
+
+    import warnings
+
+    import cupy
+    import torch
+
+    warnings.filterwarnings("ignore", category=DeprecationWarning)  # cupy's ExternalStream
+
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    props = torch.cuda.get_device_properties(0)
+    print(f"# {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, CUDA {torch.version.cuda}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = (args.out / "gemm_sm90.jsonl").open("a")
+    table = []
+    for dt, lay, (m, n, k), cands in todo:
+        sh = Shape(torch, cupy, dt, m, n, k, lay)
+        flop = 2.0 * m * n * k
+        t_ref = sh.time(sh.torch_launch(), args.iters)
+        rows = []
+        for label, p, ks in cands:
+            cub = [next(cubins) for _ in ks]
+            row = {"dtype": dt, "b": lay, "M": m, "N": n, "K": k, "kernel": label, "params": p, "cublas_ms": t_ref}
+            try:
+                go = sh.graphc_launch(ks, cub)
+                err = sh.check(go)
+                row["err"] = err
+                if not err < 1e-2:
+                    raise RuntimeError(f"wrong result: rel err {err}")
+                row["ms"] = sh.time(go, args.iters)
+                row["ratio"] = t_ref / row["ms"]
+                row["tflops"] = flop / row["ms"] / 1e9
+            except Exception as e:  # noqa: BLE001 - a failing candidate is infinitely slow
+                row["error"] = str(e)[:300]
+                print(f"  FAIL {dt} {lay} {m}x{n}x{k} {label} {p}: {row['error']}", flush=True)
+                if isinstance(e, Hang):
+                    log.write(json.dumps(row) + "\n")
+                    log.close()
+                    os._exit(3)  # the GPU is stuck in that kernel: nothing more can be timed
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            rows.append(row)
+        ok = [r for r in rows if "ms" in r]
+        tma = [r for r in ok if r["kernel"].startswith("tma")]
+        best = min(tma, key=lambda r: r["ms"]) if tma else None
+        heur = next((r for r in ok if r["kernel"] == "tma*"), None)
+        old = {r["kernel"]: r for r in ok if not r["kernel"].startswith("tma")}
+        line = (
+            f"{dt:4} {lay:2} {f'{m}x{n}x{k}':>16} cuBLAS {t_ref:8.4f} ms {flop / t_ref / 1e9:6.1f} TF | "
+            f"tma best {best['ratio'] if best else 0:5.2f}x {best['params'] if best else '-'} | "
+            f"heur {heur['ratio'] if heur else 0:5.2f}x | "
+            f"default {old['default']['ratio'] if 'default' in old else 0:5.2f}x | "
+            f"wgmma {old['wgmma']['ratio'] if 'wgmma' in old else 0:5.2f}x"
+        )
+        print(line, flush=True)
+        table.append(line)
+        del sh
+        torch.cuda.empty_cache()
+    print("\n".join(["", f"# {props.name}, torch {torch.__version__}; ratio = cuBLAS time / ours", *table]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
