@@ -222,10 +222,9 @@ def generate(ctx: StepContext, params: dict[str, Any] | None = None) -> list[Ker
     if splits > 1:
         rname = f"{name}_reduce"
         rsrc = render(
-            "gemm.cu.j2",
+            "gemm_reduce.cu.j2",
             **common,
             name=rname,
-            kind="reduce",
             kparams=[*out_decls, "const float* __restrict__ ws"],
             total=total,
             splits=splits,
