@@ -5,12 +5,15 @@ A Measure is one side (graphc, or one PyTorch mode) at one configuration: (a) th
 ordinary call back to back, (b) the GPU time of one CUDA-graph replay, the worst cosine of its outputs
 to the fp32 reference, its kernel count and its setup time. A measurement that did not run says why
 (`skipped`) or how it failed (`errors`); neither is ever left blank without a reason.
+
+    python tools/bench_report.py a.json b.json --out all.md --json-out all.json   # runs merged
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -55,6 +58,27 @@ class Row:
         """graphc / best PyTorch under one method (below 1: graphc is faster)."""
         ours, best = self.graphc.value(method), self.best_torch(method)
         return ours / best[1] if ours is not None and best else None
+
+
+def row_from_dict(d: dict[str, Any]) -> Row:
+    """A Row back from the JSON file (its derived keys, ratio and best_torch, are recomputed)."""
+    fields = {k: v for k, v in d.items() if k not in ("ratio", "best_torch", "graphc", "torch")}
+    return Row(**fields, graphc=Measure(**d["graphc"]), torch={m: Measure(**t) for m, t in d["torch"].items()})
+
+
+def merge(paths: list[Path]) -> tuple[list[Row], dict[str, Any], list[str], list[str]]:
+    """Several runs' JSON files as one table (e.g. the ten models in two GPU calls): rows in order,
+    the first run's header with every run's command and date, the union of their skips and modes."""
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    rows = [row_from_dict(r) for doc in docs for r in doc["rows"]]
+    header = dict(docs[0]["header"])
+    header["command"] = " ; ".join(doc["header"]["command"] for doc in docs)
+    header["date"] = " ; ".join(dict.fromkeys(doc["header"]["date"] for doc in docs))
+    envs = [doc["header"].get("environment") for doc in docs]
+    if any(e != envs[0] for e in envs):
+        header["environment_differs"] = envs
+    modes = [m for m in TORCH_MODES if any(m in r.torch for r in rows)]
+    return rows, header, modes, [s for doc in docs for s in doc.get("skipped", [])]
 
 
 def geomean(values: Iterable[float]) -> float | None:
@@ -181,3 +205,26 @@ def write(rows: list[Row], header: dict[str, Any], modes: list[str], skipped: li
             out["ratio"] = {m: _round(r.ratio(m)) for m in METHODS}
             out["best_torch"] = {m: (b[0] if (b := r.best_torch(m)) else None) for m in METHODS}
         js.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description="Merge tools/bench_torch.py JSON files into one table and JSON file.")
+    p.add_argument("json", nargs="+", type=Path, help="bench_torch.py --json files")
+    p.add_argument("--out", type=Path, help="Markdown table")
+    p.add_argument("--json-out", type=Path, help="merged JSON file")
+    a = p.parse_args(argv)
+    try:
+        rows, header, modes, skipped = merge(a.json)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"bench_report: cannot read {', '.join(map(str, a.json))}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    write(rows, header, modes, skipped, a.out, a.json_out)
+    if not a.out:
+        print(markdown(rows, header, modes, skipped), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
