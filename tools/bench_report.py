@@ -156,7 +156,8 @@ def markdown(rows: list[Row], header: dict[str, Any], modes: list[str], skipped:
             cells.append(f"{_ratio(r.ratio(method))} ({best[0]})" if r.ratio(method) is not None and best else "")
         torch_cos = [t.cosine for t in r.torch.values() if t.cosine is not None]
         cells.append(f"{_cos(r.graphc.cosine)} / {_cos(min(torch_cos) if torch_cos else None)}")
-        inductor = next((r.torch[m].kernels for m in modes[1:] if m in r.torch and r.torch[m].kernels), None)
+        compiled = [m for m in modes if m != "eager" and m in r.torch]
+        inductor = next((r.torch[m].kernels for m in compiled if r.torch[m].kernels), None)
         eager = r.torch["eager"].kernels if "eager" in r.torch else None
         cells.append(" / ".join(str(k) if k is not None else "-" for k in (r.graphc.kernels, eager, inductor)))
         setups = [r.graphc.setup_s] + [r.torch[m].setup_s if m in r.torch else None for m in modes if m != "eager"]

@@ -8,8 +8,8 @@
     PyTorch the graph is a torch.cuda.CUDAGraph captured around the eager or compiled module; for
     graphc it is the graph its engine captured on the first run.
 
-Kernel counts come from the PyTorch profiler (CUPTI), one call, for both sides; memcpy and memset
-activities are not kernels and are not counted.
+Kernel counts come from the PyTorch profiler (CUPTI), one call, for both sides; memcpy, memset and
+synchronization activities are not kernels and are not counted.
 """
 
 from __future__ import annotations
@@ -130,6 +130,12 @@ def graphc_replay_once(engine: Any) -> None:
     stream.synchronize()
 
 
+def is_kernel(name: str) -> bool:
+    """CUPTI's device activities are kernels, copies and sets, and (where enabled) synchronizations."""
+    low = name.lower()
+    return not low.startswith(("memcpy", "memset")) and "synchroniz" not in low
+
+
 def kernel_count(call: Callable[[], Any]) -> int | None:
     """GPU kernels launched by one call, as the PyTorch profiler (CUPTI) records them: the same count
     for graphc (cupy launches, graph replays) and PyTorch. None when the profiler saw no kernel."""
@@ -141,11 +147,7 @@ def kernel_count(call: Callable[[], Any]) -> int | None:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         call()
         torch.cuda.synchronize()
-    n = sum(
-        1
-        for e in prof.events()
-        if e.device_type == DeviceType.CUDA and not e.name.lower().startswith(("memcpy", "memset"))
-    )
+    n = sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA and is_kernel(e.name))
     if n == 0:
         log.warning("the profiler recorded no CUDA kernel; kernel count left empty")
         return None

@@ -88,7 +88,8 @@ def tensor_cosine(a: Any, b: Any) -> float | None:
 
 
 def worst_cosine(outs: list[Any], refs: list[Any]) -> float | None:
-    values = [tensor_cosine(o, r) for o, r in zip(outs, refs, strict=True)]
+    """The lowest cosine over the outputs, each computed on its reference's device."""
+    values = [tensor_cosine(r, o) for o, r in zip(outs, refs, strict=True)]
     return None if any(v is None for v in values) else min(values)  # type: ignore[type-var]
 
 
@@ -426,7 +427,9 @@ class Bench:
             m.extra["export"] = state.export_notes[exporter]
         try:
             path = self.export_path(state, exporter, batch)
-            names = [i.name for i in onnx.load(str(path), load_external_data=False).graph.input]
+            proto = onnx.load(str(path), load_external_data=False)
+            names, m.extra["onnx_nodes"] = [i.name for i in proto.graph.input], len(proto.graph.node)
+            del proto
             t0 = time.perf_counter()
             engine = graphc.compile(
                 str(path),
@@ -443,7 +446,6 @@ class Bench:
             self.sync()
             m.setup_s = round(time.perf_counter() - t0, 2)
             m.extra["plan_kernels"] = engine.report.get("kernels")
-            m.extra["onnx_nodes"] = len(onnx.load(str(path), load_external_data=False).graph.node)
             outs = engine.run(feeds, to_numpy=True) if self.device == "cuda" else engine.run(feeds)
             got = [self.torch.from_numpy(np.asarray(outs[n], dtype=np.float32)) for n in state.case.outputs]
             m.cosine = worst_cosine(got, subj.refs)

@@ -48,6 +48,12 @@ def test_steady_protocol_keeps_the_best_round() -> None:
     assert 1.0 <= ms < 3.5  # the 1 ms round, not the mean of the three
 
 
+def test_kernel_names_exclude_copies_sets_and_syncs() -> None:
+    kernels = ["ampere_fp16_s16816gemm_fp16_128x128", "triton_per_fused_add_native_layer_norm_0", "gemm_k1"]
+    others = ["Memcpy DtoD (Device -> Device)", "Memset (Device)", "Device Synchronize", "Stream Synchronize"]
+    assert [T.is_kernel(n) for n in kernels + others] == [True] * 3 + [False] * 4
+
+
 def row(model: str, batch: int, graphc: tuple, torch: dict[str, tuple], exporter: str = "torchscript") -> R.Row:
     def m(a: float | None, b: float | None) -> R.Measure:
         return R.Measure(a_ms=a, b_ms=b)
