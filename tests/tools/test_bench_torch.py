@@ -211,3 +211,11 @@ def test_dry_run_budget_skips_compiles_with_a_reason(tmp_path: Path) -> None:
     assert r["torch"]["reduce-overhead"]["skipped"].startswith("budget: ~30 s needed (prior)")
     assert any("resnet50 reduce-overhead fp32 batch 1: budget" in s for s in doc["skipped"])
     assert "reduce-overhead skipped: budget" in doc["md"]
+    # max-autotune's box per model: nothing compiles whose estimate (a prior of 120 s) is over it
+    doc = run_dry(
+        tmp_path, "--models", "resnet50", "--exporters", "torchscript", "--batch", "1", "--precision", "fp32",
+        "--modes", "max-autotune-no-cudagraphs", "--autotune-box-s", "60",
+    )  # fmt: skip
+    (r,) = doc["rows"]
+    assert r["torch"]["max-autotune-no-cudagraphs"]["skipped"].startswith("over the per-model box of 60 s")
+    assert r["graphc"]["a_ms"] > 0 and r["ratio"]["a"] is None  # no PyTorch mode ran: no ratio
