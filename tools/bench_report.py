@@ -59,6 +59,11 @@ class Row:
         ours, best = self.graphc.value(method), self.best_torch(method)
         return ours / best[1] if ours is not None and best else None
 
+    def complete(self) -> bool:
+        """Every PyTorch mode asked for ran (none skipped for the budget or not reached). A ratio
+        against fewer modes would flatter graphc: it is marked, and kept out of the geometric means."""
+        return all(t.skipped is None for t in self.torch.values())
+
 
 def row_from_dict(d: dict[str, Any]) -> Row:
     """A Row back from the JSON file (its derived keys, ratio and best_torch, are recomputed)."""
@@ -87,18 +92,21 @@ def geomean(values: Iterable[float]) -> float | None:
 
 
 def geomeans(rows: list[Row]) -> list[dict[str, Any]]:
-    """graphc / best PyTorch per (exporter, precision, batch) and method: geometric mean, worst, n."""
+    """graphc / best PyTorch per (exporter, precision, batch) and method: geometric mean and worst
+    over the complete rows, how many those are (n) of the group's rows (of), and how many rows have
+    a ratio but are incomplete (a mode was skipped) and so are left out."""
     out = []
     for key in sorted({(r.exporter, r.precision, r.batch) for r in rows}):
         group = [r for r in rows if (r.exporter, r.precision, r.batch) == key]
         entry: dict[str, Any] = {"exporter": key[0], "precision": key[1], "batch": key[2]}
         for method in METHODS:
-            ratios = [x for r in group if (x := r.ratio(method)) is not None]
+            ratios = [x for r in group if (x := r.ratio(method)) is not None and r.complete()]
             entry[method] = {
                 "geomean": _round(geomean(ratios)),
                 "worst": _round(max(ratios)) if ratios else None,
                 "n": len(ratios),
                 "of": len(group),
+                "incomplete": sum(1 for r in group if r.ratio(method) is not None and not r.complete()),
             }
         out.append(entry)
     return out
@@ -153,7 +161,8 @@ def markdown(rows: list[Row], header: dict[str, Any], modes: list[str], skipped:
         cells += [_cell(r.torch.get(m)) for m in modes]
         for method in METHODS:
             best = r.best_torch(method)
-            cells.append(f"{_ratio(r.ratio(method))} ({best[0]})" if r.ratio(method) is not None and best else "")
+            mark = "" if r.complete() else "*"
+            cells.append(f"{_ratio(r.ratio(method))} ({best[0]}){mark}" if r.ratio(method) is not None and best else "")
         torch_cos = [t.cosine for t in r.torch.values() if t.cosine is not None]
         cells.append(f"{_cos(r.graphc.cosine)} / {_cos(min(torch_cos) if torch_cos else None)}")
         compiled = [m for m in modes if m != "eager" and m in r.torch]
@@ -164,7 +173,9 @@ def markdown(rows: list[Row], header: dict[str, Any], modes: list[str], skipped:
         cells.append(" / ".join(f"{s:.1f}" if s is not None else "-" for s in setups))
         cells.append(_notes(r, modes))
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
-    lines += ["", "Geometric mean of graphc / best PyTorch (below 1: graphc faster); worst row; rows with a ratio:", ""]
+    lines += ["", "\\* not every PyTorch mode ran (see the notes): against fewer modes, so not in the means.", ""]
+    lines += ["Geometric mean of graphc / best PyTorch (below 1: graphc faster), the worst row, complete rows of all:"]
+    lines += [""]
     lines += [
         "| exporter | precision | batch | (a) ordinary call | (b) graph replay |",
         "| --- | --- | --- | --- | --- |",

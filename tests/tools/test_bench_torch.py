@@ -78,9 +78,11 @@ def test_geomeans_per_exporter_precision_batch() -> None:
         row("c", 1, (1.0, None), {"eager": (None, None)}),  # no ratio
         row("a", 32, (3.0, 3.0), {"eager": (1.0, 1.0)}),  # 3.0, 3.0
         row("a", 1, (1.0, 1.0), {"eager": (8.0, 8.0)}, exporter="dynamo"),
+        row("d", 1, (9.0, 9.0), {"eager": (1.0, 1.0)}),  # incomplete (below): out of the means
     ]
+    rows[-1].torch["default"] = R.Measure(skipped="budget")
     g = {(e["exporter"], e["batch"]): e for e in R.geomeans(rows)}
-    assert g[("torchscript", 1)]["a"] == {"geomean": 1.0, "worst": 2.0, "n": 2, "of": 3}
+    assert g[("torchscript", 1)]["a"] == {"geomean": 1.0, "worst": 2.0, "n": 2, "of": 4, "incomplete": 1}
     assert g[("torchscript", 1)]["b"]["geomean"] == pytest.approx(0.5)
     assert g[("torchscript", 32)]["a"]["geomean"] == pytest.approx(3.0)
     assert g[("dynamo", 1)]["a"]["geomean"] == pytest.approx(0.125)
@@ -101,7 +103,9 @@ def test_markdown_has_every_row_reasons_and_geomeans() -> None:
     assert "| 0.25 (eager) | 0.80 (eager) |" in table[0]
     assert "reduce-overhead skipped: budget" in table[1]
     assert "gpu X" in text and "`python tools/bench_torch.py --quick`" in text
-    assert "| torchscript | fp16 | 1 | 0.35 (worst 0.50, 2/2) | 0.63 (worst 0.80, 2/2) |" in text
+    # the gpt2 row lacks a mode: marked, and out of the means
+    assert "| 0.50 (eager)* | 0.50 (eager)* |" in table[1]
+    assert "| torchscript | fp16 | 1 | 0.25 (worst 0.25, 1/2) | 0.80 (worst 0.80, 1/2) |" in text
 
 
 def test_merge_of_two_runs_is_one_table(tmp_path: Path) -> None:
