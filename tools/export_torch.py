@@ -383,13 +383,15 @@ def _export_torchscript(module: Any, case: ModelCase, args: tuple, path: Path, s
     )
 
 
-def _export_dynamo(module: Any, case: ModelCase, args: tuple, path: Path, static: bool, opset: int | None) -> None:
+def _export_dynamo(module: Any, case: ModelCase, args: tuple, path: Path, static: bool, opset: int | None,
+                   quiet: bool = False) -> None:  # fmt: skip
     import torch
 
     program = torch.onnx.export(
         module,
         args,
         dynamo=True,
+        verbose=False if quiet else None,  # None: the exporter's progress lines
         opset_version=opset,
         input_names=[s.name for s in case.inputs],
         output_names=case.outputs,
