@@ -1,6 +1,6 @@
 """Whole models, graphc against PyTorch like for like: one process, one GPU, the same weights and inputs.
 
-    python tools/bench_torch.py --quick --budget-s 400 --out vs_torch.md --json vs_torch.json
+    python tools/bench_torch.py --quick --out vs_torch.md --json vs_torch.json     # ~400 s on an H200
     python tools/bench_torch.py --models bert,llama --exporters torchscript,dynamo --batch 1,8,32 \\
         --precision fp16,bf16 --modes eager,default,reduce-overhead,max-autotune-no-cudagraphs
     python tools/bench_torch.py --dry-run --models resnet50,bert   # CPU, tiny configs: every path but CUDA timing
@@ -69,6 +69,7 @@ COMPILE_ORDER = ("reduce-overhead", "default", "max-autotune-no-cudagraphs")  # 
 COMPILE_PRIOR_S = {"default": 30.0, "reduce-overhead": 30.0, "max-autotune-no-cudagraphs": 120.0}
 BASE_PRIOR_S = 15.0
 FULL = {"batch": "1,8,32", "precision": "fp16,bf16", "exporters": "torchscript,dynamo", "modes": ",".join(TORCH_MODES)}
+QUICK_BUDGET_S = 400.0  # with a minute's margin for a compile under way, one 9-minute GPU call
 QUICK = {"batch": "1,32", "precision": "fp16", "exporters": "torchscript", "modes": "eager,reduce-overhead"}
 
 
@@ -576,7 +577,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="batch 1,32; fp16; torchscript; eager,reduce-overhead (the flags given override these)",
+        help=f"batch 1,32; fp16; torchscript; eager,reduce-overhead; --budget-s {QUICK_BUDGET_S:.0f} "
+        "(the flags given override these)",
     )
     p.add_argument(
         "--dry-run",
@@ -614,6 +616,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     for k, full in FULL.items():  # a flag given wins over --quick, which wins over the full set
         if getattr(a, k) is None:
             setattr(a, k, QUICK[k] if a.quick else full)
+    if a.quick and a.budget_s is None:
+        a.budget_s = QUICK_BUDGET_S
     if a.dry_run:
         a.tiny = True
         a.device = a.device or "cpu"

@@ -136,9 +136,11 @@ def test_flags_quick_aliases_and_errors(capsys: pytest.CaptureFixture[str]) -> N
     )
     assert q.models == list(B.export_torch.CASES) and len(q.models) >= 10
     assert (q.device, q.warmup, q.rounds, q.calls, q.compile_backend) == ("cuda", 10, 3, 50, "inductor")
+    assert q.budget_s == B.QUICK_BUDGET_S and B.parse(["--quick", "--budget-s", "90"]).budget_s == 90
     o = B.parse(["--quick", "--batch", "8", "--modes", "compile-cudagraphs,eager"])
     assert o.batch == [8] and o.modes == ["eager", "reduce-overhead"]  # the table's order, old names mapped
     full = B.parse([])
+    assert full.budget_s is None and full.exporters == ["torchscript", "dynamo"]
     assert full.batch == [1, 8, 32] and full.precision == ["fp16", "bf16"] and full.modes == list(R.TORCH_MODES)
     d = B.parse(["--dry-run"])
     assert (d.device, d.tiny, d.seq, d.calls, d.compile_backend) == ("cpu", True, 16, 2, "eager")
