@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -67,7 +68,7 @@ class Row:
 
 def row_from_dict(d: dict[str, Any]) -> Row:
     """A Row back from the JSON file (its derived keys, ratio and best_torch, are recomputed)."""
-    fields = {k: v for k, v in d.items() if k not in ("ratio", "best_torch", "graphc", "torch")}
+    fields = {k: v for k, v in d.items() if k not in ("ratio", "best_torch", "complete", "graphc", "torch")}
     return Row(**fields, graphc=Measure(**d["graphc"]), torch={m: Measure(**t) for m, t in d["torch"].items()})
 
 
@@ -208,15 +209,23 @@ def _notes(r: Row, modes: list[str]) -> str:
 
 def write(rows: list[Row], header: dict[str, Any], modes: list[str], skipped: list[str],
           md: Path | None, js: Path | None) -> None:  # fmt: skip
-    """Rewritten after every measurement, so a run cut short keeps what it measured."""
+    """Rewritten after every measurement, so a run cut short keeps what it measured; each file is
+    replaced whole (written beside, then renamed), so a run killed while writing leaves the last one."""
     if md:
-        md.write_text(markdown(rows, header, modes, skipped))
+        _replace(md, markdown(rows, header, modes, skipped))
     if js:
         doc = {"header": header, "rows": [asdict(r) for r in rows], "geomeans": geomeans(rows), "skipped": skipped}
         for out, r in zip(doc["rows"], rows, strict=True):
             out["ratio"] = {m: _round(r.ratio(m)) for m in METHODS}
             out["best_torch"] = {m: (b[0] if (b := r.best_torch(m)) else None) for m in METHODS}
-        js.write_text(json.dumps(doc, indent=1) + "\n")
+            out["complete"] = r.complete()
+        _replace(js, json.dumps(doc, indent=1) + "\n")
+
+
+def _replace(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:
