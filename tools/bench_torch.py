@@ -283,6 +283,7 @@ class Bench:
     def export_file(self, state: ModelState, exporter: str, t_args: tuple, path: Path, static: bool) -> None:
         # The exporters' tracer and deprecation warnings (dozens per model) are silenced: each export
         # is checked by what graphc computes from it, the cosine to PyTorch fp32.
+        logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)  # torchvision
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if exporter == "torchscript":
@@ -316,8 +317,7 @@ class Bench:
         dtype = getattr(torch, TORCH_DTYPES[precision])
         if precision not in state.typed:
             typed = copy.deepcopy(state.master)
-            has_attention = any("Attention" in type(m).__name__ for m in typed.modules())
-            state.attention = "" if not has_attention else use_sdpa(typed) if self.args.attention == "sdpa" else "eager"
+            state.attention = self.attention(typed)
             state.typed[precision] = typed.to(dev, dtype).eval()
         inputs = {}
         for k, v in feeds.items():
@@ -325,12 +325,17 @@ class Bench:
             inputs[k] = t.to(dtype) if t.is_floating_point() else t
         return Subject(state.typed[precision], inputs, feeds, refs)
 
+    def attention(self, module: Any) -> str:
+        """PyTorch's attention for a model that has any (SDPA unless --attention eager): its name."""
+        if not any("Attention" in type(m).__name__ for m in module.modules()):
+            return ""
+        return use_sdpa(module) if self.args.attention == "sdpa" else "eager"
+
     def reference(self, state: ModelState, feeds: dict[str, np.ndarray]) -> list[Any]:
         """PyTorch fp32 eager on the device (TF32 off): what both sides' cosines are measured against."""
         torch = self.torch
         ref = copy.deepcopy(state.master)
-        if self.args.attention == "sdpa":
-            use_sdpa(ref)
+        self.attention(ref)
         ref = ref.to(self.device)
         with torch.inference_mode():
             outs = ref(**{k: torch.from_numpy(v).to(self.device) for k, v in feeds.items()})
@@ -522,6 +527,11 @@ def environment(args: argparse.Namespace, argv: list[str], p: Protocol) -> dict[
 
     env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
                            "transformers": transformers.__version__, "graphc": graphc.__version__}  # fmt: skip
+    with contextlib.suppress(Exception):  # the commit measured, where the tree is a git checkout
+        env["commit"] = subprocess.run(
+            ["git", "-C", str(Path(__file__).resolve().parents[1]), "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()  # fmt: skip
     for mod in ("onnx", "onnxscript", "cupy"):
         with contextlib.suppress(ImportError):
             env[mod] = __import__(mod).__version__
