@@ -226,7 +226,11 @@ class Bench:
         for mode in COMPILE_ORDER:
             if mode in self.args.modes:
                 for state in states:
-                    self.compile_mode(state, mode)
+                    try:
+                        self.compile_mode(state, mode)
+                    except Exception as e:  # each compile records its own errors; this is anything else
+                        log.exception("%s %s failed", state.name, mode)
+                        self.skip(f"{state.name} {mode} (the rest of it)", short(e))
         for state in states:
             state.typed.clear()
             state.subjects.clear()
