@@ -225,3 +225,33 @@ def test_dry_run_budget_skips_compiles_with_a_reason(tmp_path: Path) -> None:
     (r,) = doc["rows"]
     assert r["torch"]["max-autotune-no-cudagraphs"]["skipped"].startswith("over the per-model box of 60 s")
     assert r["graphc"]["a_ms"] > 0 and r["ratio"]["a"] is None  # no PyTorch mode ran: no ratio
+
+
+@needs_torch
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_cuda_tiny_run_times_both_sides_both_ways(tmp_path: Path) -> None:
+    """The CUDA paths on a tiny BERT: graphc's engine and PyTorch eager, default and reduce-overhead,
+    each timed (a) and (b) (reduce-overhead: (a) alone), with cosines and profiler kernel counts."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    js = tmp_path / "r.json"
+    rc = B.main(
+        ["--tiny", "--models", "bert", "--exporters", "torchscript", "--batch", "2", "--precision", "fp16",
+         "--modes", "eager,default,reduce-overhead", "--calls", "5", "--json", str(js)]
+    )  # fmt: skip
+    doc = json.loads(js.read_text())
+    (r,) = doc["rows"]
+    assert rc == 0, r
+    assert doc["header"]["environment"]["gpu"] and doc["header"]["environment"]["driver"]
+    g = r["graphc"]
+    assert g["a_ms"] > 0 and g["b_ms"] > 0 and g["cosine"] > 0.999 and g["kernels"] > 0, g
+    assert g["extra"]["call"] == "engine.run(feeds, sync=False)"
+    for mode in ("eager", "default"):
+        t = r["torch"][mode]
+        assert t["a_ms"] > 0 and t["b_ms"] > 0 and t["cosine"] > 0.999 and t["kernels"] > 0, (mode, t)
+    ro = r["torch"]["reduce-overhead"]
+    assert ro["a_ms"] > 0 and ro["b_ms"] is None and ro["b_skipped"] and ro["cosine"] > 0.999, ro
+    assert r["ratio"]["a"] and r["ratio"]["b"] and r["complete"]
