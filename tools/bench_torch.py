@@ -1,6 +1,6 @@
 """Whole models, graphc against PyTorch like for like: one process, one GPU, the same weights and inputs.
 
-    python tools/bench_torch.py --quick --out vs_torch.md --json vs_torch.json     # ~400 s on an H200
+    python tools/bench_torch.py --quick --out vs_torch.md --json vs_torch.json   # a 400 s budget
     python tools/bench_torch.py --models bert,llama --exporters torchscript,dynamo --batch 1,8,32 \\
         --precision fp16,bf16 --modes eager,default,reduce-overhead,max-autotune-no-cudagraphs
     python tools/bench_torch.py --dry-run --models resnet50,bert   # CPU, tiny configs: every path but CUDA timing
