@@ -1,82 +1,98 @@
-"""Whole-model latency and accuracy: graphc engines against PyTorch eager and torch.compile, on the
-same GPU, the same weights and the same inputs.
+"""Whole models, graphc against PyTorch like for like: one process, one GPU, the same weights and inputs.
 
-    python tools/bench_torch.py --models resnet50,bert --precision fp16 --batch 1 \
-        --modes eager,compile,compile-cudagraphs --out docs/results/torch_h200.md --json r.json
+    python tools/bench_torch.py --quick --out vs_torch.md --json vs_torch.json   # a 400 s budget
+    python tools/bench_torch.py --models bert,llama --exporters torchscript,dynamo --batch 1,8,32 \\
+        --precision fp16,bf16 --modes eager,default,reduce-overhead,max-autotune-no-cudagraphs
+    python tools/bench_torch.py --dry-run --models resnet50,bert   # CPU, tiny configs: every path but CUDA timing
 
-Every model comes from tools/export_torch.py (transformers classes, variance-preserving random
-weights, seed 0); the PyTorch module is exported with the TorchScript exporter (static shapes) and
-compiled by graphc for the GPU's own arch. PyTorch runs the same module, cast to the precision, with
-attention through scaled_dot_product_attention (transformers' "sdpa", the fast default) where the
-model has attention.
+Models are tools/export_torch.py's (transformers classes, variance-preserving random weights, seed 0):
+the zoo's five and five more architectures. Each is exported once per exporter (TorchScript opset 17,
+and/or dynamo) with symbolic batch and sequence, and graphc compiles it per (batch, precision) for the
+GPU's own arch. PyTorch runs the same module cast to the precision (attention through SDPA unless
+--attention eager) in inference mode: eagerly and through torch.compile (mode default,
+"reduce-overhead", "max-autotune-no-cudagraphs"; dynamic=False; recompiled per batch).
 
-Timing: CUDA events around one inference, median of --iterations after warm-up. graphc is timed as
-CUDA-graph replays (graphc.bench); "compile-cudagraphs" is torch.compile(mode="reduce-overhead"),
-which also replays CUDA graphs, so those two columns compare like with like. Eager includes
-PyTorch's launch overhead, as a user sees it. Accuracy: the cosine similarity of each output to
-PyTorch's fp32 output, for graphc and for PyTorch at the same precision. Memory: graphc's arena
-against PyTorch's peak allocation above its weights during one inference.
+Both sides are timed the same two ways (tools/bench_timing.py): (a) the ordinary call back to back
+(`engine.run(feeds)` with device inputs and outputs left on the device, against the module call): 10
+warm-up calls, then 3 x 50 calls with one device sync after each 50, best mean; (b) the GPU time of
+one CUDA-graph replay (graphc's captured graph; torch.cuda.CUDAGraph around the eager or compiled
+module; "reduce-overhead" replays its own graphs and has no (b)). Cosines are each side's worst output
+against PyTorch fp32 eager (TF32 off); kernel counts come from the profiler for both sides; setup time
+is build/compile through the end of the third call, for both sides.
 
-Needs torch and transformers (not graphc's own dependencies). ``--device cpu`` runs eager PyTorch
-against graphc's CPU engine (a smoke test of this tool without a GPU).
+--budget-s bounds the run: every model first gets its exports, graphc engines and PyTorch eager;
+the torch.compile modes come after (reduce-overhead, then default, then max-autotune, the last
+time-boxed per model by --autotune-box-s), each compile skipped with a logged reason when its
+estimated time (the model's own earlier compiles, else the mean of other models', else a prior) does
+not fit in what is left. The Markdown and JSON files are rewritten after every measurement.
+
+Needs torch and transformers (and onnxscript for the dynamo exporter); graphc itself never imports them.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
+import copy
+import datetime
+import gc
 import logging
-import statistics
+import math
+import os
+import platform
+import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_report  # noqa: E402
+import bench_timing  # noqa: E402
 import export_torch  # noqa: E402
 import numpy as np  # noqa: E402
-
-import graphc  # noqa: E402
+from bench_report import TORCH_MODES, Measure, Row  # noqa: E402
+from bench_timing import Protocol  # noqa: E402
 
 log = logging.getLogger("bench_torch")
 
-MODES = ("eager", "compile", "compile-cudagraphs")
 TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-
-
-@dataclass
-class Row:
-    model: str
-    precision: str
-    batch: int
-    graphc_ms: float | None = None
-    graphc_compile_s: float | None = None
-    graphc_arena_mib: float | None = None
-    graphc_cosine: float | None = None
-    torch_ms: dict[str, float] = field(default_factory=dict)
-    torch_setup_s: dict[str, float] = field(default_factory=dict)
-    torch_peak_mib: float | None = None
-    torch_cosine: float | None = None
-    attention: str = ""
-    errors: list[str] = field(default_factory=list)
-
-
-def torch_tf32_off() -> None:
-    """PyTorch's defaults allow TF32 in cuDNN convolutions; without --allow-tf32 both sides are fp32."""
-    import torch
-
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+MODE_ALIASES = {"compile": "default", "compile-cudagraphs": "reduce-overhead"}  # the old names
+COMPILE_ORDER = ("reduce-overhead", "default", "max-autotune-no-cudagraphs")  # the budget's priority
+# Seconds, before anything was measured: one torch.compile of a full-size model on an H200 host
+# (5-60 s were seen for default/reduce-overhead), and one model's exports + engines + eager.
+COMPILE_PRIOR_S = {"default": 30.0, "reduce-overhead": 30.0, "max-autotune-no-cudagraphs": 120.0}
+BASE_PRIOR_S = 15.0
+FULL = {"batch": "1,8,32", "precision": "fp16,bf16", "exporters": "torchscript,dynamo", "modes": ",".join(TORCH_MODES)}
+QUICK_BUDGET_S = 400.0  # with a minute's margin for a compile under way, one 9-minute GPU call
+QUICK = {"batch": "1,32", "precision": "fp16", "exporters": "torchscript", "modes": "eager,reduce-overhead"}
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine similarity of two arrays, in float64 (also used by check_quantized and precision_floor)."""
     a = np.asarray(a, dtype=np.float64).ravel()
     b = np.asarray(b, dtype=np.float64).ravel()
     den = np.linalg.norm(a) * np.linalg.norm(b)
     return float(a @ b / den) if den else float(np.array_equal(a, b))
+
+
+def tensor_cosine(a: Any, b: Any) -> float | None:
+    """The same on torch tensors, on their device (large logits stay off the host); None if not finite."""
+    a, b = a.detach().double().flatten(), b.detach().double().to(a.device).flatten()
+    den = float(a.norm() * b.norm())
+    value = float(a @ b) / den if den else float(bool((a == b).all()))
+    return round(value, 6) if math.isfinite(value) else None
+
+
+def worst_cosine(outs: list[Any], refs: list[Any]) -> float | None:
+    """The lowest cosine over the outputs, each computed on its reference's device."""
+    values = [tensor_cosine(r, o) for o, r in zip(outs, refs, strict=True)]
+    return None if any(v is None for v in values) else min(values)  # type: ignore[type-var]
 
 
 def use_sdpa(module: Any) -> str:
@@ -89,198 +105,590 @@ def use_sdpa(module: Any) -> str:
         try:
             inner.set_attn_implementation("sdpa")
         except Exception as e:  # a model without SDPA support keeps eager attention, and says so
-            log.warning("sdpa not available (%s); eager attention", e)
+            log.warning("%s: sdpa not available (%s); eager attention", type(inner).__name__, e)
     else:
         inner.config._attn_implementation = "sdpa"
     return inner.config._attn_implementation
 
 
-def time_ms(fn: Any, iterations: int, warmup: int, device: str, step_marker: Any = None) -> float:
-    import torch
-
-    for _ in range(warmup):
-        if step_marker:
-            step_marker()
-        fn()
-    if device == "cpu":
-        times = []
-        for _ in range(max(1, iterations // 10)):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1000)
-        return statistics.median(times)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iterations):
-        if step_marker:
-            step_marker()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+def short(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300] if text else ''}"
 
 
-def first_output(out: Any) -> Any:
-    return out[0] if isinstance(out, (tuple, list)) else out
+class Budget:
+    """Wall-clock budget of the run, and estimates of what the next step will take."""
+
+    def __init__(self, seconds: float | None):
+        self.start = time.monotonic()
+        self.seconds = seconds
+        self.compiles: dict[str, dict[str, list[float]]] = {m: {} for m in COMPILE_PRIOR_S}
+        self.bases: list[float] = []
+
+    def left(self) -> float:
+        return math.inf if self.seconds is None else self.seconds - (time.monotonic() - self.start)
+
+    def compile_estimate(self, mode: str, model: str) -> tuple[float, str]:
+        seen = self.compiles[mode]
+        if seen.get(model):
+            return max(seen[model]), f"{model}'s earlier {mode} compile"
+        others = [max(v) for v in seen.values() if v]
+        if others:
+            return sum(others) / len(others), f"mean of {len(others)} other models' {mode} compiles"
+        return COMPILE_PRIOR_S[mode], "prior"
+
+    def base_estimate(self) -> float:
+        return sum(self.bases) / len(self.bases) if self.bases else BASE_PRIOR_S
 
 
-def bench_model(name: str, precision: str, batch: int, args: argparse.Namespace, tmp: Path) -> Row:
-    import torch
+@dataclass
+class Subject:
+    """One model at one (precision, batch) on the PyTorch side: the typed module, inputs, fp32 refs."""
 
-    case = export_torch.CASES[name]
-    dims = {"batch": batch, "seq": args.seq}
-    row = Row(name, precision, batch)
-    dev = torch.device(args.device)
-    module = export_torch._module(case, args.seed, "scaled", dims)
-    rng = np.random.default_rng(args.seed)
-    feeds = {s.name: export_torch._example(s, dims, rng) for s in case.inputs}
+    module: Any
+    inputs: dict[str, Any]
+    feeds: dict[str, np.ndarray]
+    refs: list[Any]
 
-    # graphc: export the module as it is (eager attention, fp32), compile, run, time.
-    onnx_path = tmp / f"{name}.onnx"
-    t_args = tuple(torch.from_numpy(feeds[s.name]) for s in case.inputs)
-    export_torch._export_torchscript(module, case, t_args, onnx_path, True, 17)
-    ref32 = None
-    try:
-        t0 = time.perf_counter()
-        arch = None
-        if args.device == "cuda":
+
+@dataclass
+class ModelState:
+    name: str
+    case: export_torch.ModelCase
+    master: Any  # fp32, on the CPU, eager attention: what the exporters see
+    exports: dict[str, Path] = field(default_factory=dict)  # exporter -> dynamic-shape file
+    static_exports: dict[tuple[str, int], Path] = field(default_factory=dict)
+    export_notes: dict[str, str] = field(default_factory=dict)
+    export_s: dict[str, float] = field(default_factory=dict)
+    typed: dict[str, Any] = field(default_factory=dict)  # precision -> module on the device
+    subjects: dict[tuple[str, int], Subject] = field(default_factory=dict)
+    refs: dict[int, tuple[dict[str, np.ndarray], list[Any]]] = field(default_factory=dict)  # batch: feeds, fp32 outs
+    torch: dict[tuple[str, int], dict[str, Measure]] = field(default_factory=dict)
+    attention: str = ""
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, argv: list[str]):
+        import torch
+
+        self.torch = torch
+        self.args = args
+        self.device = args.device
+        self.protocol = Protocol(args.warmup, args.rounds, args.calls)
+        self.sync = bench_timing.torch_sync(self.device)
+        self.budget = Budget(args.budget_s)
+        self.rows: list[Row] = []
+        self.skipped: list[str] = []
+        self.work = Path(args.export_dir) if args.export_dir else Path(tempfile.mkdtemp(prefix="bench_torch_"))
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.header = environment(args, argv, self.protocol)
+        self.arch = None
+        if self.device == "cuda":
             major, minor = torch.cuda.get_device_capability()
-            arch = [f"sm_{major}{minor}"]
-        eng = graphc.compile(
-            str(onnx_path), target=args.device, precision=precision, arch=arch, allow_tf32=args.allow_tf32
-        )
-        row.graphc_compile_s = round(time.perf_counter() - t0, 2)
-        row.graphc_arena_mib = round(eng.report["memory"]["arena_bytes"] / 2**20, 2)
-        from graphc.bench import benchmark
+            self.arch = [f"sm_{major}{minor}"]
+            # The profiler (CUPTI) started once before any CUDA graph exists: kernels of graphs
+            # instantiated later are then recorded one by one, for graphc and PyTorch alike.
+            x = torch.ones(8, device="cuda")
+            try:
+                bench_timing.kernel_count(lambda: x + 1)
+            except Exception as e:  # the counts will fail the same way, each row saying so
+                log.warning("the profiler does not start (%s): kernel counts will be missing", short(e))
 
-        outs = eng.run(feeds, to_numpy=True) if args.device == "cuda" else eng.run(feeds)
-        graphc_out = np.asarray(outs[case.outputs[0]], dtype=np.float32)
-        b = benchmark(eng, feeds, iterations=args.iterations, warmup=args.warmup)
-        row.graphc_ms = round(b["latency"]["median_ms"], 4)
-    except Exception as e:  # recorded in the table, never hidden
-        graphc_out = None
-        row.errors.append(f"graphc: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    # ---- output
+    def save(self) -> None:
+        out = Path(self.args.out) if self.args.out else None
+        js = Path(self.args.json) if self.args.json else None
+        bench_report.write(self.rows, self.header, self.args.modes, self.skipped, out, js)
 
-    # PyTorch: fp32 reference, then the same module in the precision, eager and compiled.
-    row.attention = use_sdpa(module)
-    module = module.to(dev)
-    inputs = {k: torch.from_numpy(v).to(dev) for k, v in feeds.items()}
-    with torch.inference_mode():
-        ref32 = first_output(module(**inputs)).float().cpu().numpy()
+    def skip(self, what: str, why: str) -> None:
+        log.warning("skipped %s: %s", what, why)
+        self.skipped.append(f"{what}: {why}")
+
+    # ---- the run
+    def run(self) -> list[Row]:
+        states: list[ModelState] = []
+        for i, name in enumerate(self.args.models):
+            need = self.budget.base_estimate()
+            if self.budget.left() < need:
+                self.skip(
+                    f"{name} (every measurement)", f"budget: ~{need:.0f} s needed, {self.budget.left():.0f} s left"
+                )
+                continue
+            t0 = time.monotonic()
+            try:
+                states.append(self.base(name))
+            except Exception as e:  # a model that cannot be built or exported: recorded, the rest go on
+                log.exception("%s failed", name)
+                self.skip(f"{name} (every measurement)", short(e))
+            self.budget.bases.append(time.monotonic() - t0)
+            log.info("%s done in %.1f s (%d of %d); %.0f s left", name, time.monotonic() - t0, i + 1,
+                     len(self.args.models), self.budget.left())  # fmt: skip
+        for mode in COMPILE_ORDER:
+            if mode in self.args.modes:
+                for state in states:
+                    try:
+                        self.compile_mode(state, mode)
+                    except Exception as e:  # each compile records its own errors; this is anything else
+                        log.exception("%s %s failed", state.name, mode)
+                        self.skip(f"{state.name} {mode} (the rest of it)", short(e))
+        for state in states:
+            state.typed.clear()
+            state.subjects.clear()
+            state.refs.clear()
+        return self.rows
+
+    def base(self, name: str) -> ModelState:
+        """Exports, the fp32 references, graphc's engines and PyTorch eager for one model."""
+        case = export_torch.CASES[name].tiny() if self.args.tiny else export_torch.CASES[name]
+        dims0 = {"batch": 2, "seq": self.args.seq}
+        master = export_torch._module(case, self.args.seed, "scaled", dims0)
+        state = ModelState(name, case, master)
+        for exporter in self.args.exporters:
+            self.export(state, exporter)
+        for precision in self.args.precision:
+            for batch in self.args.batch:
+                key = (precision, batch)
+                state.subjects[key] = self.subject(state, precision, batch)
+                state.torch[key] = {m: Measure(skipped="not reached") for m in self.args.modes}
+                for exporter in self.args.exporters:
+                    row = Row(name, exporter, batch, precision, torch=state.torch[key], attention=state.attention)
+                    row.graphc = self.graphc(state, exporter, precision, batch)
+                    self.free_graphc()  # the engine went with graphc()'s frame
+                    self.rows.append(row)
+                    self.save()
+                if "eager" in self.args.modes:
+                    state.torch[key]["eager"] = self.torch_mode(state, "eager", precision, batch)
+                    self.save()
+        state.master = None  # exported and referenced: only the typed copies are needed from here
+        gc.collect()
+        return state
+
+    # ---- exports
+    def export(self, state: ModelState, exporter: str) -> None:
+        """One export with symbolic batch and sequence; with --static-export, none here (per batch)."""
+        if self.args.static_export:
+            return
+        torch = self.torch
+        rng = np.random.default_rng(self.args.seed)
+        dims = {"batch": 2, "seq": self.args.seq}  # torch.export specializes a dim of size 1
+        t_args = tuple(torch.from_numpy(export_torch._example(s, dims, rng)) for s in state.case.inputs)
+        path = self.work / f"{state.name}.{exporter}.onnx"
+        t0 = time.perf_counter()
+        try:
+            with torch.no_grad():
+                self.export_file(state, exporter, t_args, path, static=False)
+            state.exports[exporter] = path
+        except Exception as e:
+            # Logged, and graphc then gets exports at the static shapes of each batch instead.
+            state.export_notes[exporter] = f"dynamic-shape export failed ({short(e)}); static exports per batch"
+            log.warning("%s.%s: %s", state.name, exporter, state.export_notes[exporter])
+        state.export_s[exporter] = round(time.perf_counter() - t0, 2)
+
+    def export_file(self, state: ModelState, exporter: str, t_args: tuple, path: Path, static: bool) -> None:
+        # The exporters' tracer and deprecation warnings (dozens per model) are silenced: each export
+        # is checked by what graphc computes from it, the cosine to PyTorch fp32.
+        logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)  # torchvision
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if exporter == "torchscript":
+                export_torch._export_torchscript(state.master, state.case, t_args, path, static, 17)
+            else:
+                export_torch._export_dynamo(state.master, state.case, t_args, path, static, None, quiet=True)
+
+    def export_path(self, state: ModelState, exporter: str, batch: int) -> Path:
+        if exporter in state.exports:
+            return state.exports[exporter]
+        key = (exporter, batch)
+        if key not in state.static_exports:
+            feeds = state.subjects[(self.args.precision[0], batch)].feeds
+            t_args = tuple(self.torch.from_numpy(feeds[s.name]) for s in state.case.inputs)
+            path = self.work / f"{state.name}.{exporter}.b{batch}.onnx"
+            with self.torch.no_grad():
+                self.export_file(state, exporter, t_args, path, static=True)
+            state.static_exports[key] = path
+        return state.static_exports[key]
+
+    # ---- PyTorch's side
+    def subject(self, state: ModelState, precision: str, batch: int) -> Subject:
+        torch = self.torch
+        dev = torch.device(self.device)
+        if batch not in state.refs:  # the inputs and the fp32 reference depend on the batch alone
+            rng = np.random.default_rng(self.args.seed + batch)
+            dims = {"batch": batch, "seq": self.args.seq}
+            feeds = {s.name: export_torch._example(s, dims, rng) for s in state.case.inputs}
+            state.refs[batch] = (feeds, self.reference(state, feeds))
+        feeds, refs = state.refs[batch]
         dtype = getattr(torch, TORCH_DTYPES[precision])
-        module = module.to(dtype)
-        typed = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
-        if args.device == "cuda":
-            torch.cuda.synchronize()
-            base = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-        out = first_output(module(**typed)).float().cpu().numpy()
-        if args.device == "cuda":
-            row.torch_peak_mib = round((torch.cuda.max_memory_allocated() - base) / 2**20, 2)
-        row.torch_cosine = round(cosine(ref32, out), 6)
-        if graphc_out is not None:
-            row.graphc_cosine = round(cosine(ref32, graphc_out), 6)
-        for mode in args.modes:
+        if precision not in state.typed:
+            typed = copy.deepcopy(state.master)
+            state.attention = self.attention(typed)
+            state.typed[precision] = typed.to(dev, dtype).eval()
+        inputs = {}
+        for k, v in feeds.items():
+            t = torch.from_numpy(v).to(dev)
+            inputs[k] = t.to(dtype) if t.is_floating_point() else t
+        return Subject(state.typed[precision], inputs, feeds, refs)
+
+    def attention(self, module: Any) -> str:
+        """PyTorch's attention for a model that has any (SDPA unless --attention eager): its name."""
+        if not any("Attention" in type(m).__name__ for m in module.modules()):
+            return ""
+        return use_sdpa(module) if self.args.attention == "sdpa" else "eager"
+
+    def reference(self, state: ModelState, feeds: dict[str, np.ndarray]) -> list[Any]:
+        """PyTorch fp32 eager on the device (TF32 off): what both sides' cosines are measured against."""
+        torch = self.torch
+        ref = copy.deepcopy(state.master)
+        self.attention(ref)
+        ref = ref.to(self.device)
+        with torch.inference_mode():
+            outs = ref(**{k: torch.from_numpy(v).to(self.device) for k, v in feeds.items()})
+        del ref
+        return [o.float() for o in outs]
+
+    def torch_mode(self, state: ModelState, mode: str, precision: str, batch: int) -> Measure:
+        torch = self.torch
+        subj = state.subjects[(precision, batch)]
+        m = Measure()
+        with torch.inference_mode():
             try:
                 t0 = time.perf_counter()
-                marker = None
-                if mode == "eager":
-                    fn = module
-                else:
-                    torch._dynamo.reset()
-                    cmode = "reduce-overhead" if mode == "compile-cudagraphs" else "default"
-                    fn = torch.compile(module, mode=cmode)
-                    if mode == "compile-cudagraphs":
-                        marker = torch.compiler.cudagraph_mark_step_begin
-                    for _ in range(3):  # compiles (and records the graphs) outside the timing
-                        if marker:
-                            marker()
-                        fn(**typed)
-                    if args.device == "cuda":
-                        torch.cuda.synchronize()
-                row.torch_setup_s[mode] = round(time.perf_counter() - t0, 2)
-                row.torch_ms[mode] = round(
-                    time_ms(lambda f=fn: f(**typed), args.iterations, args.warmup, args.device, marker), 4
-                )
+                fn = self.compiled(subj.module, mode)
+                mark = torch.compiler.cudagraph_mark_step_begin if mode == "reduce-overhead" else None
+
+                def call() -> Any:
+                    if mark:
+                        mark()  # a new iteration: the previous outputs may be overwritten
+                    return fn(**subj.inputs)
+
+                for _ in range(3):
+                    outs = call()
+                self.sync()
+                m.setup_s = round(time.perf_counter() - t0, 2)
+                if mode != "eager":
+                    self.budget.compiles[mode].setdefault(state.name, []).append(m.setup_s)
+                m.cosine = worst_cosine([o.float() for o in outs], subj.refs)
+                del outs
+                m.a_ms = round(bench_timing.steady_ms(call, self.sync, self.protocol), 4)
             except Exception as e:
-                row.errors.append(f"torch {mode}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
-    return row
+                log.warning("%s %s %s b%d: %s", state.name, mode, precision, batch, short(e))
+                m.errors.append(short(e))
+                return m
+            if self.device != "cuda":
+                m.b_skipped = "cpu: no CUDA graphs"
+            elif mode == "reduce-overhead":
+                m.b_skipped = "replays its own CUDA graphs (its kernels are mode default's)"
+            else:
+                try:
+                    graph = bench_timing.torch_capture(call)
+                    m.b_ms = round(bench_timing.torch_replay_ms(graph, self.protocol), 4)
+                    del graph
+                except Exception as e:
+                    log.warning("%s %s %s b%d (b): %s", state.name, mode, precision, batch, short(e))
+                    m.errors.append(f"(b): {short(e)}")
+            if self.device == "cuda":
+                try:
+                    m.kernels = bench_timing.kernel_count(call)
+                except Exception as e:
+                    m.errors.append(f"kernel count: {short(e)}")
+        return m
+
+    def compiled(self, module: Any, mode: str) -> Any:
+        torch = self.torch
+        if mode == "eager":
+            return module
+        torch._dynamo.reset()  # a fresh compile per (mode, batch): no recompiles with dynamic shapes
+        if self.args.compile_backend == "inductor":
+            return torch.compile(module, mode=None if mode == "default" else mode, dynamic=False)
+        log.info("torch.compile backend %s: mode %s not passed (inductor's)", self.args.compile_backend, mode)
+        return torch.compile(module, backend=self.args.compile_backend, dynamic=False)
+
+    def compile_mode(self, state: ModelState, mode: str) -> None:
+        box = self.args.autotune_box_s if mode == "max-autotune-no-cudagraphs" else None
+        spent = 0.0
+        for precision in self.args.precision:
+            for batch in self.args.batch:
+                key = (precision, batch)
+                if key not in state.subjects:
+                    continue
+                what = f"{state.name} {mode} {precision} batch {batch}"
+                est, basis = self.budget.compile_estimate(mode, state.name)
+                why = None
+                if self.budget.left() < est:
+                    why = f"budget: ~{est:.0f} s needed ({basis}), {self.budget.left():.0f} s left"
+                elif box is not None and spent + est > box:
+                    why = f"over the per-model box of {box:.0f} s (spent {spent:.0f} s, next ~{est:.0f} s, {basis})"
+                if why:
+                    self.skip(what, why)
+                    state.torch[key][mode] = Measure(skipped=why)
+                else:
+                    t0 = time.monotonic()
+                    state.torch[key][mode] = self.torch_mode(state, mode, precision, batch)
+                    spent += time.monotonic() - t0
+                    self.torch._dynamo.reset()
+                self.save()
+        if self.device == "cuda":
+            self.torch.cuda.empty_cache()
+
+    # ---- graphc's side
+    def graphc(self, state: ModelState, exporter: str, precision: str, batch: int) -> Measure:
+        import onnx
+
+        import graphc
+
+        m = Measure()
+        subj = state.subjects[(precision, batch)]
+        if exporter in state.export_notes:
+            m.extra["export"] = state.export_notes[exporter]
+        try:
+            path = self.export_path(state, exporter, batch)
+            proto = onnx.load(str(path), load_external_data=False)
+            names, m.extra["onnx_nodes"] = [i.name for i in proto.graph.input], len(proto.graph.node)
+            del proto
+            t0 = time.perf_counter()
+            engine = graphc.compile(
+                str(path),
+                target=self.device,
+                precision=precision,
+                arch=self.arch,
+                shapes={n: list(subj.feeds[n].shape) for n in names},
+                allow_tf32=self.args.allow_tf32,
+            )
+            m.extra["compile_s"] = round(time.perf_counter() - t0, 2)
+            feeds = self.graphc_feeds(engine, subj.feeds)
+            for _ in range(3):
+                engine.run(feeds)
+            self.sync()
+            m.setup_s = round(time.perf_counter() - t0, 2)
+            m.extra["plan_kernels"] = engine.report.get("kernels")
+            outs = engine.run(feeds, to_numpy=True) if self.device == "cuda" else engine.run(feeds)
+            got = [self.torch.from_numpy(np.asarray(outs[n], dtype=np.float32)) for n in state.case.outputs]
+            m.cosine = worst_cosine(got, subj.refs)
+            kwargs = self.graphc_run_kwargs(engine, feeds)
+            m.extra["call"] = f"engine.run(feeds{''.join(f', {k}={v}' for k, v in kwargs.items())})"
+            m.a_ms = round(bench_timing.steady_ms(lambda: engine.run(feeds, **kwargs), self.sync, self.protocol), 4)
+        except Exception as e:
+            log.warning("graphc %s.%s %s b%d: %s", state.name, exporter, precision, batch, short(e))
+            m.errors.append(short(e))
+            return m
+        if self.device != "cuda":
+            m.b_skipped = "cpu: no CUDA graphs"
+            m.kernels = m.extra["plan_kernels"]
+        else:
+            try:
+                m.b_ms = round(bench_timing.graphc_replay_ms(engine, self.protocol), 4)
+            except Exception as e:
+                m.errors.append(f"(b): {short(e)}")
+            try:
+                m.kernels = bench_timing.kernel_count(lambda: bench_timing.graphc_replay_once(engine))
+            except Exception as e:
+                m.errors.append(f"kernel count: {short(e)}")
+            if m.kernels is None:
+                m.kernels = m.extra["plan_kernels"]
+                m.extra["kernels_from"] = "plan (the profiler saw none)"
+        return m
+
+    def graphc_feeds(self, engine: Any, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
+        """The inputs in the engine's own dtypes, on its device (cupy arrays: no conversion per call)."""
+        out = {}
+        for spec in engine.inputs:
+            x = feeds[spec.name]
+            if str(x.dtype) != spec.dtype:
+                log.info("input %s: %s -> the engine's %s", spec.name, x.dtype, spec.dtype)
+                x = x.astype(spec.dtype)
+            out[spec.name] = x
+        if self.device == "cuda":
+            import cupy
+
+            out = {k: cupy.asarray(v) for k, v in out.items()}
+        return out
+
+    def graphc_run_kwargs(self, engine: Any, feeds: dict[str, Any]) -> dict[str, Any]:
+        """engine.run waits for its stream by default; the module call of PyTorch does not. Unless
+        --graphc-sync, graphc is called without that wait too (sync=False), where the engine takes it."""
+        if self.device != "cuda" or self.args.graphc_sync:
+            return {}
+        try:
+            engine.run(feeds, sync=False)
+            return {"sync": False}
+        except TypeError as e:
+            log.warning("engine.run takes no sync=False (%s): timed with its default wait per call", e)
+            return {}
+
+    def free_graphc(self) -> None:
+        gc.collect()
+        if self.device == "cuda":
+            import cupy
+
+            cupy.get_default_memory_pool().free_all_blocks()
 
 
-def markdown(rows: list[Row], modes: list[str], argv: list[str]) -> str:
-    head = ["model", "precision", "batch", "graphc ms"] + [f"torch {m} ms" for m in modes]
-    head += [f"speed-up vs {m}" for m in modes]
-    head += ["graphc cos", "torch cos", "graphc arena MiB", "torch peak MiB", "graphc compile s"]
-    head += [f"torch {m} setup s" for m in modes if m != "eager"] + ["attention", "errors"]
-    lines = [
-        f"# graphc against PyTorch ({time.strftime('%Y-%m-%d')})",
-        "",
-        f"`python tools/bench_torch.py {' '.join(argv)}`",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + " --- |" * len(head),
-    ]
+def environment(args: argparse.Namespace, argv: list[str], p: Protocol) -> dict[str, Any]:
+    import torch
+    import transformers
 
-    def f(v: Any) -> str:
-        return "" if v is None else str(v)
+    import graphc
 
-    for r in rows:
-        cells = [r.model, r.precision, str(r.batch), f(r.graphc_ms)]
-        cells += [f(r.torch_ms.get(m)) for m in modes]
-        cells += [f"{r.torch_ms[m] / r.graphc_ms:.2f}x" if r.graphc_ms and m in r.torch_ms else "" for m in modes]
-        cells += [f(r.graphc_cosine), f(r.torch_cosine), f(r.graphc_arena_mib), f(r.torch_peak_mib)]
-        cells += [f(r.graphc_compile_s)] + [f(r.torch_setup_s.get(m)) for m in modes if m != "eager"]
-        cells += [r.attention, "; ".join(r.errors).replace("|", "/")]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
+                           "transformers": transformers.__version__, "graphc": graphc.__version__}  # fmt: skip
+    with contextlib.suppress(Exception):  # the commit measured, where the tree is a git checkout
+        env["commit"] = subprocess.run(
+            ["git", "-C", str(Path(__file__).resolve().parents[1]), "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()  # fmt: skip
+    for mod in ("onnx", "onnxscript", "cupy"):
+        with contextlib.suppress(ImportError):
+            env[mod] = __import__(mod).__version__
+    try:
+        from cuda.bindings import nvrtc
+
+        env["nvrtc"] = ".".join(map(str, nvrtc.nvrtcVersion()[1:]))
+    except Exception:
+        pass
+    if args.device == "cuda":
+        env["gpu"] = torch.cuda.get_device_name()
+        env["sm"] = "".join(map(str, torch.cuda.get_device_capability()))
+        env["cuda (torch)"] = torch.version.cuda
+        env["cudnn"] = torch.backends.cudnn.version()
+        try:
+            env["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=20, check=True,
+            ).stdout.strip().splitlines()[0]  # fmt: skip
+        except Exception as e:
+            env["driver"] = f"unknown ({short(e)})"
+    else:
+        env["cpu"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    method = (
+        f"(a) ordinary call back to back: {p.warmup} warm-up calls, then {p.rounds} x {p.calls} calls with one "
+        f"device sync after each {p.calls}, best mean (ms). (b) one CUDA-graph replay: CUDA events around "
+        f"{p.calls} replays, best of {p.rounds} (ms). graphc / best = graphc over the fastest PyTorch mode under "
+        f"the same method. Cosines: worst output against PyTorch fp32 eager, TF32 off. Setup: build or compile "
+        f"through the end of the third call. PyTorch attention: {args.attention}; torch.compile dynamic=False, "
+        f"backend {args.compile_backend}, a fresh compile per row (inductor's on-disk caches as found)."
+    )
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": "python tools/bench_torch.py " + " ".join(argv),
+        "environment": env,
+        "method": method,
+        "protocol": {"warmup": p.warmup, "rounds": p.rounds, "calls": p.calls},
+        "models": {n: export_torch.CASES[n].description for n in args.models},
+        "seq": args.seq,
+        "tiny": args.tiny,
+        "budget_s": args.budget_s,
+    }
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=",".join(export_torch.CASES), help=f"from {','.join(export_torch.CASES)}")
+    p.add_argument("--exporters", help="comma-separated: torchscript,dynamo (default both)")
+    p.add_argument("--batch", help="comma-separated batch sizes (default 1,8,32)")
+    p.add_argument("--precision", help="comma-separated: fp16,bf16,fp32 (default fp16,bf16)")
+    p.add_argument("--modes", help=f"PyTorch's, comma-separated (default all): {','.join(TORCH_MODES)}")
+    p.add_argument("--seq", type=int, default=None, help="sequence length of the text models (default 128)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"batch 1,32; fp16; torchscript; eager,reduce-overhead; --budget-s {QUICK_BUDGET_S:.0f} "
+        "(the flags given override these)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="tiny configs on the CPU, 1 warm-up and 2 x 2 calls: every code path but CUDA timing",
+    )
+    p.add_argument("--tiny", action="store_true", help="the tiny configs of export_torch (implied by --dry-run)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default cuda (cpu with --dry-run)")
+    p.add_argument("--budget-s", type=float, default=None, help="wall-clock budget of the whole run (seconds)")
+    p.add_argument(
+        "--autotune-box-s",
+        type=float,
+        default=120.0,
+        help="max-autotune-no-cudagraphs: at most this many seconds of compiling per model",
+    )
+    p.add_argument("--warmup", type=int, default=None, help="default 10 (1 with --dry-run)")
+    p.add_argument("--rounds", type=int, default=None, help="default 3 (2 with --dry-run)")
+    p.add_argument("--calls", type=int, default=None, help="calls (replays) per round; default 50 (2 with --dry-run)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa", help="PyTorch's attention")
+    p.add_argument(
+        "--compile-backend",
+        default=None,
+        help="torch.compile backend: inductor (default), or eager, the default with --dry-run (Inductor's C++ "
+        "compiles of the CPU take minutes; eager still goes through dynamo, guards and every mode's code path)",
+    )
+    p.add_argument("--static-export", action="store_true", help="export at each batch's static shapes")
+    p.add_argument("--graphc-sync", action="store_true", help="time engine.run with its default wait per call")
+    p.add_argument("--allow-tf32", action="store_true", help="TF32 for fp32 matmuls/convs, in graphc and PyTorch")
+    p.add_argument("--export-dir", help="keep the ONNX exports here (default: a temporary folder)")
+    p.add_argument("--out", help="Markdown table")
+    p.add_argument("--json", help="JSON file")
+    p.add_argument("-v", "--verbose", action="store_true")
+    a = p.parse_args(argv)
+    for k, full in FULL.items():  # a flag given wins over --quick, which wins over the full set
+        if getattr(a, k) is None:
+            setattr(a, k, QUICK[k] if a.quick else full)
+    if a.quick and a.budget_s is None:
+        a.budget_s = QUICK_BUDGET_S
+    if a.dry_run:
+        a.tiny = True
+        a.device = a.device or "cpu"
+        a.compile_backend = a.compile_backend or "eager"
+    a.compile_backend = a.compile_backend or "inductor"
+    a.device = a.device or "cuda"
+    a.seq = a.seq or (16 if a.tiny else 128)
+    a.warmup = a.warmup if a.warmup is not None else (1 if a.dry_run else 10)
+    a.rounds = a.rounds or (2 if a.dry_run else 3)
+    a.calls = a.calls or (2 if a.dry_run else 50)
+    a.models = [m.strip() for m in a.models.split(",") if m.strip()]
+    a.exporters = [e.strip() for e in a.exporters.split(",") if e.strip()]
+    a.precision = [x.strip() for x in a.precision.split(",") if x.strip()]
+    a.modes = [MODE_ALIASES.get(m.strip(), m.strip()) for m in a.modes.split(",") if m.strip()]
+    try:
+        a.batch = [int(b) for b in a.batch.split(",") if b.strip()]
+    except ValueError:
+        p.error(f"--batch takes integers, got {a.batch!r}")
+    bad = [m for m in a.models if m not in export_torch.CASES]
+    bad += [e for e in a.exporters if e not in export_torch.EXPORTERS]
+    bad += [x for x in a.precision if x not in TORCH_DTYPES]
+    bad += [m for m in a.modes if m not in TORCH_MODES]
+    if bad or not (a.models and a.exporters and a.precision and a.modes and a.batch):
+        p.error(f"unknown or empty: {', '.join(bad) or 'a list'} (models {','.join(export_torch.CASES)}; "
+                f"exporters {','.join(export_torch.EXPORTERS)}; precisions {','.join(TORCH_DTYPES)}; "
+                f"modes {','.join(TORCH_MODES)})")  # fmt: skip
+    a.modes = [m for m in TORCH_MODES if m in a.modes]  # the table's order
+    return a
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default="resnet50,mobilenetv2,bert,vit,gpt2")
-    p.add_argument("--precision", default="fp16", help="comma-separated: fp32,fp16,bf16")
-    p.add_argument("--batch", default="1", help="comma-separated batch sizes")
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated PyTorch modes: {', '.join(MODES)}")
-    p.add_argument("--iterations", type=int, default=100)
-    p.add_argument("--warmup", type=int, default=20)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--allow-tf32", action="store_true", help="fp32 matmuls and convs on TF32 tensor cores, in graphc and PyTorch"
-    )
-    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    p.add_argument("--out", help="markdown table")
-    p.add_argument("--json", help="rows as JSON")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if args.allow_tf32:
+    args = parse(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    log.setLevel(logging.INFO)
+    try:
         import torch
-
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    else:
-        torch_tf32_off()
-    args.modes = [m for m in args.modes.split(",") if m]
-    bad = [m for m in args.modes if m not in MODES] + [m for m in args.models.split(",") if m not in export_torch.CASES]
-    if bad:
-        p.error(f"unknown mode or model: {', '.join(bad)} (models: {', '.join(export_torch.CASES)})")
-    rows: list[Row] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in args.models.split(","):
-            for precision in args.precision.split(","):
-                for batch in (int(b) for b in args.batch.split(",")):
-                    row = bench_model(name, precision, batch, args, Path(tmp))
-                    rows.append(row)
-                    print(json.dumps(asdict(row)), flush=True)
-                    if args.out:  # rewritten after every row: a run cut short keeps what it measured
-                        Path(args.out).write_text(markdown(rows, args.modes, argv))
-                    if args.json:
-                        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
-    failed = [r for r in rows if r.errors]
-    print(f"{len(rows) - len(failed)}/{len(rows)} rows without errors")
+        import transformers  # noqa: F401
+    except ImportError as e:
+        print(f"bench_torch: needs torch and transformers ({e}): pip install torch transformers", file=sys.stderr)
+        return 2
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("bench_torch: no CUDA device here (--device cpu --dry-run runs without one)", file=sys.stderr)
+        return 2
+    # Both sides compute fp32 without TF32 unless asked: the fp32 reference must be fp32.
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(args.allow_tf32)
+    bench = Bench(args, argv)
+    rows = bench.run()
+    bench.save()
+    failed = [r for r in rows if r.graphc.errors or any(t.errors for t in r.torch.values())]
+    print(f"{len(rows)} rows, {len(rows) - len(failed)} without errors, {len(bench.skipped)} skips; "
+          f"{time.monotonic() - bench.budget.start:.0f} s")  # fmt: skip
+    for g in bench_report.geomeans(rows):
+        a, b = g["a"], g["b"]
+        print(f"geomean graphc/best {g['exporter']} {g['precision']} b{g['batch']}: "
+              f"(a) {a['geomean']} ({a['n']}/{a['of']})  (b) {b['geomean']} ({b['n']}/{b['of']})")  # fmt: skip
     return 1 if failed else 0
 
 

@@ -56,9 +56,19 @@ class InputSpec:
 class ModelCase:
     name: str
     description: str
-    make_module: Callable[[], Any]  # -> torch.nn.Module returning a tuple of tensors
+    build: Callable[[bool], Any]  # (tiny) -> torch.nn.Module returning a tuple of tensors
     inputs: list[InputSpec]
     outputs: list[str]
+    tiny_inputs: list[InputSpec] | None = None  # the tiny config's inputs, where they differ
+    is_tiny: bool = False
+
+    def make_module(self) -> Any:
+        return self.build(self.is_tiny)
+
+    def tiny(self) -> ModelCase:
+        """The same architecture at a few-layer, narrow config (CPU tests of the tools)."""
+        inputs = self.tiny_inputs if self.tiny_inputs is not None else self.inputs
+        return dataclasses.replace(self, inputs=inputs, is_tiny=True, description=self.description + ", tiny config")
 
 
 def _example(spec: InputSpec, dims: dict[str, int], rng: np.random.Generator) -> np.ndarray:
@@ -115,43 +125,108 @@ def _eager(config: Any) -> Any:
     return config
 
 
-def _resnet50() -> Any:
+# Each builder takes `tiny`: the full config is the named model; the tiny one keeps the architecture
+# (every block type, GQA, rotary, windows) at 1-2 layers and widths of 8-64, for CPU tests.
+TINY_IMAGE = 32
+TINY_VOCAB = 100
+
+
+def _resnet50(tiny: bool) -> Any:
     from transformers import ResNetConfig, ResNetForImageClassification
 
     cfg = ResNetConfig(num_labels=1000)  # defaults: ResNet-50, [3, 4, 6, 3], bottleneck
+    if tiny:
+        cfg = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16, 16, 32], depths=[1, 1, 1, 1], num_labels=10)
     return _wrap(ResNetForImageClassification(cfg), ["pixel_values"], ["logits"])
 
 
-def _mobilenetv2() -> Any:
+def _mobilenetv2(tiny: bool) -> Any:
     from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
 
-    cfg = MobileNetV2Config(num_labels=1000)  # defaults: depth multiplier 1.0, 224x224
+    # defaults: depth multiplier 1.0, 224x224
+    cfg = MobileNetV2Config(num_labels=10, depth_multiplier=0.35, image_size=TINY_IMAGE) if tiny else \
+        MobileNetV2Config(num_labels=1000)  # fmt: skip
     return _wrap(MobileNetV2ForImageClassification(cfg), ["pixel_values"], ["logits"])
 
 
-def _vit() -> Any:
+def _vit(tiny: bool) -> Any:
     from transformers import ViTConfig, ViTModel
 
-    cfg = _eager(ViTConfig())  # defaults: ViT-B/16 at 224
+    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                 image_size=TINY_IMAGE, patch_size=8)  # fmt: skip
+    cfg = _eager(ViTConfig(**small) if tiny else ViTConfig())  # defaults: ViT-B/16 at 224
     return _wrap(ViTModel(cfg), ["pixel_values"], ["last_hidden_state", "pooler_output"])
 
 
-def _bert() -> Any:
+def _bert(tiny: bool) -> Any:
     from transformers import BertConfig, BertModel
 
-    cfg = _eager(BertConfig())  # defaults: BERT-base uncased sizes
+    small = dict(vocab_size=TINY_VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                 intermediate_size=64, max_position_embeddings=64)  # fmt: skip
+    cfg = _eager(BertConfig(**small) if tiny else BertConfig())  # defaults: BERT-base uncased sizes
     return _wrap(BertModel(cfg), [s.name for s in _text(0, True)], ["last_hidden_state", "pooler_output"])
 
 
-def _gpt2() -> Any:
+def _gpt2(tiny: bool) -> Any:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    cfg = _eager(GPT2Config(use_cache=False))  # defaults: GPT-2 small (124M)
+    small = dict(vocab_size=TINY_VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=2) if tiny else {}
+    cfg = _eager(GPT2Config(use_cache=False, **small))  # defaults: GPT-2 small (124M)
     return _wrap(GPT2LMHeadModel(cfg), [s.name for s in _text(0, False)], ["logits"])
 
 
-def _image(name: str = "pixel_values") -> list[InputSpec]:
-    return [InputSpec(name, "float32", ["batch", 3, 224, 224])]
+def _convnext(tiny: bool) -> Any:
+    from transformers import ConvNextConfig, ConvNextForImageClassification
+
+    # defaults: ConvNeXt-T (depths 3, 3, 9, 3; widths 96..768), 224x224
+    cfg = ConvNextConfig(hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1], num_labels=10) if tiny else \
+        ConvNextConfig(num_labels=1000)  # fmt: skip
+    return _wrap(ConvNextForImageClassification(cfg), ["pixel_values"], ["logits"])
+
+
+def _swin(tiny: bool) -> Any:
+    from transformers import SwinConfig, SwinForImageClassification
+
+    # defaults: Swin-T (patch 4, window 7, embed 96, depths 2, 2, 6, 2, heads 3, 6, 12, 24), 224x224
+    small = dict(image_size=TINY_IMAGE, patch_size=2, embed_dim=16, depths=[2, 1], num_heads=[2, 2],
+                 window_size=4, num_labels=10)  # fmt: skip
+    cfg = _eager(SwinConfig(**small) if tiny else SwinConfig(num_labels=1000))
+    return _wrap(SwinForImageClassification(cfg), ["pixel_values"], ["logits"])
+
+
+def _distilbert(tiny: bool) -> Any:
+    from transformers import DistilBertConfig, DistilBertModel
+
+    small = dict(vocab_size=TINY_VOCAB, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=64)
+    cfg = _eager(DistilBertConfig(**small) if tiny else DistilBertConfig())  # defaults: distilbert-base
+    return _wrap(DistilBertModel(cfg), [s.name for s in _text(0, False)], ["last_hidden_state"])
+
+
+def _llama(tiny: bool) -> Any:
+    """A LLaMA-style decoder at a small config: RMSNorm, rotary embeddings, SwiGLU, grouped-query
+    attention (16 query heads over 4 key/value heads), causal and padding masks, untied LM head."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    size = dict(vocab_size=TINY_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64) if tiny else \
+        dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+             num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048)  # fmt: skip
+    cfg = _eager(LlamaConfig(use_cache=False, tie_word_embeddings=False, **size))
+    return _wrap(LlamaForCausalLM(cfg), [s.name for s in _text(0, False)], ["logits"])
+
+
+def _clip_vision(tiny: bool) -> Any:
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    # defaults: CLIP ViT-B/32 image encoder (pre-LayerNorm, quick GELU), 224x224
+    small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                 image_size=TINY_IMAGE, patch_size=8)  # fmt: skip
+    cfg = _eager(CLIPVisionConfig(**small) if tiny else CLIPVisionConfig())
+    return _wrap(CLIPVisionModel(cfg), ["pixel_values"], ["last_hidden_state", "pooler_output"])
+
+
+def _image(size: int = 224, name: str = "pixel_values") -> list[InputSpec]:
+    return [InputSpec(name, "float32", ["batch", 3, size, size])]
 
 
 def _text(vocab: int, token_types: bool) -> list[InputSpec]:
@@ -164,20 +239,36 @@ def _text(vocab: int, token_types: bool) -> list[InputSpec]:
     return specs
 
 
+def _image_case(name: str, description: str, build: Callable[[bool], Any], outputs: list[str]) -> ModelCase:
+    return ModelCase(name, description, build, _image(), outputs, _image(TINY_IMAGE))
+
+
+def _text_case(name: str, description: str, build: Callable[[bool], Any], outputs: list[str], vocab: int,
+               token_types: bool = False) -> ModelCase:  # fmt: skip
+    return ModelCase(name, description, build, _text(vocab, token_types), outputs, _text(TINY_VOCAB, token_types))
+
+
+HIDDEN = ["last_hidden_state", "pooler_output"]
 CASES: dict[str, ModelCase] = {
     c.name: c
     for c in [
-        ModelCase("resnet50", "ResNet-50 (transformers ResNetForImageClassification)", _resnet50,
-                  _image(), ["logits"]),
-        ModelCase("mobilenetv2", "MobileNetV2 1.0 224 (MobileNetV2ForImageClassification)", _mobilenetv2,
-                  _image(), ["logits"]),
-        ModelCase("vit", "ViT-B/16 224 (ViTModel)", _vit, _image(), ["last_hidden_state", "pooler_output"]),
-        ModelCase("bert", "BERT-base (BertModel)", _bert, _text(30522, True),
-                  ["last_hidden_state", "pooler_output"]),
-        ModelCase("gpt2", "GPT-2 small (GPT2LMHeadModel, use_cache=False)", _gpt2, _text(50257, False),
-                  ["logits"]),
+        # the zoo's five
+        _image_case("resnet50", "ResNet-50 (transformers ResNetForImageClassification)", _resnet50, ["logits"]),
+        _image_case("mobilenetv2", "MobileNetV2 1.0 224 (MobileNetV2ForImageClassification)", _mobilenetv2,
+                    ["logits"]),
+        _image_case("vit", "ViT-B/16 224 (ViTModel)", _vit, HIDDEN),
+        _text_case("bert", "BERT-base (BertModel)", _bert, HIDDEN, 30522, token_types=True),
+        _text_case("gpt2", "GPT-2 small (GPT2LMHeadModel, use_cache=False)", _gpt2, ["logits"], 50257),
+        # five more architectures
+        _image_case("convnext", "ConvNeXt-T 224 (ConvNextForImageClassification)", _convnext, ["logits"]),
+        _image_case("swin", "Swin-T 224, window 7 (SwinForImageClassification)", _swin, ["logits"]),
+        _text_case("distilbert", "DistilBERT-base (DistilBertModel)", _distilbert, ["last_hidden_state"], 30522),
+        _text_case("llama", "LLaMA-style decoder, 8 layers, 1024 wide, GQA 16/4 heads, rotary, SwiGLU "
+                   "(LlamaForCausalLM, use_cache=False)", _llama, ["logits"], 32000),
+        _image_case("clip_vision", "CLIP ViT-B/32 image encoder 224 (CLIPVisionModel)", _clip_vision, HIDDEN),
     ]
 }  # fmt: skip
+ZOO = ("resnet50", "mobilenetv2", "bert", "vit", "gpt2")
 
 
 def _module(case: ModelCase, seed: int, init: str, dims: dict[str, int]) -> Any:
@@ -207,6 +298,16 @@ def _rescale(module: Any, case: ModelCase, dims: dict[str, int], seed: int) -> N
         t.copy_(torch.randn(t.shape, generator=gen) * std)
 
     norms = (torch.nn.BatchNorm2d, torch.nn.LayerNorm, torch.nn.GroupNorm)
+
+    def is_norm(m: Any) -> bool:
+        # Also the models' own norm classes that are no torch norm subclass in every transformers
+        # version (LlamaRMSNorm; ConvNextLayerNorm in older releases): a 1-D weight, "Norm" in the name.
+        w = getattr(m, "weight", None)
+        return isinstance(m, norms) or (
+            type(m).__name__.endswith("Norm") and isinstance(w, torch.nn.Parameter) and w.dim() == 1
+        )
+
+    blocks = sum(1 for m in module.modules() if getattr(m, "layer_scale_parameter", None) is not None)
     with torch.no_grad():
         for m in module.modules():
             if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear, Conv1D)):
@@ -217,9 +318,18 @@ def _rescale(module: Any, case: ModelCase, dims: dict[str, int], seed: int) -> N
                     normal_(m.bias, 0.02)
             elif isinstance(m, torch.nn.Embedding):
                 normal_(m.weight, m.weight.shape[1] ** -0.5)
-            elif isinstance(m, norms) and m.weight is not None:
+            elif is_norm(m) and m.weight is not None:
                 m.weight.copy_(0.8 + 0.4 * torch.rand(m.weight.shape, generator=gen))
-                normal_(m.bias, 0.05)
+                if getattr(m, "bias", None) is not None:
+                    normal_(m.bias, 0.05)
+            # ConvNeXt's layer scale starts at 1e-6 (a block is then nearly the identity): scale each
+            # residual branch by about 1/sqrt(blocks) instead, so that every block contributes.
+            if getattr(m, "layer_scale_parameter", None) is not None:
+                scale = (0.8 + 0.4 * torch.rand(m.layer_scale_parameter.shape, generator=gen)) / blocks**0.5
+                m.layer_scale_parameter.copy_(scale)
+            # Swin's relative position bias: O(1), so that the attention depends on it.
+            if isinstance(getattr(m, "relative_position_bias_table", None), torch.nn.Parameter):
+                normal_(m.relative_position_bias_table, 0.5)
         bns = [m for m in module.modules() if isinstance(m, torch.nn.BatchNorm2d)]
         if bns:
             for bn in bns:
@@ -273,13 +383,15 @@ def _export_torchscript(module: Any, case: ModelCase, args: tuple, path: Path, s
     )
 
 
-def _export_dynamo(module: Any, case: ModelCase, args: tuple, path: Path, static: bool, opset: int | None) -> None:
+def _export_dynamo(module: Any, case: ModelCase, args: tuple, path: Path, static: bool, opset: int | None,
+                   quiet: bool = False) -> None:  # fmt: skip
     import torch
 
     program = torch.onnx.export(
         module,
         args,
         dynamo=True,
+        verbose=False if quiet else None,  # None: the exporter's progress lines
         opset_version=opset,
         input_names=[s.name for s in case.inputs],
         output_names=case.outputs,
@@ -473,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq", type=int, default=128, help="example sequence length for text models")
     p.add_argument("--static", action="store_true", help="fix every dim to the example sizes")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tiny", action="store_true", help="the tiny configs (1-2 layers, widths 8-64, 32x32 images)")
     p.add_argument(
         "--init",
         choices=["scaled", "config"],
@@ -505,7 +618,14 @@ def main(argv: list[str] | None = None) -> int:
         dims = {"batch": a.batch, "seq": a.seq}
         records = [
             export_case(
-                CASES[n], a.out, exporters, dims, a.static, a.seed, (a.torchscript_opset, a.dynamo_opset), a.init
+                CASES[n].tiny() if a.tiny else CASES[n],
+                a.out,
+                exporters,
+                dims,
+                a.static,
+                a.seed,
+                (a.torchscript_opset, a.dynamo_opset),
+                a.init,
             )
             for n in names
         ]
