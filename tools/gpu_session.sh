@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched session on a GPU machine: environment, GPU tests, tiny zoo models, PyTorch exports on
 # CUDA (compile, save, load, compare with ONNX Runtime, bench), GEMM bench, and whole models against
-# PyTorch eager / torch.compile. Writes at most 7 files under $OUT (the device tool returns 8).
+# PyTorch eager / torch.compile. Writes at most 8 files under $OUT (the device tool returns 8).
 #
 #   OUT=dir [PRECISIONS=fp16,fp32,bf16] [EXPORTER=torchscript|dynamo|both] [ARCH=sm_90] bash tools/gpu_session.sh
 #
@@ -62,8 +62,9 @@ step "exports" "$EXPORTS_S" "$OUT/exports.log" python3 tools/check_models.py --e
 step "gemm bench" "$GEMM_S" "$OUT/bench_gemm.txt" python3 tools/bench_gemm.py --quick
 # The Hopper TMA GEMM's variants against cuBLAS (sm_90 only; about 3 minutes for every shape).
 step "sm90 gemm bench" "$SM90_S" "$OUT/bench_gemm_sm90.txt" python3 tools/bench_gemm_sm90.py --out /tmp/sm90
-step "against PyTorch" "$TORCH_S" /tmp/vs_torch.log python3 tools/bench_torch.py --precision fp16 \
-  --modes eager,compile-cudagraphs --out "$OUT/vs_torch.md"
+# Like for like (tools/bench_torch.py): both sides through the ordinary call and as graph replays.
+step "against PyTorch" "$TORCH_S" /tmp/vs_torch.log python3 tools/bench_torch.py --quick ${TORCH_MODELS:+--models $TORCH_MODELS} \
+  --budget-s $(( TORCH_S > 90 ? TORCH_S - 60 : TORCH_S )) --out "$OUT/vs_torch.md" --json "$OUT/vs_torch.json"
 # QDQ-quantized exports as CUDA engines (fp32) against the Q/DQ definition; needs the exports above.
 step "quantized" "$QUANT_S" /tmp/quantized.log python3 tools/check_quantized.py --exports /tmp/exports --target cuda
 [ "$QUANT_S" != 0 ] && cat /tmp/quantized.log | grep "^|" >> "$log"
