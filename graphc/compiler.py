@@ -106,12 +106,14 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
         from graphc.passes.decompose_conv_transpose import decompose_conv_transpose
         from graphc.passes.decompose_einsum import decompose_einsum
         from graphc.passes.decompose_qdq import decompose_qdq
+        from graphc.passes.decompose_rnn import decompose_rnn
         from graphc.passes.decompose_window_ops import decompose_window_ops
 
         # Ops the CUDA kernels cover only in another form, rewritten before the optimizer so that
         # the convolutions and matmuls they become fuse like any others.
         with phase("cuda_forms"):
-            for rewrite in (decompose_conv_transpose, decompose_einsum, decompose_window_ops, decompose_qdq):
+            cuda_forms = (decompose_conv_transpose, decompose_einsum, decompose_window_ops, decompose_qdq)
+            for rewrite in (*cuda_forms, decompose_rnn):  # decompose_rnn: passes/decompose_rnn.py
                 graph = rewrite(graph)
     with phase("optimize"):
         result = optimize(graph, OptimizeOptions(opt_level=opts.opt_level, verify=opts.verify, dump_ir=opts.dump_ir))
