@@ -15,11 +15,14 @@ The biases Wb + Rb fold into the projection's bias, except GRU's Rb_h under line
 recurrent MatMul and peephole products fold away as constants when R and P are constants.
 Layout 1 is two Transposes at the edges.
 
-The node stays (declined, logged; the CUDA target then names it) when a shape is not static, or
-sequence_lens is not a constant equal to the sequence length for every batch entry (masking per
-entry is not written out here). A sequence longer than MAX_STEPS is refused with a CompileError
-naming the node: the unrolled graph grows with the length (about 10-20 nodes per step and
-direction), and a persistent recurrent kernel, which would not, is not part of graphc yet.
+Constant sequence_lens below the sequence length are written out too: step k of entry b reads
+time lens[b]-1-k (reverse) or k, finished entries keep their state through Where, and Y is
+gathered back into time order with zeros past each entry's length (the reference's semantics).
+
+The node stays (declined, logged; the CUDA target then names it) when a shape is not static or
+sequence_lens is known only at run time. A sequence longer than MAX_STEPS is refused with a
+CompileError naming the node: the unrolled graph grows with the length (about 10-20 nodes per
+step and direction), and a persistent recurrent kernel, which would not, is not part of graphc yet.
 
 The math is graphc.runtime.reference.recurrent's (same activation table, same alpha/beta
 resolution), so the decomposed graph computes what the interpreter computes.
@@ -176,6 +179,53 @@ def _rnn_step(c: _Ctx, rt: Value, acts: list[Activation], clip):
     return step
 
 
+def _unroll(
+    c: _Ctx, step: StepBuilder, proj: Value, h: Value, cell: Value | None, lens: np.ndarray, reverse: bool, dn: str
+) -> tuple[Value, Value, Value | None]:
+    """The steps of one direction over the projection proj [S*B, G*H] (row t*B + b: time t, entry b);
+    returns Y [S, 1, B, H] and the last states. With lengths below S (constants), step k of entry b
+    reads time lens[b]-1-k (reverse) or k, a finished entry keeps its state (Where), and Y is
+    gathered back into time order with zeros past each entry's length."""
+    batch = lens.shape[0]
+    seq = static_shape(proj)[0] // batch
+    uniform = bool((lens == seq).all())
+    n_steps = seq if uniform else max(1, int(lens.max()))
+    cols = np.arange(batch)
+    outs: list[Value] = []
+    for k in range(n_steps):
+        valid = k < lens
+        t = np.where(valid, lens - 1 - k if reverse else k, 0)
+        s = f"{dn}/t{int(t[0])}" if uniform else f"{dn}/k{k}"
+        xp = c.op("Gather", [proj, c.const(t * batch + cols, f"{s}/rows", np.int64)], f"{s}/xp", {"axis": 0})
+        h_new, c_new = step(xp, h, cell, s)
+        if valid.all():
+            h, cell = h_new, c_new
+        else:
+            mask = c.const(valid[:, None], f"{s}/running", np.bool_)
+            h = c.op("Where", [mask, h_new, h], f"{s}/h_keep")
+            cell = None if cell is None else c.op("Where", [mask, c_new, cell], f"{s}/c_keep")
+        outs.append(c.op("Unsqueeze", [h_new, c.ints([0], f"{s}/y_axis")], f"{s}/y"))  # [1, B, H]
+    if uniform:  # Y at time t is step t (forward) or step S-1-t (reverse)
+        in_time = [outs[seq - 1 - t if reverse else t] for t in range(seq)]
+        y = in_time[0] if seq == 1 else c.op("Concat", in_time, f"{dn}/y", {"axis": 0})
+    else:
+        stacked = outs[0] if n_steps == 1 else c.op("Concat", outs, f"{dn}/steps", {"axis": 0})
+        hs = static_shape(h)[1]
+        flat = c.op("Reshape", [stacked, c.ints([n_steps * batch, hs], f"{dn}/steps_shape")], f"{dn}/steps2")
+        times = np.arange(seq)[:, None]
+        present = times < lens[None, :]  # [S, B]
+        src = np.where(present, (lens[None, :] - 1 - times) if reverse else times, 0) * batch + cols[None, :]
+        y = c.op("Gather", [flat, c.const(src.reshape(-1), f"{dn}/y_rows", np.int64)], f"{dn}/y_flat", {"axis": 0})
+        y = c.op("Reshape", [y, c.ints([seq, batch, hs], f"{dn}/y_shape")], f"{dn}/y_time")
+        zero = c.const(0.0, f"{dn}/zero")
+        y = c.op("Where", [c.const(present[:, :, None], f"{dn}/present", np.bool_), y, zero], f"{dn}/y")
+        if (lens == 0).any():  # an empty sequence has zero states (what ONNX Runtime gives)
+            ran = c.const((lens > 0)[:, None], f"{dn}/ran", np.bool_)
+            h = c.op("Where", [ran, h, zero], f"{dn}/h_empty")
+            cell = None if cell is None else c.op("Where", [ran, cell, zero], f"{dn}/c_empty")
+    return c.op("Unsqueeze", [y, c.ints([1], f"{dn}/dir_axis")], f"{dn}/y_dir"), h, cell
+
+
 def _declines(node: Node, graph: Graph) -> str | None:
     """Why the node stays as it is, or None when it can be written out."""
     x = node.inputs[0]
@@ -189,9 +239,9 @@ def _declines(node: Node, graph: Graph) -> str | None:
         data = graph.const(lens.name)
         seq = shapes[0][1] if node.attrs.layout else shapes[0][0]
         if data is None:
-            return "sequence_lens is not a constant"
-        if (np.asarray(data) != seq).any():
-            return f"sequence_lens {np.asarray(data).tolist()} differ from the sequence length {seq}"
+            return "sequence_lens is not a constant (lengths known only at run time)"
+        if ((np.asarray(data) < 0) | (np.asarray(data) > seq)).any():
+            return f"sequence_lens {np.asarray(data).tolist()} are not all within [0, {seq}]"
     return None
 
 
@@ -226,6 +276,7 @@ def _rewrite(m: Match, b: GraphBuilder) -> list[Value] | None:
     x2 = c.op("Reshape", [x, c.ints([seq * batch, isize], "x2_shape")], "x2")
     bias_data = c.known(ins[3]) if ins[3] is not None else np.zeros((dirs, 2 * gates * hs), dt)
     state_axis = 1 if a.layout else 0
+    lens = np.full(batch, seq, np.int64) if ins[4] is None else np.asarray(c.known(ins[4]), np.int64).reshape(batch)
     ys, last_h, last_c = [], [], []
     for d in range(dirs):
         dn = f"d{d}"
@@ -249,7 +300,6 @@ def _rewrite(m: Match, b: GraphBuilder) -> list[Value] | None:
                 rb = c.op("Concat", [rb_zr, c.const(np.zeros(hs), f"{dn}/rb_h0")], f"{dn}/rb_nh", {"axis": 0})
             proj_bias = c.op("Add", [wb, rb], f"{dn}/bias")
         proj = c.op("Add", [c.op("MatMul", [x2, wt], f"{dn}/proj"), proj_bias], f"{dn}/proj_b")
-        proj = c.op("Reshape", [proj, c.ints([seq, batch * gates * hs], f"{dn}/proj_shape")], f"{dn}/proj3")
 
         def state(i: int, hint: str, d: int = d) -> Value:
             if ins[i] is None:
@@ -265,16 +315,8 @@ def _rewrite(m: Match, b: GraphBuilder) -> list[Value] | None:
             step = _gru_step(c, rt, rb_h, acts[d], clip, a.linear_before_reset, hs)
         else:
             step = _rnn_step(c, rt, acts[d], clip)
-        outs: dict[int, Value] = {}
-        reverse = is_reverse(a.direction, d)
-        for k in range(seq):
-            t = seq - 1 - k if reverse else k
-            s = f"{dn}/t{t}"
-            xp = c.op("Gather", [proj, c.const(np.array(t, np.int64), f"{s}/t", np.int64)], f"{s}/x", {"axis": 0})
-            xp = c.op("Reshape", [xp, c.ints([batch, gates * hs], f"{s}/x_shape")], f"{s}/xp")
-            h, cell = step(xp, h, cell, s)
-            outs[t] = c.op("Unsqueeze", [h, c.ints([0, 1], f"{s}/y_axes")], f"{s}/y")  # [1, 1, B, H]
-        ys.append(outs[0] if seq == 1 else c.op("Concat", [outs[t] for t in range(seq)], f"{dn}/y", {"axis": 0}))
+        y, h, cell = _unroll(c, step, proj, h, cell, lens, is_reverse(a.direction, d), dn)
+        ys.append(y)
         last_h.append(c.op("Unsqueeze", [h, c.ints([0], f"{dn}/h_axis")], f"{dn}/y_h"))
         if cell is not None:
             last_c.append(c.op("Unsqueeze", [cell, c.ints([0], f"{dn}/c_axis")], f"{dn}/y_c"))

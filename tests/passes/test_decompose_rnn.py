@@ -1,7 +1,8 @@
 """decompose_rnn: the unrolled MatMul + elementwise form of LSTM, GRU and RNN equals the reference
 (through the interpreter) over directions, layouts, clip, activations, peepholes, input_forget,
 linear_before_reset, absent and present initial states and biases, constant and run-time weights;
-dynamic shapes and ragged sequence_lens are declined (logged), sequences above MAX_STEPS refused
+constant sequence_lens below the length (masked steps); dynamic shapes and
+run-time sequence_lens are declined (logged), sequences above MAX_STEPS refused
 naming the node; a model with an LSTM compiles for the CUDA target (NVRTC, no GPU needed)."""
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def _model(
     peep: bool = True,
     weights_as_inputs: bool = False,
     lens: list[int] | None = None,
+    lens_input: bool = False,
     dynamic_seq: bool = False,
 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     attrs = dict(attrs or {})
@@ -61,7 +63,7 @@ def _model(
         order.append(name if v is not None else "")
         if v is None:
             continue
-        (feeds if name in ("h0", "c0") else consts)[name] = v
+        (feeds if name in ("h0", "c0") or (name == "L" and lens_input) else consts)[name] = v
     while order[-1] == "":
         order.pop()
     if weights_as_inputs:
@@ -107,6 +109,11 @@ CASES = [
     ("LSTM", {"attrs": {"activations": ["Sigmoid", "Elu", "Softsign"]}, "seq": 1, "batch": 1}),
     ("LSTM", {"weights_as_inputs": True, "attrs": {"direction": "bidirectional"}}),
     ("LSTM", {"lens": [4, 4, 4]}),  # constant lengths equal to the sequence: no masking needed
+    ("LSTM", {"lens": [4, 1, 3], "attrs": {"direction": "bidirectional"}}),
+    ("LSTM", {"lens": [2, 0, 3], "attrs": {"direction": "reverse", "layout": 1}, "h0": False}),
+    ("GRU", {"lens": [1, 4, 0], "attrs": {"direction": "bidirectional", "linear_before_reset": 1}}),
+    ("RNN", {"lens": [3, 2, 1], "attrs": {"direction": "reverse"}}),
+    ("RNN", {"lens": [0, 0, 0]}),
     ("GRU", {}),
     ("GRU", {"attrs": {"linear_before_reset": 1, "direction": "bidirectional"}}),
     ("GRU", {"attrs": {"linear_before_reset": 1, "layout": 1}, "weights_as_inputs": True}),
@@ -152,9 +159,9 @@ def test_one_projection_matmul_per_direction_and_one_recurrent_matmul_per_step()
     assert len(proj) == 2 and all(n.outputs[0].ttype.shape == (seq * 3, 4 * 6) for n in proj)
 
 
-def test_ragged_or_runtime_lengths_and_dynamic_shapes_are_declined(caplog):
+def test_runtime_lengths_and_dynamic_shapes_are_declined(caplog):
     for kw, why in [
-        ({"lens": [4, 2, 3]}, "differ from the sequence length"),
+        ({"lens": [4, 2, 3], "lens_input": True}, "sequence_lens is not a constant"),
         ({"dynamic_seq": True}, "not static"),
     ]:
         m, _ = _model("GRU", **kw)
@@ -195,6 +202,12 @@ def test_cuda_target_compiles_an_lstm():
     assert "LSTM" not in ops
     families = {ln.family for s in eng.plan.steps for ln in s.launches}
     assert "gemm" in families and "elementwise" in families
+
+
+def test_cuda_target_compiles_a_gru_with_constant_ragged_lengths():
+    m, _ = _model("GRU", lens=[4, 1, 3], attrs={"direction": "bidirectional", "linear_before_reset": 1})
+    eng = graphc.compile(m, target="cuda", arch=["sm_90"])
+    assert "GRU" not in {s.op for s in eng.plan.steps}
 
 
 def test_cpu_target_keeps_the_reference_op():
