@@ -263,6 +263,8 @@ def _rewrite(m: Match, b: GraphBuilder) -> list[Value] | None:
     dt = np.dtype(ins[0].ttype.dtype.numpy)
     c = _Ctx(b, m, node.name, dt)
     gates, dirs, hs = NUM_GATES[op], num_directions(a.direction), static_shape(ins[2])[2]
+    # Not silent: the unrolled form launches a few kernels per step, where a persistent kernel would launch one.
+    log.info("%s node '%s': unrolled over %d steps x %d direction(s) for the CUDA target", op, node.name, seq, dirs)
     acts = resolve_activations(op, a, dirs)
     if a.clip is None:
         clip = lambda v, hint: v  # noqa: E731

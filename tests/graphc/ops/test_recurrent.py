@@ -323,6 +323,18 @@ def test_cpu_engine_runs_the_reference(op, tmp_path):
         np.testing.assert_array_equal(got[k], want[k])
 
 
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_hidden_size_taken_from_r_when_absent(op):
+    case = Case(op, hidden=5)
+    model, ins = case.model(0)
+    want = run_ort(model, ins)
+    attrs = model.graph.node[0].attribute
+    del attrs[[a.name for a in attrs].index("hidden_size")]
+    got = run_graphc(model, ins)
+    for k in want:
+        assert_close(got[k], want[k], what=k)
+
+
 def _bad_model(op: str, attrs: dict, w_rows: int | None = None) -> onnx.ModelProto:
     g, h = GATES[op], 3
     ins = {"X": rand((2, 1, 2)), "W": rand((1, w_rows or g * h, 2)), "R": rand((1, g * h, h))}
