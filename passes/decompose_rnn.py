@@ -20,7 +20,8 @@ time lens[b]-1-k (reverse) or k, finished entries keep their state through Where
 gathered back into time order with zeros past each entry's length (the reference's semantics).
 
 The node stays (declined, logged; the CUDA target then names it) when a shape is not static or
-sequence_lens is known only at run time. A sequence longer than MAX_STEPS is refused with a
+sequence_lens is known only at run time (a constant, or a value computed from constants and
+static shapes, is known at compile time). A sequence longer than MAX_STEPS is refused with a
 CompileError naming the node: the unrolled graph grows with the length (about 10-20 nodes per
 step and direction), and a persistent recurrent kernel, which would not, is not part of graphc yet.
 
@@ -226,33 +227,36 @@ def _unroll(
     return c.op("Unsqueeze", [y, c.ints([1], f"{dn}/dir_axis")], f"{dn}/y_dir"), h, cell
 
 
-def _declines(node: Node, graph: Graph) -> str | None:
-    """Why the node stays as it is, or None when it can be written out."""
+def _declines(node: Node, lens: np.ndarray | None) -> str | None:
+    """Why the node stays as it is, or None when it can be written out; `lens` is the value of
+    sequence_lens when it is known at compile time."""
     x = node.inputs[0]
     shapes = [static_shape(v) if v is not None else () for v in node.inputs]
     if any(s is None for s in shapes):
         return "a shape is not static (bind the input shapes)"
     if x.ttype.dtype not in FLOATS:
         return f"dtype {x.ttype.dtype.name}"
-    lens = node.inputs[4] if len(node.inputs) > 4 else None
-    if lens is not None:
-        data = graph.const(lens.name)
+    if len(node.inputs) > 4 and node.inputs[4] is not None:
         seq = shapes[0][1] if node.attrs.layout else shapes[0][0]
-        if data is None:
-            return "sequence_lens is not a constant (lengths known only at run time)"
-        if ((np.asarray(data) < 0) | (np.asarray(data) > seq)).any():
-            return f"sequence_lens {np.asarray(data).tolist()} are not all within [0, {seq}]"
+        if lens is None:
+            return "sequence_lens is not known at compile time (lengths given at run time)"
+        if ((lens < 0) | (lens > seq)).any():
+            return f"sequence_lens {lens.tolist()} are not all within [0, {seq}]"
     return None
 
 
 def _rewrite(m: Match, b: GraphBuilder) -> list[Value] | None:
     node = m.root
     op, a = node.op, node.attrs
-    why = _declines(node, m.graph)
+    ins = list(node.inputs) + [None] * (8 - len(node.inputs))
+    # A constant, or computed from constants and static shapes (as tf2onnx writes it): the builder
+    # knows the value of either.
+    known_lens = None if ins[4] is None else b.known_value(m.new(ins[4]))
+    known_lens = None if known_lens is None else np.asarray(known_lens, np.int64).reshape(-1)
+    why = _declines(node, known_lens)
     if why is not None:
         log.warning("%s node '%s' stays as it is for the CUDA target: %s", op, node.name, why)
         return None
-    ins = list(node.inputs) + [None] * (8 - len(node.inputs))
     x_shape = static_shape(ins[0])
     seq, batch, isize = (x_shape[1], x_shape[0], x_shape[2]) if a.layout else x_shape
     if seq > MAX_STEPS:
@@ -278,7 +282,7 @@ def _rewrite(m: Match, b: GraphBuilder) -> list[Value] | None:
     x2 = c.op("Reshape", [x, c.ints([seq * batch, isize], "x2_shape")], "x2")
     bias_data = c.known(ins[3]) if ins[3] is not None else np.zeros((dirs, 2 * gates * hs), dt)
     state_axis = 1 if a.layout else 0
-    lens = np.full(batch, seq, np.int64) if ins[4] is None else np.asarray(c.known(ins[4]), np.int64).reshape(batch)
+    lens = np.full(batch, seq, np.int64) if known_lens is None else known_lens
     ys, last_h, last_c = [], [], []
     for d in range(dirs):
         dn = f"d{d}"

@@ -161,7 +161,7 @@ def test_one_projection_matmul_per_direction_and_one_recurrent_matmul_per_step()
 
 def test_runtime_lengths_and_dynamic_shapes_are_declined(caplog):
     for kw, why in [
-        ({"lens": [4, 2, 3], "lens_input": True}, "sequence_lens is not a constant"),
+        ({"lens": [4, 2, 3], "lens_input": True}, "sequence_lens is not known at compile time"),
         ({"dynamic_seq": True}, "not static"),
     ]:
         m, _ = _model("GRU", **kw)
@@ -171,6 +171,26 @@ def test_runtime_lengths_and_dynamic_shapes_are_declined(caplog):
             out = decompose_rnn(g)
         assert out is g
         assert "GRU node" in caplog.text and why in caplog.text
+
+
+def test_lengths_computed_from_shapes_are_known():
+    # tf2onnx writes sequence_lens as Expand(seq_len, Shape(X)[1:2]) cast to int32: not a constant,
+    # but known once the shapes are bound.
+    m, feeds = _model("LSTM", lens=[4, 4, 4], attrs={"direction": "bidirectional"})
+    g = m.graph
+    del g.initializer[[t.name for t in g.initializer].index("L")]
+    g.initializer.append(numpy_helper.from_array(np.array([4], np.int64), "len4"))
+    g.initializer.append(numpy_helper.from_array(np.array([1], np.int64), "one"))
+    g.initializer.append(numpy_helper.from_array(np.array([2], np.int64), "two"))
+    g.node.insert(0, helper.make_node("Cast", ["lens64"], ["L"], to=TensorProto.INT32))
+    g.node.insert(0, helper.make_node("Expand", ["len4", "batch"], ["lens64"]))
+    g.node.insert(0, helper.make_node("Slice", ["x_shape", "one", "two"], ["batch"]))
+    g.node.insert(0, helper.make_node("Shape", ["X"], ["x_shape"]))
+    gr, d, fired = _decomposed(m)
+    assert len(fired) == 1
+    ref, got = graphc.interpret(gr, feeds), graphc.interpret(d, feeds)
+    for k in ref:
+        np.testing.assert_allclose(got[k], ref[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
 def test_sequence_above_the_bound_is_refused_naming_the_node():
