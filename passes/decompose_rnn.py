@@ -74,7 +74,11 @@ class _Ctx:
         return self.b.op(op, inputs, attrs, name=f"{self.name}/{hint}")
 
     def known(self, v: Value | None) -> np.ndarray | None:
-        return None if v is None else self.m.graph.const(v.name)
+        """v's value when known at compile time: a constant, or (small) computed from constants."""
+        if v is None:
+            return None
+        data = self.m.graph.const(v.name)
+        return data if data is not None else self.b.known_value(self.m.new(v))
 
 
 def _direction_slice(c: _Ctx, v: Value, d: int, axis: int, hint: str, transpose: bool = False) -> Value:
