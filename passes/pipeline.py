@@ -52,6 +52,7 @@ from graphc.passes.dce import eliminate_dead_code
 from graphc.passes.decompose_conv_transpose import decompose_conv_transpose
 from graphc.passes.decompose_einsum import decompose_einsum
 from graphc.passes.decompose_qdq import decompose_qdq
+from graphc.passes.decompose_rnn import decompose_rnn
 from graphc.passes.decompose_window_ops import decompose_window_ops
 from graphc.passes.fold_affine import fold_affine
 from graphc.passes.fold_batchnorm import fold_batchnorm
@@ -99,6 +100,8 @@ def cuda_forms() -> tuple[Pass, ...]:
         # For CUDA also at opt level 0, where rule 3's pass does not run (the CUDA target has no
         # Quantize/DequantizeLinear kernel); at level 1+ the later run then finds nothing.
         Pass("decompose_qdq", decompose_qdq, min_level=0, when=for_cuda),
+        # LSTM/GRU/RNN with static shapes unrolled into GEMMs and gate arithmetic (no recurrent kernel).
+        Pass("decompose_rnn", decompose_rnn, min_level=0, when=for_cuda),
     )
 
 

@@ -8,7 +8,7 @@ field list. SCHEMA_VERSION changes whenever the table does; engines record it.
 """
 
 # fmt: off
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 FUSED = ('graphc', 'Fused', ('anchor_op', 'anchor_domain', 'anchor_attrs', 'anchor_inputs', 'epilogue', 'outputs'))
 
@@ -102,6 +102,14 @@ OPS: dict[tuple[str, str], dict[str, tuple[str, bool, object]]] = {('', 'Abs'): 
  ('', 'EyeLike'): {'dtype': ('int', True, None), 'k': ('int', True, 0)},
  ('', 'Flatten'): {'axis': ('int', True, 1)},
  ('', 'Floor'): {},
+ ('', 'GRU'): {'activation_alpha': ('floats', True, None),
+               'activation_beta': ('floats', True, None),
+               'activations': ('strs', True, None),
+               'clip': ('float', True, None),
+               'direction': ('str', True, 'forward'),
+               'hidden_size': ('int', True, None),
+               'layout': ('int', True, 0),
+               'linear_before_reset': ('int', True, 0)},
  ('', 'Gather'): {'axis': ('int', True, 0)},
  ('', 'GatherElements'): {'axis': ('int', True, 0)},
  ('', 'GatherND'): {'batch_dims': ('int', True, 0)},
@@ -129,6 +137,14 @@ OPS: dict[tuple[str, str], dict[str, tuple[str, bool, object]]] = {('', 'Abs'): 
                'beta': ('float', True, 0.75),
                'bias': ('float', True, 1.0),
                'size': ('int', False, None)},
+ ('', 'LSTM'): {'activation_alpha': ('floats', True, None),
+                'activation_beta': ('floats', True, None),
+                'activations': ('strs', True, None),
+                'clip': ('float', True, None),
+                'direction': ('str', True, 'forward'),
+                'hidden_size': ('int', True, None),
+                'input_forget': ('int', True, 0),
+                'layout': ('int', True, 0)},
  ('', 'LayerNormalization'): {'axis': ('int', True, -1),
                               'epsilon': ('float', True, 9.999999747378752e-06),
                               'stash_type': ('int', True, 1)},
@@ -186,6 +202,13 @@ OPS: dict[tuple[str, str], dict[str, tuple[str, bool, object]]] = {('', 'Abs'): 
  ('', 'RMSNormalization'): {'axis': ('int', True, -1),
                             'epsilon': ('float', True, 9.999999747378752e-06),
                             'stash_type': ('int', True, 1)},
+ ('', 'RNN'): {'activation_alpha': ('floats', True, None),
+               'activation_beta': ('floats', True, None),
+               'activations': ('strs', True, ('Tanh', 'Tanh')),
+               'clip': ('float', True, None),
+               'direction': ('str', True, 'forward'),
+               'hidden_size': ('int', True, None),
+               'layout': ('int', True, 0)},
  ('', 'Range'): {'stash_type': ('int', True, 1)},
  ('', 'Reciprocal'): {},
  ('', 'ReduceL1'): {'keepdims': ('int', True, 1), 'noop_with_empty_axes': ('int', True, 0)},

@@ -142,7 +142,10 @@ def _driver():
     try:
         from cuda.bindings import driver
     except ImportError as e:
-        raise EngineError("kernels with tensor maps need cuda-bindings: pip install cuda-bindings, or in a clone of graphc: pip install -e '.[cuda]'") from e
+        raise EngineError(
+            "kernels with tensor maps need cuda-bindings: pip install cuda-bindings, "
+            "or in a clone of graphc: pip install -e '.[cuda]'"
+        ) from e
     (err,) = driver.cuInit(0)
     if err != driver.CUresult.CUDA_SUCCESS:
         raise EngineError(f"cuInit failed: {err}")

@@ -17,6 +17,7 @@ from graphc.ops import (  # noqa: F401  (each module registers its ops on import
     nn,
     normalization,
     quantize,
+    recurrent,
     reduction,
     sequence,
     shape_ops,

@@ -18,6 +18,7 @@ from graphc.runtime.reference import (  # noqa: E402, F401, I001  (each module r
     nn,
     normalization,
     quantize,
+    recurrent,
     reduction,
     resize,
     sequence,

@@ -101,8 +101,8 @@ def test_cuda_opt_level_zero_runs_only_what_the_target_needs(tmp_path):
     )
     names = _dumped(tmp_path)
     # Today's opt-level-0 semantics: the CUDA forms and the precision, no optimization or layout.
-    assert names == ["input", *MOVED[:4], "convert_precision"]
-    assert [p["name"] for p in eng.report["passes"]] == [*MOVED[:4], "convert_precision"]
+    assert names == ["input", *MOVED[:4], "decompose_rnn", "convert_precision"]
+    assert [p["name"] for p in eng.report["passes"]] == [*MOVED[:4], "decompose_rnn", "convert_precision"]
 
 
 def test_cpu_target_runs_none_of_the_cuda_passes(tmp_path):

@@ -10,6 +10,7 @@ from graphc.frontend.converters import (  # noqa: F401
     nn,
     normalization,
     quantize,
+    recurrent,
     reduction,
     sequence,
     shape_ops,
