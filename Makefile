@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint conformance install
+.PHONY: demo test lint conformance install gpu-wheels
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,3 +46,11 @@ test: install lint
 
 conformance: install
 	$(BIN)/python tools/conformance.py
+
+# Wheels of the pure dependencies that the GPU machine's image lacks (it has no package index):
+# carried to it in .whl by the device tool; tools/gpu_session.sh installs them there.
+GPU_WHEELS ?= platformdirs
+gpu-wheels:
+	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  -d .whl $(GPU_WHEELS)

@@ -37,6 +37,13 @@ step() {
   python3 -c "from cuda.bindings import nvrtc; print('nvrtc', nvrtc.nvrtcVersion()[1:])"
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 } > "$log" 2>&1
+# Packages the GPU image lacks (graphc's own dependencies such as platformdirs) travel as wheels in
+# .whl (carry=[".whl"]; fetched here by `make gpu-wheels`).
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    >> "$log" 2>&1 || { cat "$log"; exit 1; }
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$log" 2>&1 || { cat "$log"; exit 1; }
 python3 -c "import graphc.codegen" >> "$log" 2>&1 || { cat "$log"; exit 1; }
 
