@@ -13,6 +13,7 @@ from graphc.passes.fuse_elementwise import fuse_elementwise
 from graphc.passes.fuse_epilogue import fuse_epilogues
 from graphc.passes.fuse_gelu import fuse_gelu
 from graphc.passes.fuse_layernorm import fuse_layernorm
+from graphc.passes.lower_sequences import lower_sequences
 from graphc.passes.manager import FixedPoint, Pass, Stage
 from graphc.passes.simplify import simplify
 from graphc.passes.transpose import eliminate_transposes
@@ -33,6 +34,8 @@ def cleanup() -> FixedPoint:
 def stages() -> list[Stage]:
     return [
         cleanup(),
+        # Static-length sequences become tensor ops, once cleanup has made their splits constant.
+        Pass("lower_sequences", lower_sequences),
         # After constant folding has turned DequantizeLinear of constant weights into float weights:
         # the activations' Quantize/DequantizeLinear become elementwise ops, which later fuse.
         Pass("decompose_qdq", decompose_qdq),
