@@ -156,9 +156,11 @@ def _dropout_12(ctx: ConvertContext) -> Sequence[Value]:
         raise ctx.fail("input data is missing")
     ratio = 0.5 if ctx.input(1) is None else _known_scalar(ctx, 1)
     training = False if ctx.input(2) is None else _known_scalar(ctx, 2)
-    # Only a build-time inference node is rewritten: a run-time training_mode, or a ratio that the
-    # op rejects, stays a Dropout (whose kernel says what is wrong when it runs).
-    if ratio is not None and 0.0 <= float(ratio) < 1.0 and training is not None and (not training or ratio == 0):
+    # Inference ignores the ratio (a run-time one included). Kept as a Dropout, whose kernel says
+    # what is wrong when it runs: a training_mode known only at run time, training with a ratio
+    # that is not 0, and a known ratio that the op rejects.
+    bad_ratio = ratio is not None and not 0.0 <= float(ratio) < 1.0
+    if not bad_ratio and (training is False or (training is not None and ratio == 0)):
         return _dropout_as_identity(ctx, x, np.bool_)
     return _emit_same(ctx, ctx.inputs, ctx.typed_attrs())
 

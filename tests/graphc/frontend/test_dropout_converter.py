@@ -74,6 +74,24 @@ def test_training_dropout_stays_a_dropout():
     assert "Dropout" in [n.op for n in graphc.load_onnx(m).nodes]
 
 
+def test_run_time_ratio_in_inference_is_identity():
+    # No training_mode: inference, whatever the (run-time) ratio.
+    drop = helper.make_node("Dropout", ["x", "r"], ["y"], name="drop")
+    g = helper.make_graph(
+        [drop],
+        "dropout",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [3]),
+            helper.make_tensor_value_info("r", TensorProto.FLOAT, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    assert "Dropout" not in [n.op for n in graphc.load_onnx(m).nodes]
+    x = rand((3,), F32, seed=3)
+    assert_close(run_graphc(m, {"x": x, "r": np.array(0.7, F32)})["y"], x)
+
+
 def test_dynamic_shape_mask_follows_the_input():
     model = _model(12, read_mask=True, shape=["n", 3])
     x = rand((5, 3), F32, seed=2)
