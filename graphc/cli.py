@@ -596,32 +596,21 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _add_check(sub) -> None:
-    k = sub.add_parser("check", help="list the ops of a model that graphc does not support", parents=[_common()])
+    k = sub.add_parser(
+        "check", help="whether a model compiles for a target, and every op that stops it", parents=[_common()]
+    )
     k.add_argument("model", help="path to an .onnx file")
+    k.add_argument("--target", choices=["cpu", "cuda"], default="cpu", help="the target to check (default cpu)")
+    k.add_argument("--shapes", help="input shapes as for compile, e.g. input:1x3x224x224 or batch=8")
     k.set_defaults(func=_cmd_check)
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from graphc.errors import UnsupportedOpError
-    from graphc.frontend import find_unsupported, load_onnx, read_model
+    from graphc.support import check_lines  # the logic: graphc/support.py
 
-    model, _ = read_model(args.model)
-    unsupported = find_unsupported(model)
-    if unsupported:
-        print(f"{args.model}: {len(unsupported)} unsupported op type(s):")
-        for op, dom, opset, names in unsupported:
-            shown = ", ".join(names[:5]) + (f" (+{len(names) - 5} more)" if len(names) > 5 else "")
-            print(f"  {dom + '.' if dom else ''}{op} (opset {opset}): {len(names)} node(s): {shown}")
-        return 1
-    try:
-        graph = load_onnx(args.model)
-    except UnsupportedOpError as e:  # an attribute form graphc does not support
-        print(f"{args.model}: {e}")
-        return 1
-    print(f"{args.model}: every op is supported ({len(graph.nodes)} nodes, opset {graph.opset})")
-    for op, n in graph.op_counts().items():
-        print(f"  {op}: {n}")
-    return 0
+    lines, ok = check_lines(args.model, args.target, parse_shapes(args.shapes))
+    print("\n".join(lines))
+    return 0 if ok else 1
 
 
 # ---- cache -------------------------------------------------------------------------------------

@@ -63,6 +63,7 @@ from graphc.passes.fuse_gelu import fuse_gelu
 from graphc.passes.fuse_layernorm import fuse_layernorm
 from graphc.passes.gemm_weight_layout import k_major_gemm_weights
 from graphc.passes.layout import to_channels_last
+from graphc.passes.lower_sequences import lower_sequences
 from graphc.passes.manager import FixedPoint, Pass, Stage
 from graphc.passes.precision import precision_pass
 from graphc.passes.simplify import simplify
@@ -109,6 +110,8 @@ def stages() -> list[Stage]:
     return [
         *cuda_forms(),  # rule 1
         cleanup(),  # rule 2
+        # Static-length sequences become tensor ops, once cleanup has made their splits constant.
+        Pass("lower_sequences", lower_sequences),
         # Rule 3: after constant folding has turned DequantizeLinear of constant weights into float
         # weights; the activations' Quantize/DequantizeLinear become elementwise ops, which fuse.
         Pass("decompose_qdq", decompose_qdq),

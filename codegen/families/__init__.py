@@ -12,4 +12,5 @@ from graphc.codegen.families import gemm  # noqa: F401
 from graphc.codegen.families import conv  # noqa: F401
 from graphc.codegen.families import pool  # noqa: F401
 from graphc.codegen.families import attention  # noqa: F401
+from graphc.codegen.families import topk  # noqa: F401
 # isort: on

@@ -793,6 +793,10 @@ def _gen_resize(ctx: StepContext, attrs) -> list[KernelSource]:
     wct = "float" if work == np.float32 else "double"
     axes = _resize_tables(ctx, attrs, in_shape, plan, work)
     st = strides_of(in_shape)
+    if not axes:
+        # Every axis keeps its length at scale 1 (exporters write such Resizes for a target size
+        # equal to the input's): the reference returns the input, so the kernel is a plain copy.
+        return [_gather_copy(ctx, x, y, Affine(list(in_shape), st), dt.itemsize)]
     tables, taxes = [], []
     for a, (taps, idx, w, mask) in axes.items():
         # Per resized axis: input indices (ri), weights (rw), extrapolation mask (rm), as Python

@@ -19,9 +19,7 @@ from graphc.ops.registry import get_op
 def onnx_attr_value(attr: onnx.AttributeProto) -> Any:
     """An ONNX attribute as a plain Python value (str for strings, ndarray for tensors)."""
     if attr.type == onnx.AttributeProto.GRAPH or attr.type == onnx.AttributeProto.GRAPHS:
-        raise UnsupportedOpError(
-            f"attribute '{attr.name}' holds a subgraph (control flow is not supported)", []
-        )
+        raise UnsupportedOpError(f"attribute '{attr.name}' holds a subgraph (control flow is not supported)", [])
     if attr.type == onnx.AttributeProto.TENSOR:
         return numpy_helper.to_array(attr.t)
     if attr.type == onnx.AttributeProto.SPARSE_TENSOR:
@@ -100,9 +98,7 @@ class ConvertContext:
             op, inputs, attrs, name=name or f"{self.name}/{op}", outputs=outputs, domain=domain
         )
 
-    def op(
-        self, op: str, inputs: Sequence[Value | None], attrs: Mapping[str, Any] | None = None, **kw: Any
-    ) -> Value:
+    def op(self, op: str, inputs: Sequence[Value | None], attrs: Mapping[str, Any] | None = None, **kw: Any) -> Value:
         return self.emit(op, inputs, attrs, **kw).outputs[0]
 
     def constant(self, data: Any, hint: str = "const", dtype: Any = None) -> Value:

@@ -128,9 +128,7 @@ def _external(t: onnx.TensorProto, dtype: DType, shape: tuple[int, ...], base: P
         )
     loc = (base / info["location"]).resolve()
     if base.resolve() not in loc.parents and loc.parent != base.resolve():
-        raise ModelLoadError(
-            f"initializer '{t.name}': external path '{info['location']}' leaves the model's folder"
-        )
+        raise ModelLoadError(f"initializer '{t.name}': external path '{info['location']}' leaves the model's folder")
     if not loc.exists():
         raise ModelLoadError(f"initializer '{t.name}': external data file {loc} is missing")
     offset = int(info.get("offset", 0))

@@ -82,11 +82,19 @@ def _ints(value: Sequence[int] | None, n: int, default: int, name: str, fail: Fa
 
 def _explicit_out(size: int, pb: int, pe: int, ext: int, s: int, ceil_mode: bool, fail: Fail) -> int:
     span = size + pb + pe - ext
-    if span < 0:
+    if span < 0 and not ceil_mode:
         fail(f"the kernel spans {ext} elements, more than the padded input's {size + pb + pe}")
     if not ceil_mode:
         return span // s + 1
+    # ceil_mode: ceil(span / s) + 1, also for a kernel larger than the padded input (span < 0):
+    # ONNX Runtime and PyTorch then have one window over the whole (clipped) input when
+    # ceil(span / s) == 0, which is how some CNN exports write a global pooling.
     out = -(-span // s) + 1
+    if out < 1:
+        fail(
+            f"the kernel spans {ext} elements, {-span} more than the padded input's {size + pb + pe}, "
+            f"with stride {s}: no window fits even in ceil_mode"
+        )
     # A last window that would start in the end padding is dropped (the spec, PyTorch, ORT).
     if (out - 1) * s >= size + pb:
         out -= 1

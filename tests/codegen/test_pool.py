@@ -96,6 +96,24 @@ def test_avgpool_counts_follow_count_include_pad():
     assert "p >= -1 && p < 7" in incl
 
 
+def test_avgpool_kernel_past_the_input_under_ceil_mode():
+    # One 14x14 window over a 13x13 input (issue 12): taps clipped to the input, counted within
+    # the explicit pads (none here), so both count_include_pad forms divide by 169.
+    for cip in (0, 1):
+        g = pool_graph(
+            "AveragePool",
+            np.float32,
+            (2, 3, 13, 13),
+            kernel_shape=(14, 14),
+            strides=(2, 2),
+            ceil_mode=1,
+            count_include_pad=cip,
+        )
+        src = generate(g)
+        assert "OH = 1, OW = 1" in src.source and "p >= 0 && p < 13" in src.source
+        assert compile_cubin(src.source, src.name, "sm_80")
+
+
 def test_fused_pool_anchor_carries_epilogue():
     b = GraphBuilder("t")
     x = b.add_input("x", TensorType(DType.float16, (1, 6, 6, 8)))

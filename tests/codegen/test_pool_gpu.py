@@ -71,6 +71,11 @@ WINDOWS = [
     pytest.param((1, 3, 10, 7), dict(kernel_shape=(3, 2), strides=(2, 2), ceil_mode=1), id="ceil"),
     pytest.param((2, 4, 11, 11), dict(kernel_shape=(3, 3), dilations=(2, 2), pads=(2, 1, 0, 2)), id="dil2-asym"),
     pytest.param((1, 3, 8, 9), dict(kernel_shape=(2, 2), auto_pad="SAME_UPPER"), id="same-upper"),
+    # A kernel past the input under ceil_mode: one window over the clipped input (issue 12).
+    pytest.param((2, 3, 13, 13), dict(kernel_shape=(14, 14), strides=(2, 2), ceil_mode=1), id="ceil-kernel-past-input"),
+    pytest.param(
+        (1, 3, 5, 6), dict(kernel_shape=(8, 7), strides=(4, 2), pads=(1, 0, 0, 0), ceil_mode=1), id="ceil-past-pads"
+    ),
 ]
 
 

@@ -90,8 +90,11 @@ def test_wrong_input_shape_is_a_clear_error(bert_onnx, tmp_path, capsys):
 
 
 def test_check_lists_unsupported(bert_onnx, capsys):
-    assert main(["check", str(bert_onnx)]) == 0
-    assert "every op is supported" in capsys.readouterr().out
+    # Symbolic input dims: the compile would fail without --shapes, so check does too.
+    assert main(["check", str(bert_onnx)]) == 1
+    assert "--shapes" in capsys.readouterr().out
+    assert main(["check", str(bert_onnx), "--shapes", "batch=2,seq=8"]) == 0
+    assert "every op compiles for cpu" in capsys.readouterr().out
 
 
 def test_version_and_help(capsys):

@@ -10,7 +10,9 @@ undefined (e.g. BitShift by more than the width, Mod fmod=0 on floats). Older fo
   `broadcast=1`, aligning B with A from `axis`: B gets trailing unit dims, then numpy rules apply;
 - Clip (< 11) takes min/max as attributes, which become constant inputs;
 - Dropout (< 12) takes ratio as an attribute; its mask was of the input's type before 10; before
-  7 `is_test=0` (the default) means training mode;
+  7 `is_test=0` (the default) means training mode. An inference Dropout (every version: no
+  training mode, or ratio 0) becomes Identity and its mask, when the node names one, a constant
+  all-true (all-ones) tensor of X's shape, so no Dropout reaches a pass or a kernel;
 - Cast-1 names its target type with a string.
 """
 
@@ -26,6 +28,7 @@ from graphc.frontend.context import ConvertContext
 from graphc.frontend.registry import converter, passthrough
 from graphc.ir.graph import Value
 from graphc.ops.registry import get_op
+from graphc.runtime.attrs import TensorAttr
 
 # ---- ops whose every version (from `since`) is the IR op ---------------------------------------
 
@@ -42,7 +45,6 @@ passthrough("Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Erf", "Sign", "IsNaN", "
 passthrough("Mod", "IsInf", "ThresholdedRelu", since=10)
 passthrough("Round", "Clip", "BitShift", since=11)
 passthrough("LessOrEqual", "GreaterOrEqual", "Celu", since=12)
-passthrough("Dropout", since=12)
 passthrough("HardSwish", since=14)
 passthrough("CastLike", since=15)
 passthrough("Mish", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", since=18)
@@ -124,14 +126,53 @@ def _clip_attrs(ctx: ConvertContext) -> Sequence[Value]:
     return _emit_same(ctx, [x, *bounds], {})
 
 
-# ---- Dropout before 12 -------------------------------------------------------------------------
+# ---- Dropout ------------------------------------------------------------------------------------
+
+
+def _dropout_as_identity(ctx: ConvertContext, x: Value, mask_dtype: Any) -> list[Value]:
+    """Inference Dropout: Identity, and the mask (when named) every element kept."""
+    names = ctx.output_names
+    out = [ctx.emit("Identity", [x], {}, outputs=[names[0]], name=ctx.name).outputs[0]]
+    if len(names) > 1:
+        one = TensorAttr(np.ones((1,), dtype=mask_dtype))
+        shape = x.ttype.shape
+        if shape is not None and all(isinstance(d, int) for d in shape):
+            dims = ctx.constant(np.array(shape, dtype=np.int64), "mask_shape")
+        else:  # a dynamic X: the mask follows X's run-time shape
+            dims = ctx.op("Shape", [x])
+        out.append(ctx.emit("ConstantOfShape", [dims], {"value": one}, outputs=[names[1]]).outputs[0])
+    return out
+
+
+def _known_scalar(ctx: ConvertContext, i: int) -> Any:
+    v = ctx.known(i)
+    return None if v is None or np.asarray(v).size != 1 else np.asarray(v).reshape(-1)[0].item()
+
+
+@converter("Dropout", since=12)
+def _dropout_12(ctx: ConvertContext) -> Sequence[Value]:
+    x = ctx.input(0)
+    if x is None:
+        raise ctx.fail("input data is missing")
+    ratio = 0.5 if ctx.input(1) is None else _known_scalar(ctx, 1)
+    training = False if ctx.input(2) is None else _known_scalar(ctx, 2)
+    # Inference ignores the ratio (a run-time one included). Kept as a Dropout, whose kernel says
+    # what is wrong when it runs: a training_mode known only at run time, training with a ratio
+    # that is not 0, and a known ratio that the op rejects.
+    bad_ratio = ratio is not None and not 0.0 <= float(ratio) < 1.0
+    if not bad_ratio and (training is False or (training is not None and ratio == 0)):
+        return _dropout_as_identity(ctx, x, np.bool_)
+    return _emit_same(ctx, ctx.inputs, ctx.typed_attrs())
 
 
 def _dropout_attrs(ctx: ConvertContext, *, training: bool, mask_as_input_type: bool) -> Sequence[Value]:
     x = ctx.input(0)
     if x is None:
         raise ctx.fail("input data is missing")
-    ratio = ctx.constant(np.array(ctx.attr("ratio", 0.5), dtype=np.float32), "ratio")
+    r = float(ctx.attr("ratio", 0.5))
+    if 0.0 <= r < 1.0 and (not training or r == 0.0):
+        return _dropout_as_identity(ctx, x, x.ttype.dtype.numpy if mask_as_input_type else np.bool_)
+    ratio = ctx.constant(np.array(r, dtype=np.float32), "ratio")
     inputs: list[Value | None] = [x, ratio]
     if training:
         inputs.append(ctx.constant(np.array(True), "training_mode"))
