@@ -557,3 +557,93 @@ def test_matmul_integer_to_float():
     }
     m = ms_model("MatMulIntegerToFloat", feeds, initializers=inits, order=["a", "b", "sa", "sb", "za", "zb", "bias"])
     compare(m, feeds, rtol=1e-4, atol=1e-4)
+
+
+# ---- the headline: a BERT optimized by ONNX Runtime's transformer optimizer -----------------------
+
+
+def _nvrtc_ok() -> bool:
+    try:
+        from graphc.codegen.nvrtc import nvrtc_version
+
+        nvrtc_version()
+        return True
+    except Exception:
+        return False
+
+
+def _torch_style_mask(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The zoo writes the mask's Unsqueeze as one node with axes [1, 2]; torch.onnx writes two
+    single-axis Unsqueezes, which is the form ORT's attention fusion matches. Same values."""
+    g = model.graph
+    nodes = []
+    for n in g.node:
+        if n.op_type == "Unsqueeze" and n.name == "extended_mask/Unsqueeze":
+            g.initializer.extend([numpy_helper.from_array(np.array([a], np.int64), f"mask_axis{a}") for a in (1, 2)])
+            nodes.append(helper.make_node("Unsqueeze", [n.input[0], "mask_axis1"], ["mask_u1"], name="mask_u1"))
+            nodes.append(helper.make_node("Unsqueeze", ["mask_u1", "mask_axis2"], list(n.output), name="mask_u2"))
+        else:
+            nodes.append(n)
+    del g.node[:]
+    g.node.extend(nodes)
+    return model
+
+
+def _ort_optimized_bert(tmp_path, variant: str, **build) -> onnx.ModelProto:
+    pytest.importorskip("sympy", reason="ORT's transformer optimizer needs sympy for shape inference")
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    from models import bert
+
+    cfg = {**bert.PRESETS["tiny"], **build}
+    src, dst = tmp_path / "bert.onnx", tmp_path / "bert.opt.onnx"
+    onnx.save(_torch_style_mask(bert.build(**cfg)), src)
+    options = FusionOptions("bert")
+    if variant == "raw_mask_fast_gelu":
+        options.use_raw_attention_mask(True)
+        options.enable_gelu_approximation = True
+    # opt_level=0: the optimizer's own fusions only (its ORT pass would import torch)
+    opt = optimize_model(
+        str(src), model_type="bert", num_heads=cfg["num_heads"], hidden_size=cfg["hidden_size"], opt_level=0,
+        optimization_options=options,
+    )  # fmt: skip
+    opt.save_model_to_file(str(dst))  # save adds the com.microsoft opset import
+    return onnx.load(dst)
+
+
+@pytest.mark.parametrize(
+    "variant,build,contrib_ops",
+    [
+        ("default", {}, {"Attention", "SkipLayerNormalization", "BiasGelu"}),
+        ("raw_mask_fast_gelu", {"token_type_input": True}, {"Attention", "SkipLayerNormalization", "FastGelu"}),
+    ],
+)
+def test_ort_optimized_bert(tmp_path, variant, build, contrib_ops):
+    import models
+
+    model = _ort_optimized_bert(tmp_path, variant, **build)
+    ops = {n.op_type for n in model.graph.node if n.domain == MS}
+    assert contrib_ops <= ops, f"ORT's optimizer wrote {sorted(ops)}"
+    feeds = models.sample_inputs("bert", model, seed=3)
+    assert feeds["attention_mask"].min() == 0  # some keys are padding, so the mask matters
+    expected = run_ort(model, feeds)
+    shapes = {"batch": feeds["input_ids"].shape[0], "seq": feeds["input_ids"].shape[1]}
+    engine = graphc.compile(model, target="cpu", shapes=shapes)
+    got = engine.run(feeds)
+    for name, want in expected.items():
+        err = np.abs(got[name] - want).max() / np.abs(want).max()
+        assert err < 1e-4, f"{name}: max error {err:.2e} of the output scale"
+
+    # The attention stays graphc's one Attention node per layer through the optimizer.
+    from graphc.ir.shapes import bind_shapes
+    from graphc.passes.manager import OptimizeOptions, optimize
+
+    optimized = optimize(bind_shapes(graphc.load_onnx(model), shapes), OptimizeOptions()).graph
+    n_attention = sum(1 for n in model.graph.node if n.op_type == "Attention")
+    assert sum(1 for n in optimized.nodes if (n.domain, n.op) == ("", "Attention")) == n_attention
+    assert not any(n.op in ("Softmax", "Split") for n in optimized.nodes)
+
+    if _nvrtc_ok():
+        cuda = graphc.compile(model, target="cuda", shapes=shapes, arch=["sm_90"], cache_dir=tmp_path / "cache")
+        assert cuda.report["cuda"]["families"].get("attention", 0) >= 1
