@@ -461,6 +461,38 @@ def _attention(
     return list(node.outputs)
 
 
+def _present(ctx: ConvertContext, t: Value, heads: int, hint: str) -> Value:
+    """A new (B, S, heads * H) K or V as the cache layout (B, heads, S, H). Without a past this is
+    the present output; written outside the Attention node, which then keeps its single output Y
+    (the form the CUDA attention kernel runs)."""
+    t = ctx.op("Reshape", [t, _i64(ctx, [0, 0, heads, -1], "bsnh")], name=f"{ctx.name}/{hint}_bsnh")
+    return ctx.op("Transpose", [t], {"perm": [0, 2, 1, 3]}, name=f"{ctx.name}/{hint}")
+
+
+def _attention_with_present(
+    ctx: ConvertContext,
+    q: Value,
+    k: Value,
+    v: Value,
+    mask: Value | None,
+    heads: int,
+    kv_heads: int,
+    head: int,
+    *,
+    causal: bool,
+    past: tuple[Value, Value] | None,
+    want_present: bool,
+    extra: dict | None = None,
+) -> list[Value]:
+    """[Y, present_key, present_value] (only Y when no present is wanted)."""
+    if past is not None and want_present:
+        return _attention(ctx, q, k, v, mask, heads, kv_heads, head, causal=causal, past=past, outputs=3, extra=extra)
+    (y,) = _attention(ctx, q, k, v, mask, heads, kv_heads, head, causal=causal, past=past, extra=extra)
+    if not want_present:
+        return [y]
+    return [y, _present(ctx, k, kv_heads, "present_key"), _present(ctx, v, kv_heads, "present_value")]
+
+
 @converter("Attention", since=1, domain=MS)
 def _ms_attention(ctx: ConvertContext) -> list[Value]:
     if ctx.attr("do_rotary", 0):
@@ -515,9 +547,9 @@ def _ms_attention(ctx: ConvertContext) -> list[Value]:
     attn_mask = _attention_mask(ctx, mask, attn_bias, x, total, batch, allow_index2=True)
     wanted = _wanted(ctx)
     want_present = len(wanted) > 1 and wanted[1]
-    outs = _attention(
+    outs = _attention_with_present(
         ctx, q, k, v, attn_mask, heads, heads, head,
-        causal=bool(ctx.attr("unidirectional", 0)), past=past_kv, outputs=3 if want_present else 1,
+        causal=bool(ctx.attr("unidirectional", 0)), past=past_kv, want_present=want_present,
     )  # fmt: skip
     if not want_present:
         return outs[:1]
@@ -598,10 +630,9 @@ def _multi_head_attention(ctx: ConvertContext) -> list[Value]:
     batch = _shape(q)[0]
     attn_mask = _attention_mask(ctx, kpm, attn_bias, q, total, batch, allow_index2=False)
     wanted = _wanted(ctx)
-    n_out = 3 if any(wanted[1:3]) else 1
-    outs = _attention(
+    outs = _attention_with_present(
         ctx, q, k, v, attn_mask, heads, heads, d // heads,
-        causal=bool(ctx.attr("unidirectional", 0)), past=past, outputs=n_out,
+        causal=bool(ctx.attr("unidirectional", 0)), past=past, want_present=any(wanted[1:3]),
     )  # fmt: skip
     return outs[: len(wanted)]
 
@@ -675,8 +706,10 @@ def _group_query_attention(ctx: ConvertContext) -> list[Value]:
         keep = _length_mask(ctx, ends, None, seq)
         attn_mask = keep if attn_bias is None else ctx.op("Add", [_additive(ctx, keep, q, -math.inf), attn_bias])
     wanted = _wanted(ctx)
-    n_out = 3 if any(wanted[1:3]) else 1
-    outs = _attention(ctx, q, k, v, attn_mask, heads, kv_heads, head, causal=bool(causal), outputs=n_out, extra=extra)
+    outs = _attention_with_present(
+        ctx, q, k, v, attn_mask, heads, kv_heads, head,
+        causal=bool(causal), past=None, want_present=any(wanted[1:3]), extra=extra,
+    )  # fmt: skip
     return outs[: len(wanted)]
 
 
