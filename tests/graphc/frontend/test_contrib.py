@@ -19,7 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphc
-from graphc.errors import UnsupportedOpError
+from graphc.errors import GraphcError, UnsupportedOpError
 from helpers import assert_close, run_graphc, run_ort
 
 MS = "com.microsoft"
@@ -647,3 +647,110 @@ def test_ort_optimized_bert(tmp_path, variant, build, contrib_ops):
     if _nvrtc_ok():
         cuda = graphc.compile(model, target="cuda", shapes=shapes, arch=["sm_90"], cache_dir=tmp_path / "cache")
         assert cuda.report["cuda"]["families"].get("attention", 0) >= 1
+
+
+# ---- every converted form compiles for the CUDA target --------------------------------------------
+
+
+def _cuda_cases() -> list[tuple[str, onnx.ModelProto, dict[str, np.ndarray]]]:
+    x, b = rnd((2, 5, 8), 1), rnd((8,), 2)
+    cos, sin = _caches(16, 8)
+    rng = np.random.default_rng(0)
+    gqa = _gqa_feeds(2, 6, 4, 2, 16, False, [6, 4])
+    gqa_packed = _gqa_feeds(2, 6, 4, 2, 16, True, [6, 6])
+    mha = {"q": rnd((2, 5, 12), 1), "k": rnd((2, 7, 12), 2), "v": rnd((2, 7, 12), 3)}
+    att = {"x": rnd((2, 5, 16), 1), "m": np.array([[1] * 5, [1] * 3 + [0] * 2], np.int32)}
+    ids = {"ids": rng.integers(0, 20, (2, 7)).astype(np.int32), "mask": np.ones((2, 7), np.int32)}
+    q4 = rng.integers(0, 16, (6, 2, 16))
+    return [
+        ("BiasGelu", ms_model("BiasGelu", {"x": x}, initializers={"b": b}), {"x": x}),
+        ("QuickGelu", ms_model("QuickGelu", {"x": x}), {"x": x}),
+        (
+            "SkipLayerNormalization",
+            ms_model(
+                "SkipLayerNormalization", {"x": x, "s": x}, initializers={"g": b, "be": b, "bi": b},
+                outputs={"y": F32, "mean": F32, "inv_std": F32, "sum": F32},
+            ),
+            {"x": x, "s": x},
+        ),
+        (
+            "SkipSimplifiedLayerNormalization",
+            ms_model("SkipSimplifiedLayerNormalization", {"x": x, "s": x}, initializers={"g": b}),
+            {"x": x, "s": x},
+        ),
+        (
+            "FusedConv",
+            ms_model(
+                "FusedConv", {"x": rnd((2, 3, 7, 6))}, {"activation": "LeakyRelu", "activation_params": [0.1]},
+                initializers={"w": rnd((4, 3, 3, 3)), "b": rnd((4,))},
+            ),
+            {"x": rnd((2, 3, 7, 6))},
+        ),
+        ("FusedMatMul", ms_model("FusedMatMul", {"a": rnd((2, 5, 7))}, {"transB": 1, "alpha": 0.5},
+                                 initializers={"b": rnd((2, 3, 7))}), {"a": rnd((2, 5, 7))}),
+        (
+            "Attention",
+            ms_model(
+                "Attention", att, {"num_heads": 2, "unidirectional": 1},
+                initializers={"w": rnd((16, 48)), "bias": rnd((48,))}, order=["x", "w", "bias", "m"],
+                outputs={"y": F32, "present": F32},
+            ),
+            att,
+        ),
+        ("MultiHeadAttention", ms_model("MultiHeadAttention", mha, {"num_heads": 3},
+                                        initializers={"bias": rnd((36,))}), mha),
+        (
+            "GroupQueryAttention",
+            ms_model(
+                "GroupQueryAttention", gqa, {"num_heads": 4, "kv_num_heads": 2},
+                order=["q", "k", "v", "", "", "seqlens", "total"], outputs={"y": F32, "pk": F32, "pv": F32},
+            ),
+            gqa,
+        ),
+        (
+            "GroupQueryAttention rotary packed",
+            ms_model(
+                "GroupQueryAttention", gqa_packed,
+                {"num_heads": 4, "kv_num_heads": 2, "do_rotary": 1, "local_window_size": 3},
+                order=["q", "", "", "", "", "seqlens", "total", "cos", "sin"], initializers={"cos": cos, "sin": sin},
+            ),
+            gqa_packed,
+        ),
+        (
+            "MatMulNBits",
+            ms_model("MatMulNBits", {"a": rnd((3, 32))}, {"K": 32, "N": 6, "bits": 4, "block_size": 16},
+                     initializers={"b": _pack(q4, 4), "s": rnd((12,))}),
+            {"a": rnd((3, 32))},
+        ),
+        (
+            "DynamicQuantizeMatMul",
+            ms_model("DynamicQuantizeMatMul", {"a": rnd((3, 9))},
+                     initializers={"b": rng.integers(-128, 127, (9, 5)).astype(np.int8),
+                                   "s": np.array(0.02, np.float32)}),
+            {"a": rnd((3, 9))},
+        ),
+        (
+            "EmbedLayerNormalization",
+            ms_model(
+                "EmbedLayerNormalization", ids, initializers={"w": rnd((20, 8)), "p": rnd((16, 8)), "g": b, "be": b},
+                order=["ids", "", "w", "p", "", "g", "be", "mask"], outputs={"y": F32, "mi": TensorProto.INT32},
+            ),
+            ids,
+        ),
+    ]  # fmt: skip
+
+
+@pytest.mark.skipif(not _nvrtc_ok(), reason="NVRTC (cuda-bindings) is not installed")
+def test_contrib_forms_compile_for_cuda(tmp_path):
+    failures = []
+    for name, model, feeds in _cuda_cases():
+        expected = run_ort(model, feeds)
+        for vi in model.graph.output:
+            want = expected[vi.name]
+            elem = helper.np_dtype_to_tensor_dtype(want.dtype)
+            vi.type.CopyFrom(helper.make_tensor_type_proto(elem, want.shape))
+        try:
+            graphc.compile(model, target="cuda", arch=["sm_90"], cache_dir=tmp_path)
+        except GraphcError as e:
+            failures.append(f"{name}: {e}")
+    assert not failures, "\n".join(failures)
