@@ -34,22 +34,22 @@ def ms_model(
     *,
     initializers: Mapping[str, np.ndarray] | None = None,
     order: Sequence[str] | None = None,
-    outputs: Mapping[str, int] | None = None,
+    outputs: Mapping[str, int] | Sequence[tuple[str, int]] | None = None,
     domain: str = MS,
     opset: int = 17,
 ) -> onnx.ModelProto:
     """One com.microsoft node; `order` lists its inputs ("" for an omitted optional one),
     `outputs` names its outputs with their element types ("" to omit one)."""
     initializers = dict(initializers or {})
-    outputs = dict(outputs or {"y": F32})
+    outputs = list((outputs or {"y": F32}).items() if isinstance(outputs or {}, Mapping) else outputs)
     order = list(order) if order is not None else [*inputs, *initializers]
-    node = helper.make_node(op, order, list(outputs), domain=domain, **(attrs or {}))
+    node = helper.make_node(op, order, [k for k, _ in outputs], domain=domain, **(attrs or {}))
     g_in = [
         helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in inputs.items()
     ]
     # Outputs of the first input's rank with unknown dims (compare() puts in ORT's shapes).
     rank = len(next(iter(inputs.values())).shape)
-    g_out = [helper.make_tensor_value_info(k, t, [f"{k}_{i}" for i in range(rank)]) for k, t in outputs.items() if k]
+    g_out = [helper.make_tensor_value_info(k, t, [f"{k}_{i}" for i in range(rank)]) for k, t in outputs if k]
     inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in initializers.items()]
     graph = helper.make_graph([node], f"test_{op}", g_in, g_out, inits)
     opsets = [helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)]
@@ -204,7 +204,7 @@ def test_skip_layer_norm(beta, bias, outs):
         {"epsilon": 1e-5},
         initializers=inits,
         order=order,
-        outputs={o: F32 for o in outs},
+        outputs=[(o, F32) for o in outs],
     )
     compare(m, {"x": x, "s": s})
 
@@ -226,7 +226,7 @@ def test_skip_simplified_layer_norm(bias, outs):
         {"x": x, "s": s},
         {"epsilon": 1e-6},
         initializers=inits,
-        outputs={o: F32 for o in outs},
+        outputs=[(o, F32) for o in outs],
     )
     compare(m, {"x": x, "s": s})
 
@@ -754,3 +754,40 @@ def test_contrib_forms_compile_for_cuda(tmp_path):
         except GraphcError as e:
             failures.append(f"{name}: {e}")
     assert not failures, "\n".join(failures)
+
+
+# ---- what is refused says so, naming the node ----------------------------------------------------
+
+
+def _refusal_cases() -> list[tuple[onnx.ModelProto, str]]:
+    x = rnd((2, 5, 16))
+    gqa = _gqa_feeds(2, 5, 4, 2, 4, False, [5, 5])
+    mha = {"q": rnd((2, 5, 12)), "k": rnd((2, 5, 12)), "v": rnd((2, 5, 12))}
+    cos, sin = _caches(16, 2)
+    return [
+        (ms_model("FusedConv", {"x": rnd((1, 2, 5, 5))}, {"activation": "Swish"},
+                  initializers={"w": rnd((3, 2, 3, 3))}), "activation 'Swish' is not supported"),
+        (ms_model("MatMulNBits", {"a": rnd((3, 32)), "b": np.zeros((6, 2, 8), np.uint8)},
+                  {"K": 32, "N": 6, "bits": 4, "block_size": 16}, initializers={"s": rnd((12,))}),
+         "must be a constant"),
+        (ms_model("MatMulNBits", {"a": rnd((3, 32))}, {"K": 32, "N": 6, "bits": 3, "block_size": 16},
+                  initializers={"b": np.zeros((6, 2, 6), np.uint8), "s": rnd((12,))}), "bits=3"),
+        (ms_model("MultiHeadAttention", mha, {"num_heads": 3}, outputs=[("y", F32), ("", F32), ("", F32), ("qk", F32)]),
+         "output 3 \\(qk\\)"),
+        (ms_model("GroupQueryAttention", gqa | {"sink": rnd((4,))}, {"num_heads": 4, "kv_num_heads": 2},
+                  order=["q", "k", "v", "", "", "seqlens", "total", "", "", "", "", "sink"]), "head_sink"),
+        (ms_model("GroupQueryAttention", gqa, {"num_heads": 4, "kv_num_heads": 3},
+                  order=["q", "k", "v", "", "", "seqlens", "total"]), "multiple of kv_num_heads"),
+        (ms_model("RotaryEmbedding", {"x": x, "p": np.zeros((2, 5), np.int64)}, {"scale": 0.5},
+                  initializers={"c": cos, "s": sin}), "scale=0.5"),
+        (ms_model("Attention", {"x": x}, {"num_heads": 2, "past_present_share_buffer": 1},
+                  initializers={"w": rnd((16, 48))}), "past_present_share_buffer"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", range(len(_refusal_cases())))
+def test_refusals_name_the_node(case):
+    model, message = _refusal_cases()[case]
+    op = model.graph.node[0].op_type
+    with pytest.raises(UnsupportedOpError, match=f"{op} node .*{message}"):
+        graphc.load_onnx(model)
