@@ -17,7 +17,8 @@ silently ignored. What each supports:
   LayerNormalization / RMSNormalization over the last axis; every output (mean, inv_std_var,
   input_skip_bias_sum) but the simplified form's mean.
 - EmbedLayerNormalization: the three embedding Gathers, their sum, LayerNormalization, mask_index
-  (the count of nonzero mask entries per row) and embedding_sum.
+  (the count of nonzero mask entries per row, as ORT counts them; zeros without a mask) and
+  embedding_sum.
 - Attention: packed QKV projection (qkv_hidden_sizes too), every mask_index format but the
   3 * batch + 2 one (1-D end positions, 2-D end + start positions, raw 2-D / 3-D / 4-D masks,
   all additive with mask_filter_value as ORT applies them), attention_bias, unidirectional,
@@ -351,8 +352,10 @@ def _embed_layer_norm(ctx: ConvertContext) -> list[Value]:
     if len(wanted) > 1:
         mask_index = None
         if wanted[1]:
-            if mask is None:
-                raise ctx.fail("output mask_index needs the mask input")
+            if mask is None:  # ORT writes zeros then
+                zeros = ctx.constant(np.zeros(1, np.int32), "zeros")
+                mask = ctx.op("Expand", [zeros, _dim(ctx, ids, 0, "batch")], name=f"{ctx.name}/no_mask")
+                mask = ctx.op("Unsqueeze", [mask, _i64(ctx, [1], "axis")])
             nonzero = ctx.op(
                 "Cast",
                 [ctx.op("Not", [ctx.op("Equal", [mask, ctx.constant(np.zeros((), mask.ttype.dtype.numpy), "zero")])])],

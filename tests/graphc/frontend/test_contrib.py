@@ -233,13 +233,14 @@ def test_skip_simplified_layer_norm(bias, outs):
 
 @pytest.mark.parametrize("segments", [False, True])
 @pytest.mark.parametrize("pos_ids", [False, True])
-def test_embed_layer_norm(segments, pos_ids):
+@pytest.mark.parametrize("with_mask", [True, False])
+def test_embed_layer_norm(segments, pos_ids, with_mask):
     b, s, h, vocab = 3, 7, 12, 20
     rng = np.random.default_rng(0)
     feeds = {"ids": rng.integers(0, vocab, (b, s)).astype(np.int32)}
     mask = np.ones((b, s), np.int32)
     mask[1, 4:] = 0
-    mask[2, 2:] = 0
+    mask[2, 2:4] = 0  # a hole: ORT's mask_index counts the ones
     feeds["mask"] = mask
     inits = {"word": rnd((vocab, h), 1), "pos": rnd((16, h), 2), "gamma": rnd((h,), 4), "beta": rnd((h,), 5)}
     order = ["ids", "", "word", "pos", "", "gamma", "beta", "mask"]
@@ -250,6 +251,9 @@ def test_embed_layer_norm(segments, pos_ids):
     if pos_ids:
         feeds["pos_ids"] = rng.integers(0, 16, (b, s)).astype(np.int32)
         order.append("pos_ids")
+    if not with_mask:  # mask_index is then all zeros
+        del feeds["mask"]
+        order[7] = ""
     m = ms_model(
         "EmbedLayerNormalization", feeds, {"epsilon": 1e-12}, initializers=inits, order=order,
         outputs={"y": F32, "mask_index": TensorProto.INT32, "sum": F32},
