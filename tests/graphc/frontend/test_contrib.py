@@ -795,3 +795,26 @@ def test_refusals_name_the_node(case):
     op = model.graph.node[0].op_type
     with pytest.raises(UnsupportedOpError, match=f"{op} node .*{message}"):
         graphc.load_onnx(model)
+
+
+def test_ort_optimized_vit(tmp_path):
+    """The zoo ViT (pre-LN blocks, a Conv patch embedding) through ORT's optimizer for model_type
+    "vit": Attention, SkipLayerNormalization, BiasGelu; the CPU engine matches ORT."""
+    pytest.importorskip("sympy", reason="ORT's transformer optimizer needs sympy for shape inference")
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    import models
+
+    src, dst = tmp_path / "vit.onnx", tmp_path / "vit.opt.onnx"
+    base = models.build("vit", size="tiny")
+    onnx.save(base, src)
+    optimize_model(str(src), model_type="vit", num_heads=4, hidden_size=32, opt_level=0).save_model_to_file(str(dst))
+    model = onnx.load(dst)
+    ops = {n.op_type for n in model.graph.node if n.domain == MS}
+    assert {"Attention", "SkipLayerNormalization", "BiasGelu"} <= ops, f"ORT's optimizer wrote {sorted(ops)}"
+    feeds = models.sample_inputs("vit", base, seed=1)
+    expected = run_ort(model, feeds)
+    got = graphc.compile(model, target="cpu", shapes={k: v.shape for k, v in feeds.items()}).run(feeds)
+    for name, want in expected.items():
+        err = np.abs(got[name] - want).max() / np.abs(want).max()
+        assert err < 1e-4, f"{name}: max error {err:.2e} of the output scale"
