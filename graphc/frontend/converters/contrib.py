@@ -19,11 +19,12 @@ silently ignored. What each supports:
 - EmbedLayerNormalization: the three embedding Gathers, their sum, LayerNormalization, mask_index
   (the count of nonzero mask entries per row, as ORT counts them; zeros without a mask) and
   embedding_sum.
-- Attention: packed QKV projection (qkv_hidden_sizes too), every mask_index format but the
-  3 * batch + 2 one (1-D end positions, 2-D end + start positions, raw 2-D / 3-D / 4-D masks,
-  all additive with mask_filter_value as ORT applies them), attention_bias, unidirectional,
+- Attention: packed QKV projection (qkv_hidden_sizes too), the mask_index formats (B) end
+  positions, (2B) end + start positions, raw (B, T) and (B, S, T) masks, all additive with
+  mask_filter_value as ORT applies them; attention_bias, unidirectional,
   scale, past/present (the cache as static tensors; the CUDA target has no KV-cache kernel).
-  Refused: do_rotary, past_present_share_buffer, past_sequence_length.
+  Refused: do_rotary, past_present_share_buffer, past_sequence_length, the (3B + 2) mask and the
+  4-D (Megatron) mask (which ORT's CPU kernel refuses too, so there is no oracle for it here).
 - MultiHeadAttention: separate 3-D Q/K/V, packed QKV (B, S, N, 3, H), packed KV (B, L, N, 2, H),
   K/V already in (B, N, L, H); bias, key_padding_mask ((B) lengths, (B, T), (B, S, T)),
   attention_bias, unidirectional, past_key/past_value with present outputs. Refused: the qk output,
@@ -419,14 +420,14 @@ def _attention_mask(
                 keep = _length_mask(ctx, ends, starts, total)
             else:
                 keep = _length_mask(ctx, mask, None, total)
-        elif len(shape) in (2, 3, 4):
-            if len(shape) == 4 and not (isinstance(shape[1], int) and shape[1] == 1):
-                raise ctx.fail(f"a 4-D mask must be (batch, 1, seq, total), got {shape}")
+        elif len(shape) == 4:
+            # Megatron's (batch, 1, max_seq, max_seq): ORT's CPU kernel has no definition to check against
+            raise ctx.fail(f"a 4-D mask {shape} (Megatron's format) is not supported")
+        elif len(shape) in (2, 3):
             zero = ctx.constant(np.zeros((), mask.ttype.dtype.numpy), "zero")
             keep = ctx.op("Not", [ctx.op("Equal", [mask, zero])])
-            axes = {2: [1, 2], 3: [1], 4: []}[len(shape)]
-            if axes:
-                keep = ctx.op("Unsqueeze", [keep, _i64(ctx, axes, "head_axes")], name=f"{ctx.name}/raw_mask")
+            axes = [1, 2] if len(shape) == 2 else [1]
+            keep = ctx.op("Unsqueeze", [keep, _i64(ctx, axes, "head_axes")], name=f"{ctx.name}/raw_mask")
         else:
             raise ctx.fail(f"mask of shape {shape} is not a supported format")
         out = _additive(ctx, keep, like, fill)

@@ -276,8 +276,9 @@ def _mask(kind: str, b: int, s: int, t: int, rng) -> np.ndarray | None:
     raw = (np.arange(t)[None] < lengths[:, None]).astype(np.int32)
     if kind == "raw2":
         return raw
-    if kind == "raw3":
-        return (rng.random((b, s, t)) < 0.7).astype(np.int32) | np.eye(s, t, dtype=np.int32)[None]
+    if kind in ("raw3", "raw4"):
+        m = (rng.random((b, s, t)) < 0.7).astype(np.int32) | np.eye(s, t, dtype=np.int32)[None]
+        return m if kind == "raw3" else m[:, None]
     raise ValueError(kind)
 
 
@@ -784,6 +785,8 @@ def _refusal_cases() -> list[tuple[onnx.ModelProto, str]]:
                   order=["q", "k", "v", "", "", "seqlens", "total"]), "multiple of kv_num_heads"),
         (ms_model("RotaryEmbedding", {"x": x, "p": np.zeros((2, 5), np.int64)}, {"scale": 0.5},
                   initializers={"c": cos, "s": sin}), "scale=0.5"),
+        (ms_model("Attention", {"x": x, "m": np.ones((2, 1, 5, 5), np.int32)}, {"num_heads": 2},
+                  initializers={"w": rnd((16, 48))}, order=["x", "w", "", "m"]), "4-D mask"),
         (ms_model("Attention", {"x": x}, {"num_heads": 2, "past_present_share_buffer": 1},
                   initializers={"w": rnd((16, 48))}), "past_present_share_buffer"),
     ]  # fmt: skip
