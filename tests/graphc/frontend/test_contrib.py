@@ -117,6 +117,29 @@ def test_gelu_becomes_graphc_gelu():
     assert g.nodes[1].attrs.approximate == "tanh"
 
 
+F16 = TensorProto.FLOAT16
+
+
+@pytest.mark.parametrize(
+    "op,extra",
+    [
+        ("SkipLayerNormalization", ["g", "b"]),
+        ("SkipSimplifiedLayerNormalization", ["g"]),
+        ("FastGelu", ["b"]),
+        ("BiasGelu", ["b"]),
+        ("Gelu", []),
+        ("QuickGelu", []),
+    ],
+)
+def test_float16_forms(op, extra):
+    """float16 models (ORT's optimizer converts them so): within one float16 step of ORT."""
+    x, s = rnd((2, 5, 12), 1, 2.0, np.float16), rnd((2, 5, 12), 2, 1.0, np.float16)
+    params = {"g": rnd((12,), 3, 1.0, np.float16), "b": rnd((12,), 4, 1.0, np.float16)}
+    feeds = {"x": x, "s": s} if op.startswith("Skip") else {"x": x}
+    m = ms_model(op, feeds, initializers={k: params[k] for k in extra}, outputs={"y": F16})
+    compare(m, feeds, rtol=2e-3, atol=4e-3)  # a float16 step at |y| ~ 4 is 4e-3
+
+
 # ---- FusedConv, FusedGemm, FusedMatMul ------------------------------------------------------------
 
 CONV_ACTIVATIONS = [
