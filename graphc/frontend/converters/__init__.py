@@ -3,6 +3,7 @@
 from graphc.frontend.converters import (  # noqa: F401
     attention,
     constants,
+    contrib,
     data_movement,
     elementwise,
     linalg,
