@@ -331,7 +331,13 @@ def checked_kernels(plan: KernelPlan, factory: Any, path: Path) -> Any:
         specs = [plan.tensors[n] for n in step.outputs]
 
         def run(inputs: list[Any]) -> list[Any]:
-            outs = list(fn(inputs))
+            try:
+                outs = list(fn(inputs))
+            except Exception as e:
+                # the reference refusing its operands (an omitted required input, mismatched
+                # shapes): an edited plan gets here, a built one ran when it was compiled
+                msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+                raise EngineError(f"{path}: step '{step.name}' ({step.op}) failed: {msg}") from None
             if len(outs) < len(specs):
                 raise EngineError(f"{path}: step '{step.name}' gave {len(outs)} results, the plan has {len(specs)}")
             for spec, val in zip(specs, outs, strict=False):

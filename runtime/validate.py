@@ -252,7 +252,14 @@ def _check_steps(plan: KernelPlan, memory: MemoryPlan, roots: dict[str, str], c:
             for n in s.outputs:
                 if T[n].kind != ARENA:
                     raise c.fail(f"{where} computes '{n}', which is a {T[n].kind} tensor, not an arena one")
+    read = {n for s in plan.steps for n in s.inputs if n is not None}
     for name, t in T.items():
+        # The builder drops what nothing uses: a weight no step reads, or an intermediate no
+        # step writes, is left over from an edit (e.g. a step input retargeted to another weight).
+        if t.kind == WEIGHT and name not in read:
+            raise c.fail(f"weight '{name}' is read by no step")
+        if t.kind == ARENA and name not in producer:
+            raise c.fail(f"tensor '{name}' is written by no step")
         if t.kind == ALIAS and name not in producer:
             # A view nobody makes would be read as whatever its root holds: only the plan's view
             # steps make views.
@@ -298,6 +305,15 @@ def _check_liveness(plan: KernelPlan, memory: MemoryPlan, roots: dict[str, str],
         r = roots.get(name, name)
         if T[r].kind != WEIGHT:
             last[r] = n_steps
+    for p in memory.placements.values():
+        # The builder notes each tensor's live range; a range that no longer matches the steps
+        # means the steps (or the outputs) were edited after it planned the memory.
+        want = (first.get(p.name, -1), last.get(p.name, first.get(p.name, -1)))
+        if (p.first, p.last) != want:
+            raise c.fail(
+                f"tensor '{p.name}' is planned live over steps {p.first}..{p.last}, the steps make it "
+                f"{want[0]}..{want[1]} (steps or outputs edited after planning)"
+            )
     placed = sorted(memory.placements.values(), key=lambda p: p.offset)
     for i, a in enumerate(placed):
         a_end = a.offset + a.nbytes
