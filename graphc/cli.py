@@ -153,7 +153,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     import graphc.runtime
 
-    engine = graphc.runtime.load(args.engine, device=args.device)
+    engine = graphc.runtime.load(args.engine, device=args.device, verify_key=args.verify_key)
     feeds = _load_inputs(args.inputs) if args.inputs else _random_inputs(engine, args.seed)
     outs = engine.run(feeds, to_numpy=True) if engine.target == "cuda" else engine.run(feeds)
     outs = {k: np.asarray(v) for k, v in outs.items()}
@@ -231,7 +231,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     import graphc.runtime
     from graphc.bench import benchmark, format_bench
 
-    engine = graphc.runtime.load(args.engine, device=args.device)
+    engine = graphc.runtime.load(args.engine, device=args.device, verify_key=args.verify_key)
     feeds = _random_inputs(engine)
     result = benchmark(engine, feeds, iterations=args.iterations, warmup=args.warmup, per_kernel=args.per_kernel)
     print(format_bench(result))
@@ -243,7 +243,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from graphc.runtime.format import read_engine
 
-    ef = read_engine(args.engine)
+    ef = read_engine(args.engine, verify_key=args.verify_key)
     m = ef.manifest
     print(f"{args.engine}: graphc engine v{m['format_version']} ({m['target']}), built by graphc {m['graphc_version']}")
     for k, v in sorted(m["build"].items()):
@@ -302,6 +302,26 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- engine signatures (graphc.runtime.signing): `graphc sign`, and --verify-key on run/bench/inspect
+
+
+def _cmd_sign(args: argparse.Namespace) -> int:
+    from graphc.runtime.signing import sign_engine
+
+    digest = sign_engine(args.engine, args.key)
+    print(f"signed {args.engine} (manifest sha256 {digest[:16]}...) with {args.key}")
+    return 0
+
+
+def _add_signing(sub: Any, *engine_parsers: argparse.ArgumentParser) -> None:
+    s = sub.add_parser("sign", help="sign an engine file with an ed25519 private key (needs cryptography)")
+    s.add_argument("engine")
+    s.add_argument("--key", required=True, help="PEM ed25519 private key (openssl genpkey -algorithm ed25519)")
+    s.set_defaults(func=_cmd_sign)
+    for e in engine_parsers:
+        e.add_argument("--verify-key", help="PEM ed25519 public key: refuse the engine unless it signed it")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="graphc",
@@ -357,6 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("check", help="list the ops of a model that graphc does not support")
     k.add_argument("model", help="path to an .onnx file")
     k.set_defaults(func=_cmd_check)
+    _add_signing(sub, r, b, i)
     return p
 
 

@@ -99,3 +99,18 @@ def test_missing_cryptography_names_what_to_install(setup, monkeypatch):
     d, *_ = setup
     with pytest.raises(EngineError, match="pip install cryptography"):
         graphc.runtime.load(d / "plain.engine", verify_key=d / "pub.pem")
+
+
+def test_cli_sign_and_verify_key(setup, capsys):
+    from graphc.cli import main
+
+    d, *_ = setup
+    p = _copy(d, "cli.engine")
+    assert main(["run", str(p), "--verify-key", str(d / "pub.pem")]) != 0
+    assert "not signed" in capsys.readouterr().err
+    assert main(["sign", str(p), "--key", str(d / "key.pem")]) == 0
+    assert "signed" in capsys.readouterr().out
+    assert main(["run", str(p), "--verify-key", str(d / "pub.pem")]) == 0
+    assert main(["inspect", str(p), "--verify-key", str(d / "other.pub")]) != 0
+    err = capsys.readouterr().err
+    assert "does not verify" in err and "Traceback" not in err
