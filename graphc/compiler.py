@@ -102,6 +102,9 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
         graph = load_onnx(model)
     with phase("bind_shapes"):
         graph = bind_shapes(graph, opts.shapes)
+        from graphc.frontend.limits import check_value_sizes
+
+        check_value_sizes(graph)  # a bound dim of 2**40 is one error here, not a huge allocation later
     if opts.target == "cuda":
         from graphc.passes.decompose_conv_transpose import decompose_conv_transpose
         from graphc.passes.decompose_einsum import decompose_einsum
