@@ -141,13 +141,20 @@ def _external(t: onnx.TensorProto, dtype: DType, shape: tuple[int, ...], base: P
             f"initializer '{t.name}' lives in external file '{info['location']}': load the model "
             "from its path (not from bytes or a proto) so that the file can be found"
         )
-    loc = (base / info["location"]).resolve()
+    where = f"initializer '{t.name}': external data location {info['location'][:80]!r}"
+    if "\0" in info["location"] or not info["location"].strip():
+        raise ModelLoadError(f"{where} is not a file name")
+    try:
+        loc = (base / info["location"]).resolve()
+        is_file = loc.is_file()
+    except (OSError, ValueError, RuntimeError) as e:
+        raise ModelLoadError(f"{where}: {e}") from None
     if base.resolve() not in loc.parents and loc.parent != base.resolve():
         raise ModelLoadError(
             f"initializer '{t.name}': external path '{info['location']}' leaves the model's folder"
         )
-    if not loc.exists():
-        raise ModelLoadError(f"initializer '{t.name}': external data file {loc} is missing")
+    if not is_file:
+        raise ModelLoadError(f"initializer '{t.name}': external data file {loc} is missing (or not a file)")
     count = math.prod(shape)  # exact: an int64 product of large dims wraps
     need = count * dtype.itemsize
     offset = _byte_count(info, "offset", 0, t.name)
@@ -162,5 +169,8 @@ def _external(t: onnx.TensorProto, dtype: DType, shape: tuple[int, ...], base: P
         )
     if count == 0:
         return np.zeros(shape, dtype=dtype.numpy)
-    arr = np.memmap(loc, dtype=dtype.numpy, mode="r", offset=offset, shape=shape)
+    try:
+        arr = np.memmap(loc, dtype=dtype.numpy, mode="r", offset=offset, shape=shape)
+    except (OSError, ValueError, OverflowError) as e:
+        raise ModelLoadError(f"initializer '{t.name}': cannot map external data {loc.name}: {e}") from None
     return arr
