@@ -267,8 +267,9 @@ def _load_weights(data: bytes, plan: KernelPlan, path: Path) -> dict[str, np.nda
         else:
             # 16-bit floats other than fp16 (and fp8) are stored as their bits: uint8, one trailing
             # axis of the item size.
-            want = [*t.shape, dt.itemsize] if t.shape else [dt.itemsize]
-            if a.dtype != np.uint8 or list(a.shape) != want:
+            # (a scalar's bits may be stored as [itemsize] or [1, itemsize])
+            wants = [[*t.shape, dt.itemsize]] if t.shape else [[dt.itemsize], [1, dt.itemsize]]
+            if a.dtype != np.uint8 or list(a.shape) not in wants:
                 raise EngineError(
                     f"{path}: weight '{name}' is stored as {a.dtype}{list(a.shape)}; the plan says {t.dtype}{t.shape}"
                 )
