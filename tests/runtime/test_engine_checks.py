@@ -214,3 +214,26 @@ def test_runtime_jit_compiles_kept_sources_without_the_compiler(engines):
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("op", ["NoSuchOp", "dataclass", "register_op"])
+def test_a_cpu_step_op_outside_the_kernel_table_is_refused_at_load(engines, tmp_path, op):
+    cpu, *_ = engines
+
+    def edit(m):
+        m["plan"]["steps"][0]["op"] = op
+
+    with pytest.raises(EngineError, match=f"cannot build its {op} kernel") as e:
+        graphc.runtime.load(rewrite(cpu, tmp_path / "op.engine", edit))
+    assert "\n" not in str(e.value)
+
+
+def test_a_reshaped_intermediate_is_refused(engines, tmp_path):
+    cpu, _, feeds, _ = engines
+
+    def edit(m):
+        t = next(t for t in m["plan"]["tensors"].values() if t["kind"] == "arena" and len(t["shape"]) == 3)
+        t["shape"] = [t["shape"][0] * t["shape"][1], t["shape"][2]]  # same bytes, other shape
+
+    with pytest.raises(EngineError, match="the plan says|not a view of all"):
+        graphc.runtime.load(rewrite(cpu, tmp_path / "r.engine", edit)).run(feeds)
