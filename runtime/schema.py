@@ -22,8 +22,8 @@ MAX_SIZE = 2**50
 MAX_RANK = 16
 MAX_ARGS = 256
 
-# The dtypes an engine tensor may have (numpy / ml_dtypes names). Closed: a name from a manifest
-# never reaches getattr() on a module.
+# The dtypes an engine tensor may have (numpy / ml_dtypes names; sub-byte types take a byte each,
+# as ml_dtypes stores them). Closed: a name from a manifest never reaches getattr() on a module.
 DTYPES = (
     "float32",
     "float16",
@@ -42,6 +42,14 @@ DTYPES = (
     "float8_e4m3fnuz",
     "float8_e5m2",
     "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+    "float4_e2m1fn",
+    "int4",
+    "uint4",
+    "int2",
+    "uint2",
+    "complex64",
+    "complex128",
 )
 DType = Literal[
     "float32",
@@ -61,6 +69,14 @@ DType = Literal[
     "float8_e4m3fnuz",
     "float8_e5m2",
     "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+    "float4_e2m1fn",
+    "int4",
+    "uint4",
+    "int2",
+    "uint2",
+    "complex64",
+    "complex128",
 ]
 
 Size = Annotated[int, msgspec.Meta(ge=0, le=MAX_SIZE)]

@@ -50,6 +50,14 @@ ITEMSIZE = {
     "float8_e4m3fnuz": 1,
     "float8_e5m2": 1,
     "float8_e5m2fnuz": 1,
+    "float8_e8m0fnu": 1,
+    "float4_e2m1fn": 1,
+    "int4": 1,
+    "uint4": 1,
+    "int2": 1,
+    "uint2": 1,
+    "complex64": 8,
+    "complex128": 16,
 }
 WORKSPACE = "@workspace"
 MAX_THREADS_PER_BLOCK = 1024
@@ -154,7 +162,8 @@ def validate_plan(m: ManifestDoc, plan: KernelPlan, memory: MemoryPlan, limits: 
     # -- steps: topological order, each tensor written once, outputs produced
     producer = _check_steps(plan, memory, roots, c)
     for name in plan.outputs:
-        if name not in producer:
+        # A graph may return an input or a constant as it is; any other output is a step's result.
+        if name not in producer and T[name].kind not in (INPUT, WEIGHT):
             raise c.fail(f"plan output '{name}' is not produced by any step (a {T[name].kind} tensor)")
     _check_no_dead_steps(plan, roots, c)
     _check_liveness(plan, memory, roots, c)
@@ -256,7 +265,7 @@ def _check_steps(plan: KernelPlan, memory: MemoryPlan, roots: dict[str, str], c:
     for name, t in T.items():
         # The builder drops what nothing uses: a weight no step reads, or an intermediate no
         # step writes, is left over from an edit (e.g. a step input retargeted to another weight).
-        if t.kind == WEIGHT and name not in read:
+        if t.kind == WEIGHT and name not in read and name not in plan.outputs:
             raise c.fail(f"weight '{name}' is read by no step")
         if t.kind == ARENA and name not in producer:
             raise c.fail(f"tensor '{name}' is written by no step")
