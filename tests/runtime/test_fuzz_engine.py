@@ -11,9 +11,11 @@ one line, or load and compute exactly what the original computes:
 
 Manifest edits are mostly "resealed" (the manifest digest in the zip comment recomputed, as a
 deliberate editor would), so the plan's own validation is what is tested; the rest are left
-unsealed and must all be refused by the digest. Launch geometry, attrs and kernel params are
-mutated unsealed only: a consistent rewrite of those is a different plan that only a signature
-(graphc sign / --verify-key) can tell from the builder's.
+unsealed and must all be refused by the digest. Edits of the plan's own values (launch geometry,
+attrs, kernel params, a step input or launch argument pointed at another live tensor of the same
+type) are made unsealed only: such an edit, made consistently, is another valid plan, which only
+a signature (graphc sign / --verify-key) tells from the builder's. Every other class is made
+sealed, and the validator must catch each change of meaning it causes.
 """
 
 from __future__ import annotations
@@ -190,10 +192,17 @@ def _get(obj: object, path: tuple) -> object:
     return obj
 
 
-def mut_type_confusion(rng, m):
+def _is_value_of_plan(p: tuple) -> bool:
+    """Paths whose values are the plan's own choices (attrs, kernel params, launch geometry and
+    shared memory): a new value of the right type there is another plan, which only a signature
+    can tell apart."""
+    return any(k in p for k in ("attrs", "params", "grid", "block", "shared_bytes"))
+
+
+def mut_type_confusion(rng, m, values: bool = False):
     # Mostly inside the plan and memory plan, where the meaning lives.
     root = rng.choice(["plan", "memory", "plan", "kernels", "inputs", "outputs", None])
-    paths = [p for p in _paths(m) if p and (root is None or p[0] == root)]
+    paths = [p for p in _paths(m) if p and (root is None or p[0] == root) and (values or not _is_value_of_plan(p))]
     p = rng.choice(paths)
     _set(m, p, _rand_value(rng, _get(m, p)))
     return f"type {'.'.join(map(str, p))[:60]}"
@@ -355,10 +364,8 @@ def mut_launch(rng, m):
     if not steps:
         return mut_inplace(rng, m)
     ln = rng.choice(rng.choice(steps)["launches"])
-    k = rng.randrange(5)
-    if k == 0 and ln["args"]:
-        ln["args"][rng.randrange(len(ln["args"]))] = rng.choice([_rand_tensor(rng, m), "@workspace", "nope"])
-    elif k == 1:
+    k = rng.randrange(1, 5)
+    if k == 1:
         ln["digest"] = rng.choice(sorted(m["kernels"]))
     elif k == 2:
         ln["kernel"] = rng.choice([m["kernels"][d]["name"] for d in m["kernels"]] + ["x", "__import__"])
@@ -370,15 +377,23 @@ def mut_launch(rng, m):
     return "launch"
 
 
-def mut_geometry_unsealed(rng, m):
-    """Geometry, attrs and params: only ever unsealed (see the module docstring)."""
+def mut_plan_values(rng, m):
+    """What only a signature protects, so only ever unsealed (see the module docstring): launch
+    geometry, a launch argument or step input pointed at another tensor of the same type, attrs."""
     steps = [s for s in m["plan"]["steps"] if s["launches"]]
-    if steps:
+    k = rng.randrange(4)
+    if k == 0 and steps:
         ln = rng.choice(rng.choice(steps)["launches"])
         ln[rng.choice(["grid", "block"])][0] += 1
+    elif k == 1 and steps:
+        ln = rng.choice(rng.choice(steps)["launches"])
+        if ln["args"]:
+            ln["args"][rng.randrange(len(ln["args"]))] = rng.choice([_rand_tensor(rng, m), "@workspace", "nope"])
+    elif k == 2:
+        mut_step_io(rng, m)
     else:
-        rng.choice(m["plan"]["steps"])["attrs"]["__fuzz__"] = 1
-    return "geometry (unsealed)"
+        mut_type_confusion(rng, m, values=True)
+    return "plan values"
 
 
 SEALED = [
@@ -389,7 +404,6 @@ SEALED = [
     mut_reorder_steps,
     mut_reorder_steps,
     mut_retarget_output,
-    mut_step_io,
     mut_dtype,
     mut_dtype,
     mut_offset,
@@ -509,7 +523,7 @@ def mutate(rng: random.Random, data: bytes, base: Zip) -> tuple[bytes, str]:
         return zip_mutation(rng, z)
     m = z.manifest()
     if r < 0.37:
-        label = rng.choice([*SEALED, mut_geometry_unsealed])(rng, m)
+        label = rng.choice([*SEALED, mut_plan_values, mut_plan_values])(rng, m)
         z.set_manifest(m, reseal=False)
         return z.bytes(), label + " (unsealed)"
     label = rng.choice(SEALED)(rng, m)
