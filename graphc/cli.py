@@ -358,7 +358,7 @@ def _cuda_device_count() -> int | None:
         return None
 
 
-def _load_engine(path: str, device: int | None):
+def _load_engine(path: str, device: int | None, verify_key: str | None = None):
     """Load an engine for run/bench; --device checked against the engine's target and the GPUs here."""
     import graphc.runtime
 
@@ -368,7 +368,7 @@ def _load_engine(path: str, device: int | None):
         count = _cuda_device_count()
         if count is not None and device >= count:
             raise UsageError(f"--device {device}: this machine has {count} GPU(s) (0..{count - 1})")
-    engine = graphc.runtime.load(path, device=device or 0)
+    engine = graphc.runtime.load(path, device=device or 0, verify_key=verify_key)
     if device and engine.target != "cuda":
         raise UsageError(f"--device {device}: {path} is a {engine.target} engine; --device picks a GPU")
     return engine
@@ -407,6 +407,7 @@ def _add_run(sub) -> None:
     r.add_argument("--atol", type=non_negative_float, help="max absolute error allowed besides --rtol (default 0)")
     r.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     r.add_argument("--device", type=int, default=None, help="GPU index of a CUDA engine (default 0)")
+    _add_verify_key(r)
     r.set_defaults(func=_cmd_run)
 
 
@@ -416,7 +417,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     out_path = check_output_path(args.outputs, "--outputs") if args.outputs else None
     if args.compare and not Path(args.compare).is_file():
         raise UsageError(f"--compare {args.compare}: no such file")
-    engine = _load_engine(args.engine, args.device)
+    engine = _load_engine(args.engine, args.device, args.verify_key)
     feeds = _feeds(args, engine)
     session = _reference_session(args.compare, engine, feeds) if args.compare else None
     outs = engine.run(feeds, to_numpy=True) if engine.target == "cuda" else engine.run(feeds)
@@ -536,6 +537,7 @@ def _add_bench(sub) -> None:
     b.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     b.add_argument("--json", help="write the numbers here")
     b.add_argument("--device", type=int, default=None, help="GPU index of a CUDA engine (default 0)")
+    _add_verify_key(b)
     b.set_defaults(func=_cmd_bench)
 
 
@@ -543,7 +545,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from graphc.bench import benchmark, default_counts, format_bench
 
     json_path = check_output_path(args.json, "--json") if args.json else None
-    engine = _load_engine(args.engine, args.device)
+    engine = _load_engine(args.engine, args.device, args.verify_key)
     if args.per_kernel and engine.target != "cuda":
         raise UsageError(f"--per-kernel times CUDA kernels; {args.engine} is a {engine.target} engine")
     feeds = _feeds(args, engine)
@@ -568,6 +570,7 @@ def _add_inspect(sub) -> None:
     i = sub.add_parser("inspect", help="kernels, fusions, memory plan and build info of an engine", parents=[_common()])
     i.add_argument("engine")
     i.add_argument("--memory", help="draw the memory timeline to this PNG (needs matplotlib)")
+    _add_verify_key(i)
     i.set_defaults(func=_cmd_inspect)
 
 
@@ -581,7 +584,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         require_matplotlib()
     from graphc.runtime.format import read_engine
 
-    ef = read_engine(args.engine)
+    ef = read_engine(args.engine, verify_key=args.verify_key)
     print(describe_engine(ef, str(args.engine)))
     if memory_png is not None:
         from graphc.inspect import describe_peak, draw_memory
@@ -640,6 +643,30 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- sign: engine signatures (graphc.runtime.signing); --verify-key on run/bench/inspect -------------
+
+
+def _add_sign(sub) -> None:
+    s = sub.add_parser(
+        "sign", help="sign an engine file with an ed25519 private key (needs cryptography)", parents=[_common()]
+    )
+    s.add_argument("engine")
+    s.add_argument("--key", required=True, help="PEM ed25519 private key (openssl genpkey -algorithm ed25519)")
+    s.set_defaults(func=_cmd_sign)
+
+
+def _cmd_sign(args: argparse.Namespace) -> int:
+    from graphc.runtime.signing import sign_engine
+
+    digest = sign_engine(args.engine, args.key)
+    print(f"signed {args.engine} (manifest sha256 {digest[:16]}...) with {args.key}")
+    return 0
+
+
+def _add_verify_key(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--verify-key", help="PEM ed25519 public key: refuse the engine unless it signed it")
+
+
 # ---- the parser --------------------------------------------------------------------------------
 
 
@@ -660,7 +687,7 @@ def _common() -> argparse.ArgumentParser:
 
 
 # One entry per subcommand; a new one is an _add_NAME function listed here.
-COMMANDS = [_add_compile, _add_run, _add_bench, _add_inspect, _add_check, _add_cache]
+COMMANDS = [_add_compile, _add_run, _add_bench, _add_inspect, _add_check, _add_cache, _add_sign]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -103,6 +103,9 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
         graph = load_onnx(model)
     with phase("bind_shapes"):
         graph = bind_shapes(graph, opts.shapes)
+    from graphc.frontend.limits import check_value_sizes
+
+    check_value_sizes(graph)  # a bound dim of 2**40 is one error here, not a huge allocation later
     # Every rewrite, target-specific ones included, is a pass of passes/pipeline.py, switched on
     # by the target context: --dump-ir, verification and the report's per-pass times cover all.
     target = Target(opts.target, opts.precision, bool(opts.allow_tf32))

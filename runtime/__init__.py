@@ -8,11 +8,12 @@ from typing import Any
 from graphc.runtime.errors import EngineError, EngineInputError
 
 
-def load(path: Any, device: int = 0):
-    """Load an engine file (validated before it touches the GPU)."""
+def load(path: Any, device: int = 0, *, verify_key: Any = None):
+    """Load an engine file (validated before it touches the GPU); with `verify_key` (a PEM ed25519
+    public key), only an engine signed by its private key (`graphc sign`)."""
     from graphc.runtime.format import load as _load
 
-    return _load(path, device)
+    return _load(path, device, verify_key=verify_key)
 
 
 __all__ = ["EngineError", "EngineInputError", "load"]

@@ -22,25 +22,21 @@ from typing import Any
 import numpy as np
 
 from graphc.runtime.attrs_schema import SCHEMA_VERSION as ATTRS_SCHEMA_VERSION
+from graphc.runtime.container import MANIFEST, WEIGHTS, Container, Limits, make_comment
 from graphc.runtime.errors import EngineError
 from graphc.runtime.plan import (
-    ALIAS,
-    ALIGNMENT,
-    ARENA,
-    INPUT,
     WEIGHT,
     KernelPlan,
     MemoryPlan,
-    memory_plan_from_json,
     memory_plan_to_json,
 )
-from graphc.runtime.tensormap import is_tmap_arg, validate_launch
+from graphc.runtime.schema import ManifestDoc, decode_manifest, parse_json
+from graphc.runtime.validate import plan_from_doc, validate_kernels, validate_plan
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-WEIGHTS = "weights.safetensors"
+# 2: the manifest's digest in the zip comment, a typed schema, every member listed.
+FORMAT_VERSION = 2
 # safetensors' numpy API knows these dtypes; others are stored as their raw bits.
 _SAFETENSORS_NATIVE = {
     "float16",
@@ -126,8 +122,10 @@ def save_engine(engine: Any, path: str | Path) -> None:
     }
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
+    manifest_bytes = json.dumps(manifest, indent=1, default=_json_default).encode()
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
-        z.writestr(MANIFEST, json.dumps(manifest, indent=1, default=_json_default))
+        z.comment = make_comment(_sha256(manifest_bytes))
+        z.writestr(MANIFEST, manifest_bytes)
         for name, data in members.items():
             z.writestr(name, data, compress_type=zipfile.ZIP_STORED if name == WEIGHTS else zipfile.ZIP_DEFLATED)
     tmp.replace(path)
@@ -166,88 +164,79 @@ class EngineFile:
         weights: dict[str, np.ndarray],
         sources: dict[str, str],
         cubins: dict[str, dict[str, bytes]],
+        manifest_digest: str = "",
+        signature: bytes | None = None,
     ):
         self.manifest, self.plan, self.memory = manifest, plan, memory
         self.weights, self.sources, self.cubins = weights, sources, cubins
+        self.manifest_digest, self.signature = manifest_digest, signature
 
 
-def read_engine(path: str | Path) -> EngineFile:
+def read_engine(path: str | Path, limits: Limits | None = None, verify_key: str | Path | None = None) -> EngineFile:
+    """Read and validate an engine, in this order: the zip's member list and sizes (nothing
+    decompressed yet), the manifest against the digest in the zip comment (and the signature, with
+    `verify_key`), the manifest's schema, the member hashes, then the plan's meaning."""
     path = Path(path)
-    if not path.exists():
-        raise EngineError(f"{path}: no such engine file")
-    try:
-        z = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError) as e:
-        raise EngineError(f"{path}: not a graphc engine (not a valid zip: {e}); truncated or corrupt?") from None
-    with z:
-        try:
-            names = set(z.namelist())
-            if MANIFEST not in names:
-                raise EngineError(f"{path}: no {MANIFEST}: not a graphc engine")
-            raw = {n: z.read(n) for n in names}
-        except (zipfile.BadZipFile, OSError, EOFError, zlib_error()) as e:
-            raise EngineError(f"{path}: corrupt engine file: {e}") from None
-    try:
-        manifest = json.loads(raw[MANIFEST])
-    except (ValueError, UnicodeDecodeError) as e:
-        raise EngineError(f"{path}: manifest.json is not valid JSON: {e}") from None
-    _check_manifest(manifest, path)
-    members = manifest["members"]
-    for name, digest in members.items():
-        if name not in raw:
-            raise EngineError(f"{path}: member {name} listed in the manifest is missing")
-        if _sha256(raw[name]) != digest:
-            raise EngineError(f"{path}: member {name} does not match its SHA-256 (corrupt or edited)")
-    extra = sorted(names - set(members) - {MANIFEST})
-    if extra:
-        raise EngineError(f"{path}: unexpected members {extra[:5]}")
-    try:
-        plan = KernelPlan.from_json(manifest["plan"])
-        memory = memory_plan_from_json(manifest["memory"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise EngineError(f"{path}: malformed kernel or memory plan: {e!r}") from None
-    weights = _load_weights(raw[WEIGHTS], plan, path)
-    sources = {
-        n[len("kernels/") : -3]: raw[n].decode() for n in members if n.startswith("kernels/") and n.endswith(".cu")
-    }
+    limits = limits or Limits.default()
+    with Container(path, limits) as box:
+        raw_manifest = box.read_manifest()
+        if verify_key is not None:
+            from graphc.runtime.signing import verify_digest
+
+            verify_digest(box.manifest_digest, box.signature, verify_key, path)
+        obj = parse_json_at(raw_manifest, path)
+        doc = _decode(obj, path)
+        members = doc.members
+        if MANIFEST in members:
+            raise EngineError(f"{path}: the manifest lists itself as a member")
+        present = set(box.infos) - {MANIFEST}
+        missing = sorted(set(members) - present)
+        if missing:
+            raise EngineError(f"{path}: member {missing[0]} listed in the manifest is missing")
+        extra = sorted(present - set(members))
+        if extra:
+            raise EngineError(f"{path}: unexpected members {extra[:5]} (not listed in the manifest)")
+        if WEIGHTS not in members:
+            raise EngineError(f"{path}: member {WEIGHTS} listed in the manifest is missing")
+        raw: dict[str, bytes] = {}
+        for name, digest in members.items():
+            data = box.read(name)
+            if _sha256(data) != digest:
+                raise EngineError(f"{path}: member {name} does not match its SHA-256 (corrupt or edited)")
+            raw[name] = data
+        manifest_digest, signature = box.manifest_digest, box.signature
+    plan, memory = plan_from_doc(doc)
+    validate_plan(doc, plan, memory, limits, path)
+    sources: dict[str, str] = {}
     cubins: dict[str, dict[str, bytes]] = {}
+    cubin_members: list[tuple[str, str]] = []
     for n in members:
-        if n.endswith(".cubin"):
-            _, arch, fname = n.split("/")
-            cubins.setdefault(arch, {})[fname[:-6]] = raw[n]
-    _check_plan(plan, memory, manifest, sources, path)
-    return EngineFile(manifest, plan, memory, weights, sources, cubins)
+        parts = n.split("/")
+        if len(parts) == 2 and n.endswith(".cu"):
+            try:
+                sources[parts[1][:-3]] = raw[n].decode()
+            except UnicodeDecodeError:
+                raise EngineError(f"{path}: kernel source {n} is not UTF-8 text") from None
+        elif len(parts) == 3 and n.endswith(".cubin"):
+            cubins.setdefault(parts[1], {})[parts[2][:-6]] = raw[n]
+            cubin_members.append((parts[1], parts[2][:-6]))
+    validate_kernels(doc, plan, sources, cubin_members, path)
+    weights = _load_weights(raw[WEIGHTS], plan, path)
+    return EngineFile(obj, plan, memory, weights, sources, cubins, manifest_digest, signature)
 
 
-def zlib_error():
-    import zlib
+def parse_json_at(raw: bytes, path: Path) -> Any:
+    try:
+        return parse_json(raw)
+    except EngineError as e:
+        raise EngineError(f"{path}: {e}") from None
 
-    return zlib.error
 
-
-def _check_manifest(m: Any, path: Path) -> None:
-    if not isinstance(m, dict) or m.get("format") != "graphc-engine":
-        raise EngineError(f"{path}: not a graphc engine manifest")
-    v = m.get("format_version")
-    if v != FORMAT_VERSION:
-        raise EngineError(
-            f"{path}: engine format version {v!r}, this graphc reads version {FORMAT_VERSION}: rebuild the engine "
-            "with `graphc compile`"
-        )
-    for key, typ in (
-        ("target", str),
-        ("plan", dict),
-        ("memory", dict),
-        ("members", dict),
-        ("inputs", list),
-        ("outputs", list),
-        ("kernels", dict),
-        ("build", dict),
-    ):
-        if not isinstance(m.get(key), typ):
-            raise EngineError(f"{path}: manifest field '{key}' is missing or not a {typ.__name__}")
-    if m["target"] not in ("cpu", "cuda"):
-        raise EngineError(f"{path}: unknown target {m['target']!r}")
+def _decode(obj: Any, path: Path) -> ManifestDoc:
+    try:
+        return decode_manifest(obj, FORMAT_VERSION)
+    except EngineError as e:
+        raise EngineError(f"{path}: {e}") from None
 
 
 def _load_weights(data: bytes, plan: KernelPlan, path: Path) -> dict[str, np.ndarray]:
@@ -256,142 +245,123 @@ def _load_weights(data: bytes, plan: KernelPlan, path: Path) -> dict[str, np.nda
 
     try:
         stored = load(data)
-    except (SafetensorError, ValueError, OSError) as e:
-        raise EngineError(f"{path}: weights.safetensors is corrupt: {e}") from None
+    except (SafetensorError, ValueError, OSError, TypeError, KeyError, OverflowError, MemoryError) as e:
+        first = str(e).splitlines()[0] if str(e) else repr(e)
+        raise EngineError(f"{path}: weights.safetensors is corrupt: {first}") from None
+    names = {n for n, t in plan.tensors.items() if t.kind == WEIGHT}
+    extra = sorted(set(stored) - names - {"__empty__"})
+    if extra:
+        raise EngineError(f"{path}: weights.safetensors holds '{extra[0]}', which is not a weight of the plan")
     out = {}
-    for name, t in plan.tensors.items():
-        if t.kind != WEIGHT:
-            continue
+    for name in names:
+        t = plan.tensors[name]
         if name not in stored:
             raise EngineError(f"{path}: weight '{name}' is missing from weights.safetensors")
         a = stored[name]
         dt = _numpy_dtype(t.dtype)
-        if a.dtype != dt:
+        if t.dtype in _SAFETENSORS_NATIVE:
+            # Stored in its own dtype and shape: any other reading of its bytes is a changed plan.
+            # (safetensors stores a scalar as one element of shape [1])
+            if a.dtype != dt or (list(a.shape) != list(t.shape) and not (t.shape == [] and list(a.shape) == [1])):
+                raise EngineError(
+                    f"{path}: weight '{name}' is stored as {a.dtype}{list(a.shape)}; the plan says {t.dtype}{t.shape}"
+                )
+        else:
+            # 16-bit floats other than fp16 (and fp8) are stored as their bits: uint8, one trailing
+            # axis of the item size.
+            # (a scalar's bits may be stored as [itemsize] or [1, itemsize])
+            wants = [[*t.shape, dt.itemsize]] if t.shape else [[dt.itemsize], [1, dt.itemsize]]
+            if a.dtype != np.uint8 or list(a.shape) not in wants:
+                raise EngineError(
+                    f"{path}: weight '{name}' is stored as {a.dtype}{list(a.shape)}; the plan says {t.dtype}{t.shape}"
+                )
             a = a.reshape(-1).view(dt)
-        if a.size * a.dtype.itemsize != t.nbytes or int(np.prod(t.shape, dtype=np.int64)) != a.size:
-            raise EngineError(f"{path}: weight '{name}' has {a.nbytes} bytes; the plan says {t.dtype}{t.shape}")
         out[name] = a.reshape(t.shape)
     return out
 
 
-def _check_plan(plan: KernelPlan, memory: MemoryPlan, manifest: dict, sources: dict[str, str], path: Path) -> None:
-    def bad(msg: str) -> EngineError:
-        return EngineError(f"{path}: {msg}")
-
-    tensors = plan.tensors
-    for name, t in tensors.items():
-        if t.kind not in (INPUT, ARENA, WEIGHT, ALIAS):
-            raise bad(f"tensor '{name}' has unknown kind {t.kind!r}")
-        try:
-            dt = _numpy_dtype(t.dtype)
-        except (TypeError, AttributeError):
-            raise bad(f"tensor '{name}' has unknown dtype {t.dtype!r}") from None
-        if any((not isinstance(d, int)) or d < 0 for d in t.shape):
-            raise bad(f"tensor '{name}' has a bad shape {t.shape}")
-        if int(np.prod(t.shape, dtype=np.int64)) * dt.itemsize != t.nbytes:
-            raise bad(f"tensor '{name}': {t.nbytes} bytes do not match {t.dtype}{t.shape}")
-        if t.kind in (INPUT, ARENA):
-            p = memory.placements.get(name)
-            if p is None:
-                raise bad(f"tensor '{name}' has no place in the arena")
-            if p.offset < 0 or p.offset % ALIGNMENT or p.offset + t.nbytes > memory.arena_bytes or p.nbytes != t.nbytes:
-                raise bad(
-                    f"tensor '{name}' at offset {p.offset} (+{t.nbytes} bytes) is outside the arena of "
-                    f"{memory.arena_bytes} bytes or misaligned"
-                )
-        if t.kind == ALIAS:
-            root = memory.aliases.get(name)
-            if root is None or root not in tensors or tensors[root].kind == ALIAS:
-                raise bad(f"alias '{name}' points to nothing valid ({root!r})")
-            if tensors[root].nbytes < t.nbytes:
-                raise bad(f"alias '{name}' is larger than its source '{root}'")
-    for name in (*plan.inputs, *plan.outputs):
-        if name not in tensors:
-            raise bad(f"I/O tensor '{name}' is not in the plan")
-    if len(plan.outputs) != len(plan.output_names):
-        raise bad("output names and outputs differ in length")
-    kernels = manifest["kernels"]
-    for step in plan.steps:
-        for n in (*step.inputs, *step.outputs):
-            if n is not None and n not in tensors:
-                raise bad(f"step '{step.name}' uses unknown tensor '{n}'")
-        for ln in step.launches:
-            if ln.digest not in sources or ln.digest not in kernels:
-                raise bad(f"step '{step.name}' launches kernel {ln.digest[:12]} that the engine does not hold")
-            expected = kernels[ln.digest]["args"]
-            if len(ln.args) != expected or _count_params(sources[ln.digest], ln.kernel) != expected:
-                raise bad(
-                    f"step '{step.name}': kernel {ln.kernel} takes {expected} arguments, the launch passes "
-                    f"{len(ln.args)}"
-                )
-            for a in ln.args:
-                if a != "@workspace" and not is_tmap_arg(a) and a not in tensors:
-                    raise bad(f"step '{step.name}': kernel argument '{a}' is not a tensor of the plan")
-            try:  # "@tmap:I" arguments: typed tensor-map specs over tensors of the plan
-                validate_launch(ln.params, ln.args, tensors, f"step '{step.name}'")
-            except EngineError as e:
-                raise bad(str(e)) from None
-            if len(ln.grid) != 3 or len(ln.block) != 3 or any(int(x) < 1 for x in (*ln.grid, *ln.block)):
-                raise bad(f"step '{step.name}': bad launch geometry {ln.grid} x {ln.block}")
-            if ln.block[0] * ln.block[1] * ln.block[2] > 1024 or ln.shared_bytes < 0 or ln.shared_bytes > 232448:
-                raise bad(f"step '{step.name}': launch exceeds device limits")
-    if manifest["target"] == "cuda" and any(not s.alias and not s.launches for s in plan.steps):
-        raise bad("a step of a cuda engine has no kernel")
-
-
-def load(path: str | Path, device: int = 0):
-    """Load an engine file: validated first, then weights uploaded and kernels loaded."""
+def load(
+    path: str | Path, device: int = 0, *, verify_key: str | Path | None = None, limits: Limits | None = None
+):
+    """Load an engine file: validated first, then weights uploaded and kernels loaded.
+    `verify_key`: a PEM ed25519 public key the engine's signature must verify against."""
     from graphc.runtime.engine import Engine
 
-    ef = read_engine(path)
+    ef = read_engine(path, limits, verify_key)
     m = ef.manifest
     report = m.get("report", {})
     if m["target"] == "cpu":
         from graphc.runtime.cpu import CPUExecutor, check_attrs_schema, reference_kernel
 
         check_attrs_schema(m.get("attrs_schema"), path)
-        executor = CPUExecutor(ef.plan, ef.memory, ef.weights, reference_kernel)
+        executor = CPUExecutor(ef.plan, ef.memory, ef.weights, checked_kernels(ef.plan, reference_kernel, Path(path)))
         return Engine("cpu", ef.plan, ef.memory, ef.weights, executor, report, m["build"])
     from graphc.runtime.cuda import CUDAExecutor, device_arch
 
     arch = device_arch(device)
+    _check_device_memory(ef, device, Path(path))
     names = {d: k["name"] for d, k in m["kernels"].items()}
     cubins = ef.cubins.get(arch)
     if cubins is None or set(cubins) != set(ef.sources):
-        cubins = _jit(ef, arch, names, path)
+        from graphc.runtime.jit import jit_kernels
+
+        needs = {d: k.get("requires_arch") for d, k in m["kernels"].items()}
+        cubins = jit_kernels(ef.sources, names, needs, arch, sorted(ef.cubins), Path(path))
     executor = CUDAExecutor(ef.plan, ef.memory, ef.weights, cubins, names, device=device)
     engine = Engine("cuda", ef.plan, ef.memory, ef.weights, executor, report, m["build"])
     return engine
 
 
-def _jit(ef: EngineFile, arch: str, names: dict[str, str], path: Path) -> dict[str, bytes]:
-    built = sorted(ef.cubins)
-    try:
-        from graphc.codegen.nvrtc import CompileJob, compile_all
-    except ImportError:
-        raise EngineError(
-            f"{path} has no cubin for this GPU ({arch}; it has {built}) and NVRTC is not available to compile "
-            f"the kept source: rebuild with `graphc compile MODEL.onnx -o {path} --arch {arch}`"
-        ) from None
-    log.warning(
-        "%s has no cubin for %s (it has %s): compiling the kept CUDA source with the local NVRTC", path, arch, built
-    )
-    digests = list(ef.sources)
-    needs = {d: k.get("requires_arch") for d, k in ef.manifest["kernels"].items()}
-    for d in digests:
-        if needs.get(d) and needs[d].rstrip("a") != arch:
-            raise EngineError(
-                f"{path}: kernel {names[d]} needs {needs[d]}, this GPU is {arch}: rebuild with "
-                f"`graphc compile MODEL.onnx -o {path} --arch {arch}`"
-            )
-    try:
-        out = compile_all([CompileJob(names[d], ef.sources[d], needs.get(d) or arch) for d in digests])
-    except Exception as e:
-        raise EngineError(
-            f"{path}: compiling the kept source for {arch} failed ({e}); rebuild with "
-            f"`graphc compile MODEL.onnx -o {path} --arch {arch}`"
-        ) from None
-    return dict(zip(digests, out, strict=True))
+def checked_kernels(plan: KernelPlan, factory: Any, path: Path) -> Any:
+    """Wrap a CPU kernel factory so that a step whose results are not the dtype and shape its
+    plan declares is refused (the CPU executor would otherwise cast or broadcast them into the
+    declared views), and a step the kernel table cannot build is an EngineError."""
+
+    def make(step: Any) -> Any:
+        try:
+            fn = factory(step)
+        except EngineError:
+            raise
+        except Exception as e:  # the kernel table refusing a step's op or attrs
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            where = f"{path}: step {step.index} ('{step.name}')"
+            raise EngineError(f"{where}: cannot build its {step.op} kernel: {msg}") from None
+        specs = [plan.tensors[n] for n in step.outputs]
+
+        def run(inputs: list[Any]) -> list[Any]:
+            try:
+                outs = list(fn(inputs))
+            except Exception as e:
+                # the reference refusing its operands (an omitted required input, mismatched
+                # shapes): an edited plan gets here, a built one ran when it was compiled
+                msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+                raise EngineError(f"{path}: step '{step.name}' ({step.op}) failed: {msg}") from None
+            if len(outs) < len(specs):
+                raise EngineError(f"{path}: step '{step.name}' gave {len(outs)} results, the plan has {len(specs)}")
+            for spec, val in zip(specs, outs, strict=False):
+                a = np.asarray(val)
+                if str(a.dtype) != spec.dtype or list(a.shape) != list(spec.shape):
+                    raise EngineError(
+                        f"{path}: step '{step.name}' computes {a.dtype}{list(a.shape)} for '{spec.name}', "
+                        f"the plan says {spec.dtype}{spec.shape} (the engine was edited)"
+                    )
+            return outs
+
+        return run
+
+    return make
+
+
+def _check_device_memory(ef: EngineFile, device: int, path: Path) -> None:
+    """Refuse an engine whose arena, workspace and weights cannot fit the GPU before allocating."""
+    from graphc.runtime.cuda import import_cupy
+
+    cupy = import_cupy()
+    need = ef.memory.arena_bytes + ef.memory.workspace_bytes + sum(int(w.nbytes) for w in ef.weights.values())
+    with cupy.cuda.Device(device):
+        _free, total = cupy.cuda.runtime.memGetInfo()
+    if need > total:
+        raise EngineError(f"{path}: the engine needs {need} bytes of GPU memory, device {device} has {total}")
 
 
 def engine_bytes_summary(path: str | Path) -> dict[str, int]:
@@ -399,4 +369,4 @@ def engine_bytes_summary(path: str | Path) -> dict[str, int]:
         return {i.filename: i.file_size for i in z.infolist()}
 
 
-__all__ = ["FORMAT_VERSION", "EngineFile", "load", "read_engine", "save_engine"]
+__all__ = ["FORMAT_VERSION", "EngineFile", "Limits", "load", "read_engine", "save_engine"]

@@ -2,8 +2,8 @@
 (lazy imports inside functions included; imports under `if TYPE_CHECKING:` excluded, since they
 never run), and a fresh interpreter that loads and runs a CPU engine.
 
-    runtime/   imports only the stdlib, numpy, ml_dtypes, safetensors, cupy, cuda bindings, itself
-               and the leaf modules graphc.errors and graphc._version
+    runtime/   imports only the stdlib, numpy, ml_dtypes, safetensors, msgspec, cupy, cuda bindings,
+               cryptography (signing), itself and the leaf modules graphc.errors and graphc._version
     graphc/ir  imports nothing of graphc.ops, passes, codegen, frontend, or the compiler entry points
     passes/    imports nothing of graphc.codegen
 """
@@ -27,7 +27,7 @@ PACKAGES = {"graphc": "graphc", "passes": "graphc.passes", "codegen": "graphc.co
 
 # Modules of graphc that import nothing but the stdlib: the runtime may use them.
 LEAF_MODULES = ("graphc.errors", "graphc._version")
-RUNTIME_THIRD_PARTY = ("numpy", "ml_dtypes", "safetensors", "cupy", "cuda")
+RUNTIME_THIRD_PARTY = ("numpy", "ml_dtypes", "safetensors", "msgspec", "cupy", "cuda", "cryptography")
 
 ABOVE_IR = ("graphc.ops", "graphc.passes", "graphc.codegen", "graphc.frontend", "graphc.compiler", "graphc.cli")
 COMPILER = (

@@ -9,6 +9,7 @@ import onnx
 from graphc.errors import GraphcError, ModelLoadError, ShapeError, UnsupportedOpError
 from graphc.frontend import functions
 from graphc.frontend.context import ConvertContext
+from graphc.frontend.limits import check_value_sizes
 from graphc.frontend.loader import ModelSource, read_model, tensor_to_array
 from graphc.frontend.registry import find_converter
 from graphc.ir.builder import GraphBuilder
@@ -208,7 +209,9 @@ def load_onnx(source: ModelSource, *, name: str | None = None) -> Graph:
             raise ModelLoadError(f"graph output '{vi.name}' is not produced by any node")
         outputs.append(env[vi.name])
     b.set_outputs(outputs, [vi.name for vi in g.output])
-    return b.build()
+    graph = b.build()
+    check_value_sizes(graph)
+    return graph
 
 
 def _convert_node(

@@ -7,6 +7,7 @@ memory-mapped, so loading a large model costs little more than reading its proto
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -96,8 +97,10 @@ def tensor_to_array(t: onnx.TensorProto, base: Path | None) -> np.ndarray:
             DType.float4e2m1,
         )
     )
+    if any(d < 0 for d in shape):
+        raise ModelLoadError(f"initializer '{t.name}' has a negative dim: {list(shape)}")
     if t.HasField("raw_data") and simple:
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
         need = count * dtype.itemsize
         if len(t.raw_data) != need:
             raise ModelLoadError(
@@ -117,6 +120,18 @@ def tensor_to_array(t: onnx.TensorProto, base: Path | None) -> np.ndarray:
     return arr
 
 
+def _byte_count(info: dict[str, str], key: str, default: int, name: str) -> int:
+    """An external-data offset or length: a decimal count of bytes, nothing else."""
+    if key not in info:
+        return default
+    text = info[key].strip()
+    if not text.isdigit() or not text.isascii():
+        raise ModelLoadError(f"initializer '{name}': external data {key} {info[key][:40]!r} is not a byte count")
+    if len(text) > 19:  # past int64, and far past any file
+        raise ModelLoadError(f"initializer '{name}': external data {key} {text[:40]} is too large")
+    return int(text)
+
+
 def _external(t: onnx.TensorProto, dtype: DType, shape: tuple[int, ...], base: Path | None) -> np.ndarray:
     info = {e.key: e.value for e in t.external_data}
     if "location" not in info:
@@ -126,15 +141,24 @@ def _external(t: onnx.TensorProto, dtype: DType, shape: tuple[int, ...], base: P
             f"initializer '{t.name}' lives in external file '{info['location']}': load the model "
             "from its path (not from bytes or a proto) so that the file can be found"
         )
-    loc = (base / info["location"]).resolve()
+    where = f"initializer '{t.name}': external data location {info['location'][:80]!r}"
+    if "\0" in info["location"] or not info["location"].strip():
+        raise ModelLoadError(f"{where} is not a file name")
+    try:
+        loc = (base / info["location"]).resolve()
+        is_file = loc.is_file()
+    except (OSError, ValueError, RuntimeError) as e:
+        raise ModelLoadError(f"{where}: {e}") from None
     if base.resolve() not in loc.parents and loc.parent != base.resolve():
-        raise ModelLoadError(f"initializer '{t.name}': external path '{info['location']}' leaves the model's folder")
-    if not loc.exists():
-        raise ModelLoadError(f"initializer '{t.name}': external data file {loc} is missing")
-    offset = int(info.get("offset", 0))
-    count = int(np.prod(shape, dtype=np.int64))
+        raise ModelLoadError(
+            f"initializer '{t.name}': external path '{info['location']}' leaves the model's folder"
+        )
+    if not is_file:
+        raise ModelLoadError(f"initializer '{t.name}': external data file {loc} is missing (or not a file)")
+    count = math.prod(shape)  # exact: an int64 product of large dims wraps
     need = count * dtype.itemsize
-    length = int(info.get("length", need))
+    offset = _byte_count(info, "offset", 0, t.name)
+    length = _byte_count(info, "length", need, t.name)
     if length != need:
         raise ModelLoadError(f"initializer '{t.name}': external length {length} != {need} bytes needed")
     size = loc.stat().st_size
@@ -145,5 +169,8 @@ def _external(t: onnx.TensorProto, dtype: DType, shape: tuple[int, ...], base: P
         )
     if count == 0:
         return np.zeros(shape, dtype=dtype.numpy)
-    arr = np.memmap(loc, dtype=dtype.numpy, mode="r", offset=offset, shape=shape)
+    try:
+        arr = np.memmap(loc, dtype=dtype.numpy, mode="r", offset=offset, shape=shape)
+    except (OSError, ValueError, OverflowError) as e:
+        raise ModelLoadError(f"initializer '{t.name}': cannot map external data {loc.name}: {e}") from None
     return arr

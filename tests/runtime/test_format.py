@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import zipfile
@@ -13,6 +14,7 @@ import graphc
 import graphc.runtime
 import models
 from graphc.runtime import EngineError
+from graphc.runtime.container import make_comment
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +51,12 @@ def test_run_validates_inputs(bert_engine):
         eng.run({})
 
 
-def _rewrite(path, out, edit_manifest=None, drop=None, replace=None):
+def _rewrite(path, out, edit_manifest=None, drop=None, replace=None, reseal=True):
+    """A copy of the engine with its manifest edited (and, with `reseal`, its manifest digest
+    recomputed, as a deliberate editor would: so the plan's own checks are what is tested)."""
     with zipfile.ZipFile(path) as z:
         items = {n: z.read(n) for n in z.namelist()}
+        comment = z.comment
     if edit_manifest:
         m = json.loads(items["manifest.json"])
         edit_manifest(m)
@@ -61,6 +66,7 @@ def _rewrite(path, out, edit_manifest=None, drop=None, replace=None):
     if replace:
         items.update(replace)
     with zipfile.ZipFile(out, "w") as z:
+        z.comment = make_comment(hashlib.sha256(items["manifest.json"]).hexdigest()) if reseal else comment
         for n, d in items.items():
             z.writestr(n, d)
     return out

@@ -1,0 +1,230 @@
+"""The typed schema of an engine's manifest.json, checked with msgspec before anything reads it.
+
+Every field has a type (ints are ints, not bools or strings; lists are lists; names are strings),
+unknown fields are refused, dtypes, tensor kinds and the target come from closed sets, and every
+size is bounded. A manifest that fails becomes one EngineError line naming the field
+(`$.plan.steps[3].inputs[0]`). What the fields *mean* together (order, liveness, bounds against
+each other) is checked afterwards by graphc.runtime.validate.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from graphc.runtime.errors import EngineError
+
+# A size no engine field may exceed, whatever the configured memory caps: keeps every later
+# product and sum far from overflow in numpy's int64 and far from any real allocation.
+MAX_SIZE = 2**50
+MAX_RANK = 16
+MAX_ARGS = 256
+
+# The dtypes an engine tensor may have (numpy / ml_dtypes names; sub-byte types take a byte each,
+# as ml_dtypes stores them). Closed: a name from a manifest never reaches getattr() on a module.
+DTYPES = (
+    "float32",
+    "float16",
+    "bfloat16",
+    "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "bool",
+    "float8_e4m3fn",
+    "float8_e4m3fnuz",
+    "float8_e5m2",
+    "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+    "float4_e2m1fn",
+    "int4",
+    "uint4",
+    "int2",
+    "uint2",
+    "complex64",
+    "complex128",
+)
+DType = Literal[
+    "float32",
+    "float16",
+    "bfloat16",
+    "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "bool",
+    "float8_e4m3fn",
+    "float8_e4m3fnuz",
+    "float8_e5m2",
+    "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+    "float4_e2m1fn",
+    "int4",
+    "uint4",
+    "int2",
+    "uint2",
+    "complex64",
+    "complex128",
+]
+
+Size = Annotated[int, msgspec.Meta(ge=0, le=MAX_SIZE)]
+Dim = Annotated[int, msgspec.Meta(ge=0, le=MAX_SIZE)]
+Shape = Annotated[list[Dim], msgspec.Meta(max_length=MAX_RANK)]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+Digest = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+Arch = Annotated[str, msgspec.Meta(pattern="^sm_[0-9]{2,3}a?$")]
+Geometry = Annotated[list[Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]], msgspec.Meta(min_length=3, max_length=3)]
+
+
+class _Strict(msgspec.Struct, forbid_unknown_fields=True):
+    pass
+
+
+class TensorDoc(_Strict):
+    name: Name
+    dtype: DType
+    shape: Shape
+    nbytes: Size
+    kind: Literal["input", "arena", "weight", "alias"] = "arena"
+    alias_of: Name | None = None
+
+
+class LaunchDoc(_Strict):
+    kernel: Annotated[str, msgspec.Meta(pattern="^[A-Za-z_][A-Za-z0-9_]{0,255}$")]
+    digest: Digest
+    grid: Geometry
+    block: Geometry
+    args: Annotated[list[Name], msgspec.Meta(max_length=MAX_ARGS)]
+    shared_bytes: Annotated[int, msgspec.Meta(ge=0, le=2**20)] = 0
+    family: str = ""
+    params: dict[str, Any] = {}
+
+
+class StepDoc(_Strict):
+    index: Annotated[int, msgspec.Meta(ge=0)]
+    name: str
+    kind: str
+    op: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+    domain: str
+    # The node's attrs as JSON objects of plain values; decoded through the runtime's closed table.
+    attrs: dict[str, Any]
+    inputs: Annotated[list[Name | None], msgspec.Meta(max_length=MAX_ARGS)]
+    outputs: Annotated[list[Name], msgspec.Meta(max_length=MAX_ARGS)]
+    alias: bool = False
+    origins: list[str] = []
+    inplace: list[Annotated[int, msgspec.Meta(ge=0, lt=MAX_ARGS)]] = []
+    workspace_bytes: Size = 0
+    launches: Annotated[list[LaunchDoc], msgspec.Meta(max_length=64)] = []
+
+
+class PlanDoc(_Strict):
+    tensors: dict[Name, TensorDoc]
+    steps: list[StepDoc]
+    inputs: list[Name]
+    outputs: Annotated[list[Name], msgspec.Meta(min_length=1)]
+    output_names: Annotated[list[Name], msgspec.Meta(min_length=1)]
+
+
+class PlacementDoc(_Strict):
+    name: Name
+    offset: Size
+    nbytes: Size
+    first: Annotated[int, msgspec.Meta(ge=-1)]
+    last: Annotated[int, msgspec.Meta(ge=-1)]
+
+
+class MemoryDoc(_Strict):
+    arena_bytes: Size
+    workspace_bytes: Size
+    placements: dict[Name, PlacementDoc]
+    aliases: dict[Name, Name]
+    algorithm: str = ""
+    lower_bound_bytes: Size = 0
+    naive_bytes: Size = 0
+    candidates: dict[str, Size] = {}
+
+
+class KernelDoc(_Strict):
+    name: Annotated[str, msgspec.Meta(pattern="^[A-Za-z_][A-Za-z0-9_]{0,255}$")]
+    family: str
+    args: Annotated[int, msgspec.Meta(ge=0, le=MAX_ARGS)]
+    requires_arch: Arch | None = None
+
+
+class IODoc(_Strict):
+    name: Name
+    dtype: DType
+    shape: Shape
+
+
+class ManifestDoc(_Strict):
+    format: Literal["graphc-engine"]
+    format_version: int
+    graphc_version: str
+    target: Literal["cpu", "cuda"]
+    build: dict[str, Any]
+    inputs: list[IODoc]
+    outputs: list[IODoc]
+    plan: PlanDoc
+    memory: MemoryDoc
+    kernels: dict[Digest, KernelDoc]
+    archs: list[Arch]
+    tuning: dict[str, Any]
+    report: dict[str, Any]
+    members: dict[Name, Digest]
+    # the version of the runtime's closed attrs table (runtime/attrs_schema.py) the steps' attrs follow;
+    # the CPU loader refuses any other (runtime/cpu.py check_attrs_schema)
+    attrs_schema: int | None = None
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    d: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in d:
+            # json.loads keeps the last of two equal keys; a second copy must not silently win.
+            raise EngineError(f"manifest.json has the key {k!r} twice in one object")
+        d[k] = v
+    return d
+
+
+def parse_json(raw: bytes) -> Any:
+    """JSON text to plain values, refusing duplicate keys and nesting deep enough to exhaust the stack."""
+    try:
+        return json.loads(raw, object_pairs_hook=_no_duplicate_keys)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise EngineError(f"manifest.json is not valid JSON: {e}") from None
+    except RecursionError:
+        raise EngineError("manifest.json is nested too deeply") from None
+
+
+def decode_manifest(obj: Any, format_version: int) -> ManifestDoc:
+    """Plain JSON values to a typed ManifestDoc, or one EngineError line naming the bad field."""
+    if not isinstance(obj, dict) or obj.get("format") != "graphc-engine":
+        raise EngineError("not a graphc engine manifest")
+    v = obj.get("format_version")
+    if type(v) is not int or v != format_version:
+        raise EngineError(
+            f"engine format version {v!r}, this graphc reads version {format_version}: rebuild the engine "
+            "with `graphc compile`"
+        )
+    try:
+        return msgspec.convert(obj, ManifestDoc, strict=True)
+    except msgspec.ValidationError as e:
+        raise EngineError(f"manifest does not fit the engine schema: {e}") from None
+    except RecursionError:
+        raise EngineError("manifest.json is nested too deeply") from None
+
+
+__all__ = ["DTYPES", "MAX_SIZE", "ManifestDoc", "decode_manifest", "parse_json"]

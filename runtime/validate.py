@@ -1,0 +1,500 @@
+"""Semantic validation of an engine's plan: what its (schema-checked) fields mean together.
+
+The schema says every field has the right type; this says the plan is one its builder could have
+written: every tensor's bytes match its dtype and shape, every step reads only what an earlier
+step (or the caller, or the weights) produced, every output is produced, each tensor is written
+once, no two tensors share bytes while both are live (except an in-place handover the plan
+declares), every size fits the memory it lives in, and (CUDA) every launch names a kernel the
+engine holds, with the argument count, constness and element types of its hashed source.
+A mutated manifest that changes what the engine computes is refused here.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+from graphc.runtime.container import Limits, sha256
+from graphc.runtime.errors import EngineError
+from graphc.runtime.plan import (
+    ALIAS,
+    ALIGNMENT,
+    ARENA,
+    INPUT,
+    WEIGHT,
+    KernelPlan,
+    Launch,
+    MemoryPlan,
+    Step,
+    TensorPlacement,
+    TensorSpec,
+)
+from graphc.runtime.schema import ManifestDoc
+from graphc.runtime.tensormap import is_tmap_arg, tmap_index, validate_launch
+
+ITEMSIZE = {
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float64": 8,
+    "int8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "uint8": 1,
+    "uint16": 2,
+    "uint32": 4,
+    "uint64": 8,
+    "bool": 1,
+    "float8_e4m3fn": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2": 1,
+    "float8_e5m2fnuz": 1,
+    "float8_e8m0fnu": 1,
+    "float4_e2m1fn": 1,
+    "int4": 1,
+    "uint4": 1,
+    "int2": 1,
+    "uint2": 1,
+    "complex64": 8,
+    "complex128": 16,
+}
+WORKSPACE = "@workspace"
+MAX_THREADS_PER_BLOCK = 1024
+MAX_SHARED_BYTES = 232448  # sm_90's opt-in maximum per block
+
+
+def plan_from_doc(m: ManifestDoc) -> tuple[KernelPlan, MemoryPlan]:
+    """The runtime's plan dataclasses from the typed manifest (no further checks here)."""
+    p = m.plan
+    tensors = {
+        k: TensorSpec(t.name, t.dtype, list(t.shape), t.nbytes, t.kind, t.alias_of) for k, t in p.tensors.items()
+    }
+    steps = [
+        Step(
+            index=s.index,
+            name=s.name,
+            kind=s.kind,
+            op=s.op,
+            domain=s.domain,
+            attrs=s.attrs,
+            inputs=list(s.inputs),
+            outputs=list(s.outputs),
+            alias=s.alias,
+            origins=list(s.origins),
+            inplace=list(s.inplace),
+            workspace_bytes=s.workspace_bytes,
+            launches=[
+                Launch(
+                    x.kernel, x.digest, list(x.grid), list(x.block), list(x.args), x.shared_bytes, x.family, x.params
+                )
+                for x in s.launches
+            ],
+        )
+        for s in p.steps
+    ]
+    plan = KernelPlan(tensors, steps, list(p.inputs), list(p.outputs), list(p.output_names))
+    mm = m.memory
+    memory = MemoryPlan(
+        arena_bytes=mm.arena_bytes,
+        workspace_bytes=mm.workspace_bytes,
+        placements={k: TensorPlacement(v.name, v.offset, v.nbytes, v.first, v.last) for k, v in mm.placements.items()},
+        aliases=dict(mm.aliases),
+        algorithm=mm.algorithm,
+        lower_bound_bytes=mm.lower_bound_bytes,
+        naive_bytes=mm.naive_bytes,
+        candidates=dict(mm.candidates),
+    )
+    return plan, memory
+
+
+class _Checker:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fail(self, msg: str) -> EngineError:
+        return EngineError(f"{self.path}: {msg}")
+
+
+def validate_plan(m: ManifestDoc, plan: KernelPlan, memory: MemoryPlan, limits: Limits, path: Path) -> None:
+    c = _Checker(path)
+    T = plan.tensors
+    cap = limits.max_bytes
+    # -- tensors: bytes agree with dtype and shape; exact integers, so nothing wraps
+    for key, t in T.items():
+        if t.name != key:
+            raise c.fail(f"tensor '{key}' is named '{t.name}' inside")
+        n = math.prod(t.shape) * ITEMSIZE[t.dtype]
+        if n != t.nbytes:
+            raise c.fail(f"tensor '{key}': {t.nbytes} bytes do not match {t.dtype}{t.shape} ({n} bytes)")
+        if t.nbytes > cap:
+            raise c.fail(f"tensor '{key}' has {t.nbytes} bytes, over the limit of {cap} (GRAPHC_ENGINE_MAX_BYTES)")
+        if (t.kind == ALIAS) != (t.alias_of is not None):
+            raise c.fail(f"tensor '{key}' of kind {t.kind} has alias_of={t.alias_of!r}")
+    roots = _resolve_aliases(plan, memory, c)
+    # -- the memory plan: every placed tensor placed once, inside the arena, aligned
+    placed = {n for n, t in T.items() if t.kind in (INPUT, ARENA)}
+    if set(memory.placements) != placed:
+        extra = sorted(set(memory.placements) ^ placed)[:3]
+        raise c.fail(f"the memory plan places other tensors than the plan's inputs and intermediates ({extra})")
+    for arena_total, what in ((memory.arena_bytes, "arena"), (memory.workspace_bytes, "workspace")):
+        if arena_total > cap:
+            raise c.fail(f"the {what} of {arena_total} bytes is over the limit of {cap} (GRAPHC_ENGINE_MAX_BYTES)")
+    weight_bytes = sum(t.nbytes for t in T.values() if t.kind == WEIGHT)
+    if memory.arena_bytes + memory.workspace_bytes + weight_bytes > cap:
+        raise c.fail(
+            f"arena, workspace and weights need {memory.arena_bytes + memory.workspace_bytes + weight_bytes} bytes, "
+            f"over the limit of {cap} (GRAPHC_ENGINE_MAX_BYTES)"
+        )
+    for name in placed:
+        p, t = memory.placements[name], T[name]
+        if p.name != name or p.nbytes != t.nbytes:
+            raise c.fail(
+                f"the placement of tensor '{name}' says '{p.name}' of {p.nbytes} bytes, the tensor has {t.nbytes}"
+            )
+        if p.offset % ALIGNMENT or p.offset + t.nbytes > memory.arena_bytes:
+            raise c.fail(
+                f"tensor '{name}' at offset {p.offset} (+{t.nbytes} bytes) is outside the arena of "
+                f"{memory.arena_bytes} bytes or misaligned"
+            )
+    # -- inputs and outputs
+    _check_io(m, plan, c)
+    # -- steps: topological order, each tensor written once, outputs produced
+    producer = _check_steps(plan, memory, roots, c)
+    for name in plan.outputs:
+        # A graph may return an input or a constant as it is; any other output is a step's result.
+        if name not in producer and T[name].kind not in (INPUT, WEIGHT):
+            raise c.fail(f"plan output '{name}' is not produced by any step (a {T[name].kind} tensor)")
+    _check_no_dead_steps(plan, roots, c)
+    _check_liveness(plan, memory, roots, c)
+
+
+def _resolve_aliases(plan: KernelPlan, memory: MemoryPlan, c: _Checker) -> dict[str, str]:
+    T = plan.tensors
+    roots: dict[str, str] = {}
+    for name, t in T.items():
+        if t.kind != ALIAS:
+            continue
+        seen = {name}
+        cur = t
+        while cur.kind == ALIAS:
+            nxt = cur.alias_of
+            if nxt not in T:
+                raise c.fail(f"alias '{name}' views '{nxt}', which is not a tensor of the plan")
+            if nxt in seen:
+                raise c.fail(f"alias '{name}' is part of an alias cycle")
+            seen.add(nxt)
+            cur = T[nxt]
+        root = cur.name
+        if memory.aliases.get(name) != root:
+            raise c.fail(f"alias '{name}' views '{root}', the memory plan says {memory.aliases.get(name)!r}")
+        if T[root].nbytes != t.nbytes or T[root].dtype != t.dtype:
+            raise c.fail(
+                f"alias '{name}' ({t.dtype}{t.shape}) is not a view of all of '{root}' ({T[root].dtype}{T[root].shape})"
+            )
+        roots[name] = root
+    if set(memory.aliases) != set(roots):
+        raise c.fail(
+            f"the memory plan lists aliases that are not alias tensors ({sorted(set(memory.aliases) - set(roots))[:3]})"
+        )
+    return roots
+
+
+def _check_io(m: ManifestDoc, plan: KernelPlan, c: _Checker) -> None:
+    T = plan.tensors
+    if len(set(plan.inputs)) != len(plan.inputs):
+        raise c.fail("the plan lists an input twice")
+    for name in (*plan.inputs, *plan.outputs):
+        if name not in T:
+            raise c.fail(f"I/O tensor '{name}' is not in the plan")
+    inputs = {n for n, t in T.items() if t.kind == INPUT}
+    if inputs != set(plan.inputs):
+        raise c.fail(f"the plan's inputs {sorted(plan.inputs)[:5]} are not its input tensors {sorted(inputs)[:5]}")
+    if len(plan.outputs) != len(plan.output_names) or len(set(plan.output_names)) != len(plan.output_names):
+        raise c.fail("the plan's output names and outputs differ in length or repeat a name")
+    want_in = [(n, T[n].dtype, T[n].shape) for n in plan.inputs]
+    if [(s.name, s.dtype, list(s.shape)) for s in m.inputs] != want_in:
+        raise c.fail("the manifest's input specs do not match the plan's input tensors")
+    want_out = [(p, T[n].dtype, T[n].shape) for p, n in zip(plan.output_names, plan.outputs, strict=True)]
+    if [(s.name, s.dtype, list(s.shape)) for s in m.outputs] != want_out:
+        raise c.fail("the manifest's output specs do not match the plan's output tensors")
+
+
+def _check_steps(plan: KernelPlan, memory: MemoryPlan, roots: dict[str, str], c: _Checker) -> dict[str, int]:
+    T = plan.tensors
+    producer: dict[str, int] = {}
+    for i, s in enumerate(plan.steps):
+        where = f"step {i} ('{s.name}')"
+        if s.index != i:
+            raise c.fail(f"{where} has index {s.index}")
+        if not s.outputs:
+            raise c.fail(f"{where} has no outputs")
+        for n in s.inputs:
+            if n is None:
+                continue
+            if n not in T:
+                raise c.fail(f"{where} reads unknown tensor '{n}'")
+            if T[n].kind in (ARENA, ALIAS) and n not in producer:
+                raise c.fail(f"{where} reads '{n}' before any step writes it (steps out of order?)")
+        for n in s.outputs:
+            if n not in T:
+                raise c.fail(f"{where} writes unknown tensor '{n}'")
+            if T[n].kind in (INPUT, WEIGHT):
+                raise c.fail(f"{where} writes '{n}', which is a graph {T[n].kind}")
+            if n in producer:
+                raise c.fail(f"{where} writes '{n}', already written by step {producer[n]}")
+            if n in s.inputs:
+                raise c.fail(f"{where} reads and writes '{n}'")
+            producer[n] = i
+        for k in s.inplace:
+            if k >= len(s.inputs) or s.inputs[k] is None:
+                raise c.fail(f"{where} declares in-place input {k}, which it does not have")
+        if s.workspace_bytes > memory.workspace_bytes:
+            raise c.fail(f"{where} needs {s.workspace_bytes} bytes of workspace, the plan has {memory.workspace_bytes}")
+        if s.alias:
+            if len(s.outputs) != 1 or not s.inputs or s.inputs[0] is None or s.launches or s.workspace_bytes:
+                raise c.fail(f"{where} is a view step but not of one input to one output")
+            out = T[s.outputs[0]]
+            if out.kind != ALIAS or out.alias_of != s.inputs[0]:
+                raise c.fail(f"{where} is a view step whose output '{out.name}' is not a view of '{s.inputs[0]}'")
+        else:
+            for n in s.outputs:
+                if T[n].kind != ARENA:
+                    raise c.fail(f"{where} computes '{n}', which is a {T[n].kind} tensor, not an arena one")
+    read = {n for s in plan.steps for n in s.inputs if n is not None}
+    for name, t in T.items():
+        # The builder drops what nothing uses: a weight no step reads, or an intermediate no
+        # step writes, is left over from an edit (e.g. a step input retargeted to another weight).
+        if t.kind == WEIGHT and name not in read and name not in plan.outputs:
+            raise c.fail(f"weight '{name}' is read by no step")
+        if t.kind == ARENA and name not in producer:
+            raise c.fail(f"tensor '{name}' is written by no step")
+        if t.kind == ALIAS and name not in producer:
+            # A view nobody makes would be read as whatever its root holds: only the plan's view
+            # steps make views.
+            raise c.fail(f"alias '{name}' is made by no view step")
+    return producer
+
+
+def _check_no_dead_steps(plan: KernelPlan, roots: dict[str, str], c: _Checker) -> None:
+    """The builder removes dead code, so a step whose results nothing reads was not its work:
+    e.g. a retargeted output leaves the step that made the real one dead."""
+    used = {n for s in plan.steps for n in s.inputs if n is not None} | set(plan.outputs)
+    for s in plan.steps:
+        if not any(n in used for n in s.outputs):
+            raise c.fail(f"step {s.index} ('{s.name}') computes {s.outputs[:3]}, which nothing reads")
+
+
+def _check_liveness(plan: KernelPlan, memory: MemoryPlan, roots: dict[str, str], c: _Checker) -> None:
+    """No two placed tensors share bytes while both are live, computed from the steps as they are
+    (not from the placements' own first/last, which are the builder's notes)."""
+    T = plan.tensors
+    n_steps = len(plan.steps)
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for name in plan.inputs:
+        first[name] = last[name] = -1
+    handover: set[tuple[str, str, int]] = set()
+    for s in plan.steps:
+        for n in s.inputs:
+            if n is not None:
+                r = roots.get(n, n)
+                if T[r].kind != WEIGHT:
+                    last[r] = max(last.get(r, s.index), s.index)
+        for n in s.outputs:
+            if T[n].kind == ARENA:
+                first[n] = s.index
+                last.setdefault(n, s.index)
+        if len(s.outputs) == 1:
+            for k in s.inplace:
+                inp = s.inputs[k]
+                if inp is not None:
+                    handover.add((roots.get(inp, inp), s.outputs[0], s.index))
+    for name in plan.outputs:
+        r = roots.get(name, name)
+        if T[r].kind != WEIGHT:
+            last[r] = n_steps
+    for p in memory.placements.values():
+        # The builder notes each tensor's live range; a range that no longer matches the steps
+        # means the steps (or the outputs) were edited after it planned the memory.
+        want = (first.get(p.name, -1), last.get(p.name, first.get(p.name, -1)))
+        if (p.first, p.last) != want:
+            raise c.fail(
+                f"tensor '{p.name}' is planned live over steps {p.first}..{p.last}, the steps make it "
+                f"{want[0]}..{want[1]} (steps or outputs edited after planning)"
+            )
+    placed = sorted(memory.placements.values(), key=lambda p: p.offset)
+    for i, a in enumerate(placed):
+        a_end = a.offset + a.nbytes
+        fa, la = first.get(a.name, -1), last.get(a.name, first.get(a.name, -1))
+        for b in placed[i + 1 :]:
+            if b.offset >= a_end:
+                break
+            if b.nbytes == 0 or a.nbytes == 0:
+                continue
+            fb, lb = first.get(b.name, -1), last.get(b.name, first.get(b.name, -1))
+            if fa <= lb and fb <= la:
+                if _is_handover(a, b, la, fb, handover) or _is_handover(b, a, lb, fa, handover):
+                    continue
+                raise c.fail(
+                    f"tensors '{a.name}' and '{b.name}' share arena bytes while both are live "
+                    f"(steps {fa}..{la} and {fb}..{lb})"
+                )
+
+
+def _is_handover(x: TensorPlacement, y: TensorPlacement, x_last: int, y_first: int, handover: set) -> bool:
+    """y takes over x's buffer in place at the one step where x is last read and y first written."""
+    return x_last == y_first and x.offset == y.offset and x.nbytes == y.nbytes and (x.name, y.name, y_first) in handover
+
+
+# ---- kernels of a CUDA engine ------------------------------------------------------------------
+
+_SIGNATURE = r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?{name}\s*\(([^)]*)\)'
+_PARAM = re.compile(
+    r"^(const\s+)?([A-Za-z_][A-Za-z0-9_ ]*?)\s*\*\s*(?:const\s+)?(?:__restrict__\s+)?[A-Za-z_][A-Za-z0-9_]*$"
+)
+_TYPEDEF = re.compile(r"typedef\s+([A-Za-z_][A-Za-z0-9_ ]*?)\s+([A-Za-z_][A-Za-z0-9_]*)\s*;")
+# C element types and the dtypes whose bytes they may point at. Unsigned integers are the
+# templates' bit containers (fp16 and bf16 travel as unsigned short, data-movement kernels copy
+# float32 as unsigned int), so they accept any dtype of their size; the others are exact.
+_BY_SIZE = {n: {d for d, k in ITEMSIZE.items() if k == n} for n in (1, 2, 4, 8)}
+_C_TYPES = {
+    "float": {"float32"},
+    "double": {"float64"},
+    "int": {"int32"},
+    "long long": {"int64"},
+    "short": {"int16"},
+    "signed char": {"int8"},
+    "__half": {"float16"},
+    "half": {"float16"},
+    "__nv_bfloat16": {"bfloat16"},
+    "bool": {"bool"},
+    "int8_t": {"int8"},
+    "int32_t": {"int32"},
+    "int64_t": {"int64"},
+    "unsigned char": _BY_SIZE[1],
+    "uint8_t": _BY_SIZE[1],
+    "unsigned short": _BY_SIZE[2],
+    "unsigned": _BY_SIZE[4],
+    "unsigned int": _BY_SIZE[4],
+    "uint32_t": _BY_SIZE[4],
+    "unsigned long long": _BY_SIZE[8],
+}
+
+
+def kernel_params(source: str, name: str) -> list[tuple[bool, str]] | None:
+    """(is const, C element type) of each parameter of kernel `name`, or None if it has no
+    extern "C" signature in the source."""
+    m = re.search(_SIGNATURE.format(name=re.escape(name)), source)
+    if not m:
+        return None
+    text = m.group(1).strip()
+    if not text:
+        return []
+    out = []
+    for p in text.split(","):
+        pm = _PARAM.match(p.strip())
+        out.append((bool(pm.group(1)), " ".join(pm.group(2).split())) if pm else (False, "?"))
+    return out
+
+
+def _element_dtypes(ctype: str, typedefs: dict[str, str]) -> set[str] | None:
+    seen = 0
+    while ctype in typedefs and seen < 8:
+        ctype, seen = typedefs[ctype], seen + 1
+    return _C_TYPES.get(ctype)
+
+
+_COMMON_TYPEDEFS = {
+    "gc_half": "unsigned short",
+    "gc_bf16": "unsigned short",
+    "gc_i64": "long long",
+    "gc_u64": "unsigned long long",
+}
+
+
+def validate_kernels(
+    m: ManifestDoc, plan: KernelPlan, sources: dict[str, str], cubin_members: list[tuple[str, str]], path: Path
+) -> None:
+    c = _Checker(path)
+    T = plan.tensors
+    if m.target == "cpu":
+        if m.kernels or sources or cubin_members or m.archs or any(s.launches for s in plan.steps):
+            raise c.fail("a cpu engine holds CUDA kernels or launches")
+        return
+    if set(m.kernels) != set(sources):
+        raise c.fail(
+            f"the kernel table and the kernel sources differ ({sorted(set(m.kernels) ^ set(sources))[0][:12]})"
+        )
+    params: dict[str, list[tuple[bool, str]]] = {}
+    typedefs: dict[str, dict[str, str]] = {}
+    for d, src in sources.items():
+        if sha256(src.encode()) != d:
+            raise c.fail(f"kernel source {d[:12]} is not the source its name (its SHA-256) says")
+        k = m.kernels[d]
+        ps = kernel_params(src, k.name)
+        if ps is None:
+            raise c.fail(f'kernel {k.name} has no extern "C" signature in its source')
+        if len(ps) != k.args:
+            raise c.fail(f"kernel {k.name} takes {len(ps)} arguments, the kernel table says {k.args}")
+        params[d] = ps
+        typedefs[d] = {**_COMMON_TYPEDEFS, **{b: a for a, b in _TYPEDEF.findall(src)}}
+    archs = set(m.archs)
+    for arch, d in cubin_members:
+        if arch not in archs or d not in m.kernels:
+            raise c.fail(
+                f"cubin kernels/{arch}/{d[:12]}... is not a kernel of this engine for its archs {sorted(archs)}"
+            )
+    for s in plan.steps:
+        where = f"step {s.index} ('{s.name}')"
+        if s.alias:
+            continue
+        if not s.launches:
+            raise c.fail(f"{where} of a cuda engine has no kernel")
+        written: set[str] = set()
+        for ln in s.launches:
+            k = m.kernels.get(ln.digest)
+            if k is None:
+                raise c.fail(f"{where} launches kernel {ln.digest[:12]} that the engine does not hold")
+            if ln.kernel != k.name:
+                raise c.fail(f"{where} launches '{ln.kernel}', the kernel {ln.digest[:12]} is '{k.name}'")
+            ps = params[ln.digest]
+            if len(ln.args) != len(ps):
+                raise c.fail(f"{where}: kernel {ln.kernel} takes {len(ps)} arguments, the launch passes {len(ln.args)}")
+            geometry = ln.block[0] * ln.block[1] * ln.block[2]
+            if geometry > MAX_THREADS_PER_BLOCK or ln.shared_bytes > MAX_SHARED_BYTES:
+                raise c.fail(
+                    f"{where}: launch {ln.grid} x {ln.block} with {ln.shared_bytes} B shared exceeds device limits"
+                )
+            specs = validate_launch(ln.params, ln.args, T, where)  # "@tmap:I": typed tensor-map specs
+            for a, (const, ctype) in zip(ln.args, ps, strict=True):
+                if is_tmap_arg(a):
+                    # a tensor map reads the tensor it names, which must be an input of the step
+                    if not const or ctype != "gc_tmap":
+                        raise c.fail(f"{where}: kernel {ln.kernel} takes {ctype} where the launch passes {a}")
+                    t = specs[tmap_index(a, where)].tensor
+                    if t not in s.inputs:
+                        raise c.fail(f"{where}: tensor map {a} reads '{t}', which is not an input of the step")
+                    continue
+                if a == WORKSPACE:
+                    if s.workspace_bytes <= 0:
+                        raise c.fail(f"{where} passes the workspace but declares none")
+                    continue
+                if a not in T:
+                    raise c.fail(f"{where}: kernel argument '{a}' is not a tensor of the plan")
+                if const and a not in s.inputs and a not in s.outputs:
+                    raise c.fail(f"{where}: kernel {ln.kernel} reads '{a}', which is not an input of the step")
+                if not const:
+                    if a not in s.outputs:
+                        raise c.fail(f"{where}: kernel {ln.kernel} writes '{a}', which is not an output of the step")
+                    written.add(a)
+                ok = _element_dtypes(ctype, typedefs[ln.digest])
+                if ok is not None and T[a].dtype not in ok:
+                    raise c.fail(f"{where}: kernel {ln.kernel} takes {ctype}* for '{a}', which is {T[a].dtype}")
+        missing = [n for n in s.outputs if n not in written]
+        if missing:
+            raise c.fail(f"{where}: no kernel of the step writes its output '{missing[0]}'")
+
+
+__all__ = ["ITEMSIZE", "kernel_params", "plan_from_doc", "validate_kernels", "validate_plan"]
