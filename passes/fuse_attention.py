@@ -23,7 +23,8 @@ What is recognized, walking back from each Softmax over the last axis of a 4-D t
 - softcap: c * tanh(scores / c) between the scale and the mask -> Attention's `softcap`.
 - output: Softmax feeds only the P @ V matmul, possibly through the "safe softmax"
   Where(row attends nothing, 0, P) that ONNX's own Attention function writes (Attention zeroes
-  such rows itself), so an inlined Attention function fuses back into one node.
+  such rows itself), so an inlined Attention function fuses back into one node; or through
+  torch's NaN guard Where(IsNaN(P), 0, P), dropped under the condition `_nan_guard` states.
 
 Layout: when Q, K and V come from (batch, seq, heads, head_dim) tensors through
 Transpose(0,2,1,3) (the Reshape-then-Transpose split of heads) the node takes Attention's 3-D
@@ -139,6 +140,38 @@ def _trace(g: Graph, v: Value, perm: tuple[int, ...], *, scales: bool) -> _Opera
                 continue
         break
     return op
+
+
+def _repeat_kv(g: Graph, op: _Operand) -> _Operand:
+    """The operand with transformers' repeat_kv looked through: base = Reshape(Expand(
+    Unsqueeze(kv, 2) to (B, kvh, n, S, D)) to (B, kvh * n, S, D)), the n-fold copy of each kv
+    head that grouped-query attention reads. Attention takes kv with kvh heads itself (query head
+    h reads kv head h // n, the same copy), so the operand becomes kv, traced on through its own
+    layout ops; the copies are never made. Unchanged when the base is not such a copy or the
+    logical heads axis is not the copy's axis 1."""
+    if op.perm[1] != 1:
+        return op
+    r = g.producer(op.base.name)
+    if not _onnx(r, "Reshape"):
+        return op
+    e = g.producer(r.inputs[0].name)
+    if not _onnx(e, "Expand"):
+        return op
+    u = g.producer(e.inputs[0].name)
+    if not _onnx(u, "Reshape", "Unsqueeze"):
+        return op
+    kv = u.inputs[0]
+    s_out, s_exp, s_in, s_kv = (t.ttype.shape for t in (r.outputs[0], e.outputs[0], e.inputs[0], kv))
+    if any(s is None or not all(isinstance(d, int) for d in s) for s in (s_out, s_exp, s_in, s_kv)):
+        return op
+    if len(s_kv) != 4 or len(s_exp) != 5 or len(s_in) != 5:
+        return op
+    b, kvh, sk, d = s_kv
+    n = s_exp[2]
+    if tuple(s_in) != (b, kvh, 1, sk, d) or tuple(s_exp) != (b, kvh, n, sk, d) or tuple(s_out) != (b, kvh * n, sk, d):
+        return op
+    inner = _trace(g, kv, op.perm, scales=False)
+    return _Operand(inner.base, inner.perm, op.scale, [*op.walked, r, e, u, *inner.walked])
 
 
 def _matmul_flags(node: Node) -> tuple[int, int, float] | None:
@@ -286,6 +319,32 @@ def _name(n: Node) -> str:
     return f"{n.op} '{n.name}'" if not n.domain else f"{n.domain}.{n.op} '{n.name}'"
 
 
+def _nan_guard(g: Graph, p: Value) -> tuple[Node, Node] | None:
+    """(IsNaN, Where) when P is read only by Where(IsNaN(P), 0, P), the NaN -> 0 guard that
+    torch's exporters write after the Softmax of scaled_dot_product_attention with a boolean
+    mask (both the TorchScript symbolic and dynamo's torchlib, torch 2.1 to 2.14 at least).
+
+    Dropping it is exact when Q @ K^T is finite (no NaN or inf in Q or K, no overflow): then a
+    row of P is NaN exactly when every one of its scores is -inf, i.e. when the mask masks the
+    whole row, and Attention zeroes such a row itself (decided on the mask, in the reference and
+    in the CUDA kernel), which is what the guard writes. Only where Q or K already hold NaN/inf
+    do the two differ: the guard zeroes those rows, Attention passes the NaN on."""
+    users = g.users(p.name)
+    if len(users) != 2 or g.is_output(p.name):
+        return None
+    isnan = next((u for u in users if _onnx(u, "IsNaN")), None)
+    w = next((u for u in users if _onnx(u, "Where")), None)
+    if isnan is None or w is None or len(w.inputs) != 3:
+        return None
+    nan = isnan.outputs[0]
+    if g.is_output(nan.name) or len(g.users(nan.name)) != 1 or w.inputs[0] != nan or w.inputs[2] != p:
+        return None
+    zero = g.const(w.inputs[1].name) if w.inputs[1] is not None else None
+    if zero is None or zero.size != 1 or zero.dtype.kind != "f" or float(zero.reshape(())) != 0.0:
+        return None
+    return (isnan, w) if w.outputs[0].type == p.type else None
+
+
 def _safe_softmax(g: Graph, p: Value, chain: _Chain) -> Node | None:
     """P's only reader when it is Where(dead, 0, P) zeroing the rows that attend nothing, which
     Attention does itself: dead is a constant all-False (nothing to zero), or, as ONNX's own
@@ -337,8 +396,11 @@ def _analyze(g: Graph, softmax: Node) -> _Plan | None:
     # The P @ V matmul (after a "safe softmax" Where that zeroes fully masked rows, if any).
     p = softmax.outputs[0]
     safe = _safe_softmax(g, p, chain)
+    guard = _nan_guard(g, p) if safe is None else None
     if safe is not None:
         p = safe.outputs[0]
+    elif guard is not None:
+        p = guard[1].outputs[0]
     users = g.users(p.name)
     if not users:
         return None
@@ -351,6 +413,7 @@ def _analyze(g: Graph, softmax: Node) -> _Plan | None:
         raise _Decline(f"{where}: the probabilities feed {_name(pv)}, not a P @ V matmul")
     # Interior values: each read only by the next node of the chain.
     seq = [chain.qk, *chain.nodes, softmax] + ([safe] if safe is not None else [])
+    # (The guard's Softmax output has two readers, IsNaN and Where, both absorbed.)
     for prev, nxt in zip(seq, seq[1:], strict=False):
         other = _other_reader(g, prev.outputs[0], nxt)
         if other is not None:
@@ -366,6 +429,7 @@ def _analyze(g: Graph, softmax: Node) -> _Plan | None:
     kt = _trace(g, chain.qk.inputs[1], _SWAP_LAST if tb else _IDENTITY, scales=True)
     k = _Operand(kt.base, _compose(kt.perm, _SWAP_LAST), kt.scale, kt.walked)
     v = _trace(g, pv.inputs[1], _SWAP_LAST if pv_flags[1] else _IDENTITY, scales=False)
+    k, v = _repeat_kv(g, k), _repeat_kv(g, v)
     scale = chain.scale * alpha * q.scale * k.scale
     if not scale > 0:
         raise _Decline(f"{where}: the scale {scale} is not positive")
@@ -407,6 +471,7 @@ def _analyze(g: Graph, softmax: Node) -> _Plan | None:
     )
     core = [chain.qk, *chain.nodes, softmax, pv] + ([root] if root is not pv else [])
     core += [safe] if safe is not None else []
+    core += list(guard) if guard is not None else []
     plan.absorbed = _absorbed(g, core, [q, k, v])
     return plan
 
@@ -428,13 +493,14 @@ def _check_shapes(q: _Operand, k: _Operand, v: _Operand, scores: Value, where: s
     (qb, qh, sq, qd), (kb, kh, skv, kd), (vb, vh, vskv, vd) = q.shape(), k.shape(), v.shape()
     sb, sh, ssq, sskv = scores.ttype.shape
     # Batch and head dims must be known equal: MatMul would broadcast a 1 where Attention would
-    # not (except a single KV head, which Attention's grouped-query form broadcasts too). The
+    # not (except fewer KV heads dividing the query heads: Attention's grouped-query form, query
+    # head h reading kv head h // (qh / kvh), which is what repeat_kv's copies give). The
     # sequence and head sizes are tied by the two matmuls themselves.
     ok = (
         _same(qb, kb, vb, sb)
         and _same(qh, sh)
         and _same(kh, vh)
-        and (kh == qh or kh == 1)
+        and (kh == qh or (isinstance(kh, int) and isinstance(qh, int) and kh > 0 and qh % kh == 0))
         and _agree(sq, ssq)
         and _agree(skv, vskv, sskv)
         and _agree(qd, kd)

@@ -148,7 +148,8 @@ def _rescale(model: Any) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.ndim == 2 and "embed" not in name and "wte" not in name and "wpe" not in name:
-                fan_in = p.shape[1] if "c_attn" not in name and "c_fc" not in name and "c_proj" not in name else p.shape[0]
+                conv1d = any(k in name for k in ("c_attn", "c_fc", "c_proj"))  # GPT-2's Conv1D: (in, out)
+                fan_in = p.shape[0] if conv1d else p.shape[1]
                 p.normal_(0.0, fan_in**-0.5)
             elif p.ndim == 2:
                 p.normal_(0.0, 1.0)
