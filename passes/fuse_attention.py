@@ -86,9 +86,10 @@ class _Operand:
     perm: tuple[int, ...]
     scale: float = 1.0
     walked: list[Node] = field(default_factory=list)
+    view: tuple[int, ...] | None = None  # base reshaped to this 4-D shape first (an alias)
 
     def shape(self) -> tuple:
-        s = self.base.ttype.shape
+        s = self.view or self.base.ttype.shape
         return tuple(s[p] for p in self.perm)
 
 
@@ -164,14 +165,20 @@ def _repeat_kv(g: Graph, op: _Operand) -> _Operand:
     s_out, s_exp, s_in, s_kv = (t.ttype.shape for t in (r.outputs[0], e.outputs[0], e.inputs[0], kv))
     if any(s is None or not all(isinstance(d, int) for d in s) for s in (s_out, s_exp, s_in, s_kv)):
         return op
-    if len(s_kv) != 4 or len(s_exp) != 5 or len(s_in) != 5:
+    if len(s_exp) != 5 or len(s_in) != 5:
         return op
-    b, kvh, sk, d = s_kv
+    b, kvh, one, sk, d = s_in
     n = s_exp[2]
-    if tuple(s_in) != (b, kvh, 1, sk, d) or tuple(s_exp) != (b, kvh, n, sk, d) or tuple(s_out) != (b, kvh * n, sk, d):
+    if one != 1 or tuple(s_exp) != (b, kvh, n, sk, d) or tuple(s_out) != (b, kvh * n, sk, d):
         return op
+    walked = [*op.walked, r, e, u]
+    if tuple(s_kv) != (b, kvh, sk, d):
+        # Cleanup merged the head split into the unsqueeze (a single kv head's transpose only
+        # moves a size-1 axis and became a reshape): any reshape keeps the element order, so kv
+        # viewed as (B, kvh, S, D) is the tensor the copies were made of.
+        return _Operand(kv, op.perm, op.scale, walked, view=(b, kvh, sk, d))
     inner = _trace(g, kv, op.perm, scales=False)
-    return _Operand(inner.base, inner.perm, op.scale, [*op.walked, r, e, u, *inner.walked])
+    return _Operand(inner.base, inner.perm, op.scale, [*walked, *inner.walked])
 
 
 def _matmul_flags(node: Node) -> tuple[int, int, float] | None:
@@ -440,7 +447,7 @@ def _analyze(g: Graph, softmax: Node) -> _Plan | None:
     additive, keep, is_causal = _refine_masks(g, chain, dims)
     _check_masks([*additive, *(c for c, _ in keep)], dims, where)
     # The layout: 3-D when every operand is a head split of a (batch, seq, heads, dim) tensor.
-    three_d = all(o.perm == _HEAD_SPLIT for o in (q, k, v)) and all(
+    three_d = all(o.perm == _HEAD_SPLIT and o.view is None or _single_head_3d(o) for o in (q, k, v)) and all(
         isinstance(dims[d], int) for d in ("heads", "kv_heads", "dim", "vdim")
     )
     root = pv
@@ -488,7 +495,7 @@ def _agree(*dims) -> bool:
 
 def _check_shapes(q: _Operand, k: _Operand, v: _Operand, scores: Value, where: str) -> dict[str, object]:
     for name, o in (("Q", q), ("K", k), ("V", v)):
-        if not _rank4(o.base) or not o.base.ttype.dtype.is_float:
+        if len(o.shape()) != 4 or not o.base.ttype.dtype.is_float:
             raise _Decline(f"{where}: {name} is not a 4-D float tensor")
     (qb, qh, sq, qd), (kb, kh, skv, kd), (vb, vh, vskv, vd) = q.shape(), k.shape(), v.shape()
     sb, sh, ssq, sskv = scores.ttype.shape
@@ -656,9 +663,17 @@ def _i64(b: GraphBuilder, values, hint: str) -> Value:
     return b.add_constant(np.array(values, dtype=np.int64), hint)
 
 
+def _single_head_3d(o: _Operand) -> bool:
+    """A one-head view (B, 1, S, D) of a (B, S, D) base: already the 3-D form's (B, S, 1 * D)."""
+    s = o.base.ttype.shape
+    return o.view is not None and o.view[1] == 1 and o.perm == _IDENTITY and len(s) == 3 and s[2] == o.view[3]
+
+
 def _to_3d(g: Graph, b: GraphBuilder, o: _Operand, mapv, hint: str) -> Value:
     """(batch, seq, heads * dim) from the (batch, seq, heads, dim) base: the Reshape's own input
     when that already has this shape, else a new Reshape (an alias)."""
+    if o.view is not None:
+        return mapv(o.base)  # _single_head_3d
     batch, seq, heads, dim = o.base.ttype.shape
     r = g.producer(o.base.name)
     if _onnx(r, "Reshape") and r.inputs[0] is not None and not r.attrs.allowzero:
@@ -679,6 +694,8 @@ def _to_3d(g: Graph, b: GraphBuilder, o: _Operand, mapv, hint: str) -> Value:
 
 def _to_4d(b: GraphBuilder, o: _Operand, mapv, hint: str) -> Value:
     base = mapv(o.base)
+    if o.view is not None:
+        base = b.op("Reshape", [base, _i64(b, list(o.view), f"{hint}/view")], name=f"{hint}/Reshape")
     if o.perm == _IDENTITY:
         return base
     return b.op("Transpose", [base], {"perm": list(o.perm)}, name=f"{hint}/Transpose")
