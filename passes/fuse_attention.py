@@ -23,7 +23,8 @@ What is recognized, walking back from each Softmax over the last axis of a 4-D t
 - softcap: c * tanh(scores / c) between the scale and the mask -> Attention's `softcap`.
 - output: Softmax feeds only the P @ V matmul, possibly through the "safe softmax"
   Where(row attends nothing, 0, P) that ONNX's own Attention function writes (Attention zeroes
-  such rows itself), so an inlined Attention function fuses back into one node.
+  such rows itself), so an inlined Attention function fuses back into one node; or through
+  torch's NaN guard Where(IsNaN(P), 0, P), dropped under the condition `_nan_guard` states.
 
 Layout: when Q, K and V come from (batch, seq, heads, head_dim) tensors through
 Transpose(0,2,1,3) (the Reshape-then-Transpose split of heads) the node takes Attention's 3-D
@@ -85,9 +86,10 @@ class _Operand:
     perm: tuple[int, ...]
     scale: float = 1.0
     walked: list[Node] = field(default_factory=list)
+    view: tuple[int, ...] | None = None  # base reshaped to this 4-D shape first (an alias)
 
     def shape(self) -> tuple:
-        s = self.base.ttype.shape
+        s = self.view or self.base.ttype.shape
         return tuple(s[p] for p in self.perm)
 
 
@@ -139,6 +141,44 @@ def _trace(g: Graph, v: Value, perm: tuple[int, ...], *, scales: bool) -> _Opera
                 continue
         break
     return op
+
+
+def _repeat_kv(g: Graph, op: _Operand) -> _Operand:
+    """The operand with transformers' repeat_kv looked through: base = Reshape(Expand(
+    Unsqueeze(kv, 2) to (B, kvh, n, S, D)) to (B, kvh * n, S, D)), the n-fold copy of each kv
+    head that grouped-query attention reads. Attention takes kv with kvh heads itself (query head
+    h reads kv head h // n, the same copy), so the operand becomes kv, traced on through its own
+    layout ops; the copies are never made. Unchanged when the base is not such a copy or the
+    logical heads axis is not the copy's axis 1."""
+    if op.perm[1] != 1:
+        return op
+    r = g.producer(op.base.name)
+    if not _onnx(r, "Reshape"):
+        return op
+    e = g.producer(r.inputs[0].name)
+    if not _onnx(e, "Expand"):
+        return op
+    u = g.producer(e.inputs[0].name)
+    if not _onnx(u, "Reshape", "Unsqueeze"):
+        return op
+    kv = u.inputs[0]
+    s_out, s_exp, s_in, s_kv = (t.ttype.shape for t in (r.outputs[0], e.outputs[0], e.inputs[0], kv))
+    if any(s is None or not all(isinstance(d, int) for d in s) for s in (s_out, s_exp, s_in, s_kv)):
+        return op
+    if len(s_exp) != 5 or len(s_in) != 5:
+        return op
+    b, kvh, one, sk, d = s_in
+    n = s_exp[2]
+    if one != 1 or tuple(s_exp) != (b, kvh, n, sk, d) or tuple(s_out) != (b, kvh * n, sk, d):
+        return op
+    walked = [*op.walked, r, e, u]
+    if tuple(s_kv) != (b, kvh, sk, d):
+        # Cleanup merged the head split into the unsqueeze (a single kv head's transpose only
+        # moves a size-1 axis and became a reshape): any reshape keeps the element order, so kv
+        # viewed as (B, kvh, S, D) is the tensor the copies were made of.
+        return _Operand(kv, op.perm, op.scale, walked, view=(b, kvh, sk, d))
+    inner = _trace(g, kv, op.perm, scales=False)
+    return _Operand(inner.base, inner.perm, op.scale, [*walked, *inner.walked])
 
 
 def _matmul_flags(node: Node) -> tuple[int, int, float] | None:
@@ -286,6 +326,32 @@ def _name(n: Node) -> str:
     return f"{n.op} '{n.name}'" if not n.domain else f"{n.domain}.{n.op} '{n.name}'"
 
 
+def _nan_guard(g: Graph, p: Value) -> tuple[Node, Node] | None:
+    """(IsNaN, Where) when P is read only by Where(IsNaN(P), 0, P), the NaN -> 0 guard that
+    torch's exporters write after the Softmax of scaled_dot_product_attention with a boolean
+    mask (both the TorchScript symbolic and dynamo's torchlib, torch 2.1 to 2.14 at least).
+
+    Dropping it is exact when Q @ K^T is finite (no NaN or inf in Q or K, no overflow): then a
+    row of P is NaN exactly when every one of its scores is -inf, i.e. when the mask masks the
+    whole row, and Attention zeroes such a row itself (decided on the mask, in the reference and
+    in the CUDA kernel), which is what the guard writes. Only where Q or K already hold NaN/inf
+    do the two differ: the guard zeroes those rows, Attention passes the NaN on."""
+    users = g.users(p.name)
+    if len(users) != 2 or g.is_output(p.name):
+        return None
+    isnan = next((u for u in users if _onnx(u, "IsNaN")), None)
+    w = next((u for u in users if _onnx(u, "Where")), None)
+    if isnan is None or w is None or len(w.inputs) != 3:
+        return None
+    nan = isnan.outputs[0]
+    if g.is_output(nan.name) or len(g.users(nan.name)) != 1 or w.inputs[0] != nan or w.inputs[2] != p:
+        return None
+    zero = g.const(w.inputs[1].name) if w.inputs[1] is not None else None
+    if zero is None or zero.size != 1 or zero.dtype.kind != "f" or float(zero.reshape(())) != 0.0:
+        return None
+    return (isnan, w) if w.outputs[0].type == p.type else None
+
+
 def _safe_softmax(g: Graph, p: Value, chain: _Chain) -> Node | None:
     """P's only reader when it is Where(dead, 0, P) zeroing the rows that attend nothing, which
     Attention does itself: dead is a constant all-False (nothing to zero), or, as ONNX's own
@@ -337,8 +403,11 @@ def _analyze(g: Graph, softmax: Node) -> _Plan | None:
     # The P @ V matmul (after a "safe softmax" Where that zeroes fully masked rows, if any).
     p = softmax.outputs[0]
     safe = _safe_softmax(g, p, chain)
+    guard = _nan_guard(g, p) if safe is None else None
     if safe is not None:
         p = safe.outputs[0]
+    elif guard is not None:
+        p = guard[1].outputs[0]
     users = g.users(p.name)
     if not users:
         return None
@@ -351,6 +420,7 @@ def _analyze(g: Graph, softmax: Node) -> _Plan | None:
         raise _Decline(f"{where}: the probabilities feed {_name(pv)}, not a P @ V matmul")
     # Interior values: each read only by the next node of the chain.
     seq = [chain.qk, *chain.nodes, softmax] + ([safe] if safe is not None else [])
+    # (The guard's Softmax output has two readers, IsNaN and Where, both absorbed.)
     for prev, nxt in zip(seq, seq[1:], strict=False):
         other = _other_reader(g, prev.outputs[0], nxt)
         if other is not None:
@@ -366,6 +436,7 @@ def _analyze(g: Graph, softmax: Node) -> _Plan | None:
     kt = _trace(g, chain.qk.inputs[1], _SWAP_LAST if tb else _IDENTITY, scales=True)
     k = _Operand(kt.base, _compose(kt.perm, _SWAP_LAST), kt.scale, kt.walked)
     v = _trace(g, pv.inputs[1], _SWAP_LAST if pv_flags[1] else _IDENTITY, scales=False)
+    k, v = _repeat_kv(g, k), _repeat_kv(g, v)
     scale = chain.scale * alpha * q.scale * k.scale
     if not scale > 0:
         raise _Decline(f"{where}: the scale {scale} is not positive")
@@ -376,7 +447,7 @@ def _analyze(g: Graph, softmax: Node) -> _Plan | None:
     additive, keep, is_causal = _refine_masks(g, chain, dims)
     _check_masks([*additive, *(c for c, _ in keep)], dims, where)
     # The layout: 3-D when every operand is a head split of a (batch, seq, heads, dim) tensor.
-    three_d = all(o.perm == _HEAD_SPLIT for o in (q, k, v)) and all(
+    three_d = all(o.perm == _HEAD_SPLIT and o.view is None or _single_head_3d(o) for o in (q, k, v)) and all(
         isinstance(dims[d], int) for d in ("heads", "kv_heads", "dim", "vdim")
     )
     root = pv
@@ -407,6 +478,7 @@ def _analyze(g: Graph, softmax: Node) -> _Plan | None:
     )
     core = [chain.qk, *chain.nodes, softmax, pv] + ([root] if root is not pv else [])
     core += [safe] if safe is not None else []
+    core += list(guard) if guard is not None else []
     plan.absorbed = _absorbed(g, core, [q, k, v])
     return plan
 
@@ -423,18 +495,19 @@ def _agree(*dims) -> bool:
 
 def _check_shapes(q: _Operand, k: _Operand, v: _Operand, scores: Value, where: str) -> dict[str, object]:
     for name, o in (("Q", q), ("K", k), ("V", v)):
-        if not _rank4(o.base) or not o.base.ttype.dtype.is_float:
+        if len(o.shape()) != 4 or not o.base.ttype.dtype.is_float:
             raise _Decline(f"{where}: {name} is not a 4-D float tensor")
     (qb, qh, sq, qd), (kb, kh, skv, kd), (vb, vh, vskv, vd) = q.shape(), k.shape(), v.shape()
     sb, sh, ssq, sskv = scores.ttype.shape
     # Batch and head dims must be known equal: MatMul would broadcast a 1 where Attention would
-    # not (except a single KV head, which Attention's grouped-query form broadcasts too). The
+    # not (except fewer KV heads dividing the query heads: Attention's grouped-query form, query
+    # head h reading kv head h // (qh / kvh), which is what repeat_kv's copies give). The
     # sequence and head sizes are tied by the two matmuls themselves.
     ok = (
         _same(qb, kb, vb, sb)
         and _same(qh, sh)
         and _same(kh, vh)
-        and (kh == qh or kh == 1)
+        and (kh == qh or (isinstance(kh, int) and isinstance(qh, int) and kh > 0 and qh % kh == 0))
         and _agree(sq, ssq)
         and _agree(skv, vskv, sskv)
         and _agree(qd, kd)
@@ -590,9 +663,17 @@ def _i64(b: GraphBuilder, values, hint: str) -> Value:
     return b.add_constant(np.array(values, dtype=np.int64), hint)
 
 
+def _single_head_3d(o: _Operand) -> bool:
+    """A one-head view (B, 1, S, D) of a (B, S, D) base: already the 3-D form's (B, S, 1 * D)."""
+    s = o.base.ttype.shape
+    return o.view is not None and o.view[1] == 1 and o.perm == _IDENTITY and len(s) == 3 and s[2] == o.view[3]
+
+
 def _to_3d(g: Graph, b: GraphBuilder, o: _Operand, mapv, hint: str) -> Value:
     """(batch, seq, heads * dim) from the (batch, seq, heads, dim) base: the Reshape's own input
     when that already has this shape, else a new Reshape (an alias)."""
+    if o.view is not None:
+        return mapv(o.base)  # _single_head_3d
     batch, seq, heads, dim = o.base.ttype.shape
     r = g.producer(o.base.name)
     if _onnx(r, "Reshape") and r.inputs[0] is not None and not r.attrs.allowzero:
@@ -613,6 +694,8 @@ def _to_3d(g: Graph, b: GraphBuilder, o: _Operand, mapv, hint: str) -> Value:
 
 def _to_4d(b: GraphBuilder, o: _Operand, mapv, hint: str) -> Value:
     base = mapv(o.base)
+    if o.view is not None:
+        base = b.op("Reshape", [base, _i64(b, list(o.view), f"{hint}/view")], name=f"{hint}/Reshape")
     if o.perm == _IDENTITY:
         return base
     return b.op("Transpose", [base], {"perm": list(o.perm)}, name=f"{hint}/Transpose")

@@ -22,6 +22,11 @@ Ordering rules (why the list is in this order; each is repeated beside the passe
  4. Pattern fusion (LayerNorm, RMSNorm, GELU) before BatchNorm folding and epilogue fusion: their
     patterns contain Add/Mul/Div by constants that affine folding would otherwise fold into a
     preceding MatMul and break up.
+ 4a. Canonicalization (passes/canonicalize.py) first in the pattern stage: exporters' spellings
+    of one computation (dynamo's reshape-transpose-reshape for a swap of two axes, split sqrt
+    scales on Q and K) become the one form the matchers and transpose elimination know; written-
+    out rotary embeddings become RotaryEmbedding (on the 3-D projection where they can), so
+    attention fusion finds the head split after them.
  5. Transpose elimination after cleanup (perms are constants by then) and before attention
     fusion, which expects the Q, K, V layouts in canonical form.
  6. BatchNorm and affine folding before epilogue fusion: the scale goes into the conv weights,
@@ -45,6 +50,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from graphc.ir.graph import Graph
+from graphc.passes.canonicalize import canonicalize
+from graphc.passes.canonicalize_rotary import fuse_rotary
 from graphc.passes.capabilities import FusionCapabilities
 from graphc.passes.constant_folding import fold_constants
 from graphc.passes.cse import eliminate_common_subexpressions
@@ -119,6 +126,8 @@ def stages() -> list[Stage]:
         FixedPoint(
             "patterns",
             (
+                Pass("canonicalize", canonicalize, min_level=2),  # rule 4a
+                Pass("fuse_rotary", fuse_rotary, min_level=2),  # rule 4a
                 Pass("fuse_layernorm", fuse_layernorm, min_level=2),  # rule 4
                 Pass("fuse_gelu", fuse_gelu, min_level=2),  # rule 4
                 Pass("eliminate_transposes", eliminate_transposes, min_level=2),  # rule 5
