@@ -39,6 +39,7 @@ from graphc.runtime.tensormap import is_tmap_arg, validate_launch
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+_ARCH = re.compile(r"sm_[0-9]{2,3}")  # a key of Step.arch_launches
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
 # safetensors' numpy API knows these dtypes; others are stored as their raw bits.
@@ -315,7 +316,12 @@ def _check_plan(plan: KernelPlan, memory: MemoryPlan, manifest: dict, sources: d
         for n in (*step.inputs, *step.outputs):
             if n is not None and n not in tensors:
                 raise bad(f"step '{step.name}' uses unknown tensor '{n}'")
-        for ln in step.launches:
+        for arch, own in step.arch_launches.items():  # an arch's launches of its own: checked as the default ones
+            if not isinstance(arch, str) or not _ARCH.fullmatch(arch):
+                raise bad(f"step '{step.name}' has launches for {arch!r}, not a GPU arch")
+            if not own:
+                raise bad(f"step '{step.name}' has no kernel on {arch}")
+        for ln in (*step.launches, *(x for own in step.arch_launches.values() for x in own)):
             if ln.digest not in sources or ln.digest not in kernels:
                 raise bad(f"step '{step.name}' launches kernel {ln.digest[:12]} that the engine does not hold")
             expected = kernels[ln.digest]["args"]
@@ -352,19 +358,28 @@ def load(path: str | Path, device: int = 0):
         check_attrs_schema(m.get("attrs_schema"), path)
         executor = CPUExecutor(ef.plan, ef.memory, ef.weights, reference_kernel)
         return Engine("cpu", ef.plan, ef.memory, ef.weights, executor, report, m["build"])
-    from graphc.runtime.cuda import CUDAExecutor, device_arch
+    from graphc.runtime.cuda import CUDAExecutor, choose_launches, device_arch
 
-    arch = device_arch(device)
+    device_kind = device_arch(device)
     names = {d: k["name"] for d, k in m["kernels"].items()}
+    # The launches of this GPU's arch, else of the newest older arch of its major version with cubins
+    # (a plan per arch, one memory plan); with none, its own or the default launches, JIT-compiled.
+    arch, plan = choose_launches(ef.plan, ef.cubins, device_kind)
     cubins = ef.cubins.get(arch)
-    if cubins is None or set(cubins) != set(ef.sources):
-        cubins = _jit(ef, arch, names, path)
-    executor = CUDAExecutor(ef.plan, ef.memory, ef.weights, cubins, names, device=device)
+    if cubins is None or not _digests(plan) <= set(cubins):
+        arch, plan = device_kind, ef.plan.for_arch(device_kind)
+        cubins = _jit(ef, arch, names, path, sorted(_digests(plan)))
+    executor = CUDAExecutor(plan, ef.memory, ef.weights, cubins, names, device=device, launch_arch=arch)
     engine = Engine("cuda", ef.plan, ef.memory, ef.weights, executor, report, m["build"])
     return engine
 
 
-def _jit(ef: EngineFile, arch: str, names: dict[str, str], path: Path) -> dict[str, bytes]:
+def _digests(plan: KernelPlan) -> set[str]:
+    return {ln.digest for s in plan.steps for ln in s.launches}
+
+
+def _jit(ef: EngineFile, arch: str, names: dict[str, str], path: Path, digests: list[str]) -> dict[str, bytes]:
+    """Cubins for `arch` of the kernels `digests` (those its launches use) from the kept source."""
     built = sorted(ef.cubins)
     try:
         from graphc.codegen.nvrtc import CompileJob, compile_all
@@ -376,7 +391,6 @@ def _jit(ef: EngineFile, arch: str, names: dict[str, str], path: Path) -> dict[s
     log.warning(
         "%s has no cubin for %s (it has %s): compiling the kept CUDA source with the local NVRTC", path, arch, built
     )
-    digests = list(ef.sources)
     needs = {d: k.get("requires_arch") for d, k in ef.manifest["kernels"].items()}
     for d in digests:
         if needs.get(d) and needs[d].rstrip("a") != arch:
