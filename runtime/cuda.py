@@ -238,6 +238,8 @@ class CUDAExecutor:
         cupy = import_cupy()
         # `plan` is already one arch's (KernelPlan.for_arch); launch_arch says whose, for tests and reports
         self.plan, self.memory, self.device, self.launch_arch = plan, memory, device, launch_arch
+        if plan.launch_archs():  # a plan of several archs would run its default launches here, whatever the GPU
+            raise EngineError("the CUDA executor takes one arch's plan (KernelPlan.for_arch), not a plan of several")
         used = {ln.digest for s in plan.steps for ln in s.launches}
         missing = sorted(used - set(cubins))
         if missing:
