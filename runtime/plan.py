@@ -151,7 +151,10 @@ class KernelPlan:
 def _step_from_json(d: dict[str, Any]) -> Step:
     d = dict(d)
     d["launches"] = [Launch(**x) for x in d.get("launches", [])]
-    d["arch_launches"] = {a: [Launch(**x) for x in ls] for a, ls in d.get("arch_launches", {}).items()}
+    own = d.get("arch_launches", {})
+    if not isinstance(own, dict):  # a TypeError, which the engine reader reports as a malformed plan
+        raise TypeError(f"step {d.get('name')!r}: arch_launches is not a table of arch -> launches")
+    d["arch_launches"] = {a: [Launch(**x) for x in ls] for a, ls in own.items()}
     return Step(**d)
 
 

@@ -186,9 +186,14 @@ def _bad_geometry(m):
     _own_step(m)["arch_launches"]["sm_90"][0]["block"] = [2048, 1, 1]
 
 
+def _not_a_table(m):
+    _own_step(m)["arch_launches"] = [1, 2]
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
+        (_not_a_table, "malformed kernel or memory plan"),
         (_bad_arch, "not a GPU arch"),
         (_unknown_kernel, "that the engine does not hold"),
         (_empty, "has no kernel on sm_90"),
