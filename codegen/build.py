@@ -41,6 +41,17 @@ class KernelSet:
     cubins: dict[str, dict[str, bytes]] = field(default_factory=dict)  # arch -> digest -> cubin
     requires: dict[str, str] = field(default_factory=dict)  # digest -> the one arch it compiles for (sm_90a)
     steps: dict[str, StepKernels] = field(default_factory=dict)  # step name -> its launches, workspace
+    # arch -> step name -> that arch's own launches, for the steps where they differ from `steps`
+    # (the default every other arch runs): an engine for several archs carries sm_90a kernels for sm_90
+    arch_steps: dict[str, dict[str, StepKernels]] = field(default_factory=dict)
+
+    def step_kernels(self, arch: str) -> dict[str, StepKernels]:
+        """Every step's launches on `arch`: its own where it has them, else the default."""
+        return {**self.steps, **self.arch_steps.get(arch, {})}
+
+    def digests_for(self, arch: str) -> set[str]:
+        """The kernels that `arch` launches (the only ones it needs a cubin of)."""
+        return {ln.digest for sk in self.step_kernels(arch).values() for ln in sk.launches}
 
 
 _NAME_PLACEHOLDER = "__graphc_kernel__"
@@ -132,13 +143,25 @@ def generate_kernels(
 
 def complete_plan(plan: KernelPlan, kernels: KernelSet) -> KernelPlan:
     """The plan an engine runs: `plan`'s steps with their launches and workspace sizes, as a new
-    KernelPlan built once (the lowered plan, and its IR nodes, stay behind with the compiler)."""
+    KernelPlan built once (the lowered plan, and its IR nodes, stay behind with the compiler).
+    A step with launches of its own for some arch (`kernels.arch_steps`) lists them in
+    `Step.arch_launches`; its workspace is the largest any arch needs (one memory plan serves every
+    arch: see docs/architecture.md, "One engine, a plan per arch")."""
     steps = []
     for step in plan.steps:
         made = kernels.steps.get(step.name, StepKernels())
         if not step.alias and step.name not in kernels.steps:
             raise CompileError(f"step '{step.name}' has no kernels")
-        steps.append(dataclasses.replace(step, launches=list(made.launches), workspace_bytes=made.workspace_bytes))
+        own = {a: byname[step.name] for a, byname in sorted(kernels.arch_steps.items()) if step.name in byname}
+        workspace = max([made.workspace_bytes, *(k.workspace_bytes for k in own.values())])
+        steps.append(
+            dataclasses.replace(
+                step,
+                launches=list(made.launches),
+                arch_launches={a: list(k.launches) for a, k in own.items()},
+                workspace_bytes=workspace,
+            )
+        )
     return KernelPlan(
         tensors=dict(plan.tensors),
         steps=steps,
@@ -166,11 +189,15 @@ def _large_gemm(ctx: StepContext) -> bool:
 
 
 def compile_kernels(kernels: KernelSet, archs: list[str], cache_dir=None, progress=None) -> None:
-    """Cubin of every kernel for every arch; a kernel that requires an arch-specific target (sm_90a)
-    is compiled for that target and filed under its base arch, the only one it is built for."""
+    """Cubin, for every arch, of every kernel that arch launches; a kernel that requires an
+    arch-specific target (sm_90a) is compiled for that target and filed under its base arch, the
+    only one that launches it."""
     jobs, filed = [], []
     for arch in archs:
+        used = kernels.digests_for(arch)
         for d, src in kernels.sources.items():
+            if d not in used:
+                continue
             need = kernels.requires.get(d)
             if need is not None and need.rstrip("a") != arch:
                 raise CompileError(f"kernel {kernels.names[d]} needs {need}; the engine also targets {arch}")
@@ -179,6 +206,54 @@ def compile_kernels(kernels: KernelSet, archs: list[str], cache_dir=None, progre
     cubins = compile_all(jobs, cache_dir=cache_dir, progress=progress)
     for (arch, d), cubin in zip(filed, cubins, strict=True):
         kernels.cubins.setdefault(arch, {})[d] = cubin
+
+
+# Archs that get kernels of their own in an engine built for several: sm_90 runs the sm_90a kernels
+# (TMA and wgmma GEMMs), which no other arch can load (an sm_90a cubin runs on sm_90 alone).
+HOPPER_ARCHS = ("sm_90",)
+
+
+def generate_for_archs(
+    plan: LoweredPlan,
+    weights: dict[str, np.ndarray],
+    archs: list[str],
+    **kwargs: Any,
+) -> KernelSet:
+    """The kernels of an engine for `archs`: the default launches for the archs without kernels of
+    their own, and for each Hopper arch among them the steps whose sm_90a launches differ. An engine
+    for Hopper alone has the sm_90a launches as its default. kwargs go to generate_kernels."""
+    hopper = [a for a in archs if a in HOPPER_ARCHS]
+    if hopper and len(hopper) == len(archs):
+        return generate_kernels(plan, weights, hopper=True, **kwargs)
+    kernels = generate_kernels(plan, weights, **kwargs)
+    if not hopper:
+        return kernels
+    # Every step is generated again, so any family's Hopper path (GEMM today) is taken without a list
+    # of families here; steps whose kernels come out the same keep the default launches.
+    special = generate_kernels(plan, weights, hopper=True, **kwargs)
+    for arch in hopper:
+        add_arch_kernels(kernels, arch, special)
+    return kernels
+
+
+def add_arch_kernels(kernels: KernelSet, arch: str, special: KernelSet) -> None:
+    """File `special`'s launches under `arch` for the steps where they differ from `kernels`' default,
+    with their sources."""
+    own: dict[str, StepKernels] = {}
+    for name, sk in special.steps.items():
+        if kernels.steps.get(name) == sk:
+            continue
+        own[name] = sk
+        for ln in sk.launches:
+            d = ln.digest
+            kernels.sources[d] = special.sources[d]
+            kernels.names[d] = special.names[d]
+            kernels.families[d] = special.families[d]
+            if d in special.requires:
+                kernels.requires[d] = special.requires[d]
+    if own:
+        kernels.arch_steps[arch] = own
+    log.info("%s: %d step(s) with launches of its own", arch, len(own))
 
 
 def local_gpu_arch() -> str | None:
@@ -227,10 +302,10 @@ def build_cuda_engine(
                 cache_path=cache_path,
             )
         report["tuning"] = choices
-    hopper = archs == ["sm_90"]
+    archs = list(dict.fromkeys(archs))  # each arch once, in the order given
     with phase("codegen"):
-        kernels = generate_kernels(
-            plan, weights, precision=opts.precision, allow_tf32=opts.allow_tf32, choices=choices, hopper=hopper
+        kernels = generate_for_archs(
+            plan, weights, archs, precision=opts.precision, allow_tf32=opts.allow_tf32, choices=choices
         )
         final = complete_plan(plan, kernels)
     with phase("memory_plan"):
@@ -244,6 +319,9 @@ def build_cuda_engine(
         "wgmma_kernels": sum(1 for a in kernels.requires.values() if a == "sm_90a"),
         "kernels": len(kernels.sources),
         "launches": sum(len(s.launches) for s in final.steps),
+        # per arch: how many kernels it launches, and how many steps run launches of their own there
+        "arch_kernels": {a: len(kernels.digests_for(a)) for a in archs},
+        "arch_steps": {a: len(kernels.arch_steps.get(a, {})) for a in archs},
         "families": _count(kernels.families.values()),
         "nvrtc": nvrtc_version(),
     }
@@ -255,7 +333,7 @@ def build_cuda_engine(
         cubins = kernels.cubins.get(local)
         if cubins is None:
             raise CompileError(f"no cubin for the local GPU ({local})")
-        executor = CUDAExecutor(final, memory, weights, cubins, kernels.names)
+        executor = CUDAExecutor(final.for_arch(local), memory, weights, cubins, kernels.names, launch_arch=local)
     engine = Engine("cuda", final, memory, weights, executor, report, build_info)
     engine.kernels = kernels
     return engine

@@ -37,6 +37,23 @@ def kernel_counts(plan: KernelPlan) -> str:
     return f"{head}, {len(plan.steps) - views} numpy kernels"
 
 
+def arch_kernel_counts(plan: KernelPlan, archs: list[str]) -> list[str]:
+    """One line per arch of a CUDA engine: its launches and distinct kernels, and how many steps
+    run launches of their own there (an engine built for several archs carries sm_90a kernels for
+    sm_90); [] where no arch has launches of its own."""
+    if not plan.launch_archs():
+        return []
+    lines = []
+    for arch in archs:
+        own = sum(1 for s in plan.steps if arch in s.arch_launches)
+        launches = [ln for s in plan.steps for ln in s.launches_for(arch)]
+        lines.append(
+            f"  {arch}: {len(launches)} launches of {len({ln.digest for ln in launches})} distinct kernels"
+            f" ({own} steps with launches of their own)"
+        )
+    return lines
+
+
 def split_fusions(fusions: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The report's nodes that stand for several original nodes: (fusions of computation, data-movement
     rewrites such as merged transposes)."""
@@ -108,15 +125,18 @@ def describe_engine(ef: Any, name: str) -> str:
         f"{format_bytes(mem.workspace_bytes)}, weights {format_bytes(sum(w.nbytes for w in ef.weights.values()))}"
     )
     lines.append(f"kernels: {kernel_counts(ef.plan)}")
+    archs = sorted(set(m.get("archs", [])) | set(ef.plan.launch_archs()), key=lambda a: (len(a), a))
+    lines += arch_kernel_counts(ef.plan, archs)
     for s in ef.plan.steps:
         tag = "view" if s.alias else s.kind
         fused = f" <- {', '.join(s.origins)}" if len(s.origins) > 1 or (s.origins and s.origins[0] != s.name) else ""
         lines.append(f"  [{s.index:3d}] {tag:<22} {s.name}{fused}")
-        for ln in s.launches:
-            lines.append(
-                f"        {ln.family}:{ln.kernel} grid {ln.grid} block {ln.block} smem {format_bytes(ln.shared_bytes)}"
-                f"{' ' + json.dumps(ln.params) if ln.params else ''}"
-            )
+        for arch, own in [("", s.launches), *sorted(s.arch_launches.items())]:
+            for ln in own:
+                lines.append(
+                    f"        {arch + ' ' if arch else ''}{ln.family}:{ln.kernel} grid {ln.grid} block {ln.block} "
+                    f"smem {format_bytes(ln.shared_bytes)}{' ' + json.dumps(ln.params) if ln.params else ''}"
+                )
     return "\n".join(lines)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,35 @@ def import_cupy():
 def device_arch(device: int = 0) -> str:
     cupy = import_cupy()
     return "sm_" + cupy.cuda.Device(device).compute_capability
+
+
+def _arch_number(arch: str) -> tuple[int, int]:
+    digits = arch[3:].rstrip("a")  # "sm_86" -> (8, 6); "sm_90a" -> (9, 0)
+    return int(digits[:-1]), int(digits[-1])
+
+
+def cubin_arch_for(device: str, built: Iterable[str]) -> str | None:
+    """The arch whose cubins a GPU of arch `device` runs: its own, else the newest older one of the
+    same major version (a cubin runs on its own arch and on later minor versions of the same major
+    one, never across majors: sm_80 cubins run on an sm_86 and sm_89, not on an sm_90), else None
+    (the engine's kept source is compiled for `device`)."""
+    built = set(built)
+    if device in built:
+        return device
+    major, minor = _arch_number(device)
+    older = [a for a in built if not a.endswith("a") and _arch_number(a)[0] == major and _arch_number(a)[1] < minor]
+    return max(older, key=_arch_number) if older else None
+
+
+def choose_launches(plan: KernelPlan, built: Iterable[str], device: str) -> tuple[str, KernelPlan]:
+    """(the arch whose launches and cubins a GPU of arch `device` takes, the plan as it runs there).
+    With no cubin it can run, `device` itself: its own launches if the plan has them, else the
+    default ones, compiled from source by the caller."""
+    arch = cubin_arch_for(device, built) or device
+    chosen = plan.for_arch(arch)
+    if arch != device:
+        log.info("GPU %s runs the engine's %s cubins and launches", device, arch)
+    return arch, chosen
 
 
 def allow_large_shared_memory(fn: Any, nbytes: int) -> None:
@@ -204,13 +233,23 @@ class CUDAExecutor:
         cubins: Mapping[str, bytes],
         names: Mapping[str, str],
         device: int = 0,
+        launch_arch: str | None = None,
     ):
         cupy = import_cupy()
-        self.plan, self.memory, self.device = plan, memory, device
+        # `plan` is already one arch's (KernelPlan.for_arch); launch_arch says whose, for tests and reports
+        self.plan, self.memory, self.device, self.launch_arch = plan, memory, device, launch_arch
+        if plan.launch_archs():  # a plan of several archs would run its default launches here, whatever the GPU
+            raise EngineError("the CUDA executor takes one arch's plan (KernelPlan.for_arch), not a plan of several")
+        used = {ln.digest for s in plan.steps for ln in s.launches}
+        missing = sorted(used - set(cubins))
+        if missing:
+            raise EngineError(f"no cubin for kernel(s) {', '.join(names.get(d, d) for d in missing[:5])} of the plan")
         with cupy.cuda.Device(device):
             self.functions: dict[str, Any] = {}
             self.modules = []
             for digest, cubin in cubins.items():
+                if digest not in used:  # another arch's kernel, or one the plan does not launch here
+                    continue
                 mod = cupy.cuda.function.Module()
                 mod.load(cubin)
                 self.modules.append(mod)

@@ -280,9 +280,7 @@ def _load_weights(data: bytes, plan: KernelPlan, path: Path) -> dict[str, np.nda
     return out
 
 
-def load(
-    path: str | Path, device: int = 0, *, verify_key: str | Path | None = None, limits: Limits | None = None
-):
+def load(path: str | Path, device: int = 0, *, verify_key: str | Path | None = None, limits: Limits | None = None):
     """Load an engine file: validated first, then weights uploaded and kernels loaded.
     `verify_key`: a PEM ed25519 public key the engine's signature must verify against."""
     from graphc.runtime.engine import Engine
@@ -296,18 +294,24 @@ def load(
         check_attrs_schema(m.get("attrs_schema"), path)
         executor = CPUExecutor(ef.plan, ef.memory, ef.weights, checked_kernels(ef.plan, reference_kernel, Path(path)))
         return Engine("cpu", ef.plan, ef.memory, ef.weights, executor, report, m["build"])
-    from graphc.runtime.cuda import CUDAExecutor, device_arch
+    from graphc.runtime.cuda import CUDAExecutor, choose_launches, device_arch
 
-    arch = device_arch(device)
+    device_kind = device_arch(device)
     _check_device_memory(ef, device, Path(path))
     names = {d: k["name"] for d, k in m["kernels"].items()}
+    # The launches of this GPU's arch, else of the newest older arch of its major version with cubins
+    # (a plan per arch, one memory plan); with none, its own or the default launches, JIT-compiled.
+    arch, plan = choose_launches(ef.plan, ef.cubins, device_kind)
     cubins = ef.cubins.get(arch)
-    if cubins is None or set(cubins) != set(ef.sources):
+    if cubins is None or not _digests(plan) <= set(cubins):
         from graphc.runtime.jit import jit_kernels
 
+        arch, plan = device_kind, ef.plan.for_arch(device_kind)
+        digests = _digests(plan)
         needs = {d: k.get("requires_arch") for d, k in m["kernels"].items()}
-        cubins = jit_kernels(ef.sources, names, needs, arch, sorted(ef.cubins), Path(path))
-    executor = CUDAExecutor(ef.plan, ef.memory, ef.weights, cubins, names, device=device)
+        sources = {d: ef.sources[d] for d in sorted(digests)}
+        cubins = jit_kernels(sources, names, needs, arch, sorted(ef.cubins), Path(path))
+    executor = CUDAExecutor(plan, ef.memory, ef.weights, cubins, names, device=device, launch_arch=arch)
     engine = Engine("cuda", ef.plan, ef.memory, ef.weights, executor, report, m["build"])
     return engine
 
@@ -362,6 +366,10 @@ def _check_device_memory(ef: EngineFile, device: int, path: Path) -> None:
         _free, total = cupy.cuda.runtime.memGetInfo()
     if need > total:
         raise EngineError(f"{path}: the engine needs {need} bytes of GPU memory, device {device} has {total}")
+
+
+def _digests(plan: KernelPlan) -> set[str]:
+    return {ln.digest for s in plan.steps for ln in s.launches}
 
 
 def engine_bytes_summary(path: str | Path) -> dict[str, int]:

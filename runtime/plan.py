@@ -15,7 +15,7 @@ Where tensors live:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 ALIGNMENT = 256
@@ -72,8 +72,13 @@ class Step:
     alias: bool = False  # a view: no kernel, no memory of its own
     origins: list[str] = field(default_factory=list)  # the original nodes it stands for
     inplace: list[int] = field(default_factory=list)  # inputs whose buffer the output may reuse
-    workspace_bytes: int = 0
-    launches: list[Launch] = field(default_factory=list)  # CUDA target only
+    workspace_bytes: int = 0  # the most any arch's launches need
+    launches: list[Launch] = field(default_factory=list)  # CUDA target only; every arch not in arch_launches
+    # arch ("sm_90") -> this step's launches on that arch, where they differ from `launches`
+    arch_launches: dict[str, list[Launch]] = field(default_factory=dict)
+
+    def launches_for(self, arch: str) -> list[Launch]:
+        return self.arch_launches.get(arch, self.launches)
 
 
 @dataclass
@@ -117,6 +122,21 @@ class KernelPlan:
             "output_names": list(self.output_names),
         }
 
+    def launch_archs(self) -> list[str]:
+        """The archs that have launches of their own in some step."""
+        return sorted({a for s in self.steps for a in s.arch_launches})
+
+    def for_arch(self, arch: str) -> KernelPlan:
+        """The plan as `arch` runs it: each step's launches for that arch, no per-arch table (the
+        tensors, and so the memory plan, are the same for every arch)."""
+        return KernelPlan(
+            tensors=self.tensors,
+            steps=[replace(s, launches=list(s.launches_for(arch)), arch_launches={}) for s in self.steps],
+            inputs=list(self.inputs),
+            outputs=list(self.outputs),
+            output_names=list(self.output_names),
+        )
+
     @staticmethod
     def from_json(d: dict[str, Any]) -> KernelPlan:
         return KernelPlan(
@@ -131,6 +151,10 @@ class KernelPlan:
 def _step_from_json(d: dict[str, Any]) -> Step:
     d = dict(d)
     d["launches"] = [Launch(**x) for x in d.get("launches", [])]
+    own = d.get("arch_launches", {})
+    if not isinstance(own, dict):  # a TypeError, which the engine reader reports as a malformed plan
+        raise TypeError(f"step {d.get('name')!r}: arch_launches is not a table of arch -> launches")
+    d["arch_launches"] = {a: [Launch(**x) for x in ls] for a, ls in own.items()}
     return Step(**d)
 
 

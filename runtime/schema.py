@@ -127,6 +127,8 @@ class StepDoc(_Strict):
     inplace: list[Annotated[int, msgspec.Meta(ge=0, lt=MAX_ARGS)]] = []
     workspace_bytes: Size = 0
     launches: Annotated[list[LaunchDoc], msgspec.Meta(max_length=64)] = []
+    # the launches of an arch whose kernels differ from the default ones (sm_90a kernels for sm_90)
+    arch_launches: dict[Arch, Annotated[list[LaunchDoc], msgspec.Meta(min_length=1, max_length=64)]] = {}
 
 
 class PlanDoc(_Strict):

@@ -65,6 +65,10 @@ MAX_THREADS_PER_BLOCK = 1024
 MAX_SHARED_BYTES = 232448  # sm_90's opt-in maximum per block
 
 
+def _launch(x) -> Launch:
+    return Launch(x.kernel, x.digest, list(x.grid), list(x.block), list(x.args), x.shared_bytes, x.family, x.params)
+
+
 def plan_from_doc(m: ManifestDoc) -> tuple[KernelPlan, MemoryPlan]:
     """The runtime's plan dataclasses from the typed manifest (no further checks here)."""
     p = m.plan
@@ -85,12 +89,8 @@ def plan_from_doc(m: ManifestDoc) -> tuple[KernelPlan, MemoryPlan]:
             origins=list(s.origins),
             inplace=list(s.inplace),
             workspace_bytes=s.workspace_bytes,
-            launches=[
-                Launch(
-                    x.kernel, x.digest, list(x.grid), list(x.block), list(x.args), x.shared_bytes, x.family, x.params
-                )
-                for x in s.launches
-            ],
+            launches=[_launch(x) for x in s.launches],
+            arch_launches={a: [_launch(x) for x in ls] for a, ls in s.arch_launches.items()},
         )
         for s in p.steps
     ]
@@ -452,49 +452,58 @@ def validate_kernels(
             continue
         if not s.launches:
             raise c.fail(f"{where} of a cuda engine has no kernel")
-        written: set[str] = set()
-        for ln in s.launches:
-            k = m.kernels.get(ln.digest)
-            if k is None:
-                raise c.fail(f"{where} launches kernel {ln.digest[:12]} that the engine does not hold")
-            if ln.kernel != k.name:
-                raise c.fail(f"{where} launches '{ln.kernel}', the kernel {ln.digest[:12]} is '{k.name}'")
-            ps = params[ln.digest]
-            if len(ln.args) != len(ps):
-                raise c.fail(f"{where}: kernel {ln.kernel} takes {len(ps)} arguments, the launch passes {len(ln.args)}")
-            geometry = ln.block[0] * ln.block[1] * ln.block[2]
-            if geometry > MAX_THREADS_PER_BLOCK or ln.shared_bytes > MAX_SHARED_BYTES:
-                raise c.fail(
-                    f"{where}: launch {ln.grid} x {ln.block} with {ln.shared_bytes} B shared exceeds device limits"
-                )
-            specs = validate_launch(ln.params, ln.args, T, where)  # "@tmap:I": typed tensor-map specs
-            for a, (const, ctype) in zip(ln.args, ps, strict=True):
-                if is_tmap_arg(a):
-                    # a tensor map reads the tensor it names, which must be an input of the step
-                    if not const or ctype != "gc_tmap":
-                        raise c.fail(f"{where}: kernel {ln.kernel} takes {ctype} where the launch passes {a}")
-                    t = specs[tmap_index(a, where)].tensor
-                    if t not in s.inputs:
-                        raise c.fail(f"{where}: tensor map {a} reads '{t}', which is not an input of the step")
-                    continue
-                if a == WORKSPACE:
-                    if s.workspace_bytes <= 0:
-                        raise c.fail(f"{where} passes the workspace but declares none")
-                    continue
-                if a not in T:
-                    raise c.fail(f"{where}: kernel argument '{a}' is not a tensor of the plan")
-                if const and a not in s.inputs and a not in s.outputs:
-                    raise c.fail(f"{where}: kernel {ln.kernel} reads '{a}', which is not an input of the step")
-                if not const:
-                    if a not in s.outputs:
-                        raise c.fail(f"{where}: kernel {ln.kernel} writes '{a}', which is not an output of the step")
-                    written.add(a)
-                ok = _element_dtypes(ctype, typedefs[ln.digest])
-                if ok is not None and T[a].dtype not in ok:
-                    raise c.fail(f"{where}: kernel {ln.kernel} takes {ctype}* for '{a}', which is {T[a].dtype}")
-        missing = [n for n in s.outputs if n not in written]
-        if missing:
-            raise c.fail(f"{where}: no kernel of the step writes its output '{missing[0]}'")
+        for arch, launches in [("", s.launches), *s.arch_launches.items()]:
+            if arch and arch not in archs:
+                raise c.fail(f"{where} has launches for {arch}, which the engine is not built for ({sorted(archs)})")
+            _check_launches(c, m, s, launches, params, typedefs, T, f"{where}{' on ' + arch if arch else ''}")
+
+
+def _check_launches(c, m, s, launches, params, typedefs, T, where: str) -> None:
+    """One arch's launches of a step: each kernel held, argument count and kinds, device limits, and
+    every output of the step written."""
+    written: set[str] = set()
+    for ln in launches:
+        k = m.kernels.get(ln.digest)
+        if k is None:
+            raise c.fail(f"{where} launches kernel {ln.digest[:12]} that the engine does not hold")
+        if ln.kernel != k.name:
+            raise c.fail(f"{where} launches '{ln.kernel}', the kernel {ln.digest[:12]} is '{k.name}'")
+        ps = params[ln.digest]
+        if len(ln.args) != len(ps):
+            raise c.fail(f"{where}: kernel {ln.kernel} takes {len(ps)} arguments, the launch passes {len(ln.args)}")
+        geometry = ln.block[0] * ln.block[1] * ln.block[2]
+        if geometry > MAX_THREADS_PER_BLOCK or ln.shared_bytes > MAX_SHARED_BYTES:
+            raise c.fail(
+                f"{where}: launch {ln.grid} x {ln.block} with {ln.shared_bytes} B shared exceeds device limits"
+            )
+        specs = validate_launch(ln.params, ln.args, T, where)  # "@tmap:I": typed tensor-map specs
+        for a, (const, ctype) in zip(ln.args, ps, strict=True):
+            if is_tmap_arg(a):
+                # a tensor map reads the tensor it names, which must be an input of the step
+                if not const or ctype != "gc_tmap":
+                    raise c.fail(f"{where}: kernel {ln.kernel} takes {ctype} where the launch passes {a}")
+                t = specs[tmap_index(a, where)].tensor
+                if t not in s.inputs:
+                    raise c.fail(f"{where}: tensor map {a} reads '{t}', which is not an input of the step")
+                continue
+            if a == WORKSPACE:
+                if s.workspace_bytes <= 0:
+                    raise c.fail(f"{where} passes the workspace but declares none")
+                continue
+            if a not in T:
+                raise c.fail(f"{where}: kernel argument '{a}' is not a tensor of the plan")
+            if const and a not in s.inputs and a not in s.outputs:
+                raise c.fail(f"{where}: kernel {ln.kernel} reads '{a}', which is not an input of the step")
+            if not const:
+                if a not in s.outputs:
+                    raise c.fail(f"{where}: kernel {ln.kernel} writes '{a}', which is not an output of the step")
+                written.add(a)
+            ok = _element_dtypes(ctype, typedefs[ln.digest])
+            if ok is not None and T[a].dtype not in ok:
+                raise c.fail(f"{where}: kernel {ln.kernel} takes {ctype}* for '{a}', which is {T[a].dtype}")
+    missing = [n for n in s.outputs if n not in written]
+    if missing:
+        raise c.fail(f"{where}: no kernel of the step writes its output '{missing[0]}'")
 
 
 __all__ = ["ITEMSIZE", "kernel_params", "plan_from_doc", "validate_kernels", "validate_plan"]
