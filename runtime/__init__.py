@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from graphc.runtime.batcher import Batcher, BatcherStats
 from graphc.runtime.errors import EngineError, EngineInputError
 
 
@@ -15,4 +16,4 @@ def load(path: Any, device: int = 0):
     return _load(path, device)
 
 
-__all__ = ["EngineError", "EngineInputError", "load"]
+__all__ = ["Batcher", "BatcherStats", "EngineError", "EngineInputError", "load"]
