@@ -245,6 +245,8 @@ class Batcher:
             size = run_size(rows, self.sizes)
             feeds = {name: stack_rows([r.feeds[name] for r in batch], size) for name in self._specs}
             outs = self.engine.run(feeds)
+            starts = [sum(r.rows for r in batch[:i]) for i in range(len(batch))]
+            results = [{k: v[s : s + r.rows] for k, v in outs.items()} for s, r in zip(starts, batch, strict=True)]
         except Exception as e:  # noqa: BLE001  (every caller of the batch gets the engine's error)
             log.debug("batch of %d requests failed: %s", len(batch), e)
             self.stats.failed_batches += 1
@@ -255,7 +257,5 @@ class Batcher:
         self.stats.rows += rows
         self.stats.batches += 1
         self.stats.padded_rows += size - rows
-        start = 0
-        for r in batch:
-            r.future.set_result({k: v[start : start + r.rows] for k, v in outs.items()})
-            start += r.rows
+        for r, res in zip(batch, results, strict=True):
+            r.future.set_result(res)
