@@ -1,8 +1,10 @@
 """Engine benchmarks, like trtexec: latency min/median/p90/p99 and throughput, timed with CUDA
-events around CUDA-graph replays (host copies excluded; end-to-end timed separately)."""
+events around CUDA-graph replays (host copies excluded; end-to-end timed separately); and a
+concurrent load of batch-1 requests with and without graphc.runtime.Batcher (`--batcher`)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -141,4 +143,128 @@ def format_bench(r: dict[str, Any]) -> str:
         lines.append("per kernel (median, share of the sum):")
         for row in sorted(r["kernels"], key=lambda x: -x["median_ms"])[:25]:
             lines.append(f"  {row['median_ms']:9.4f} ms  {row['share'] * 100:5.1f}%  {row['step']}")
+    return "\n".join(lines)
+
+
+# ---- concurrent load, with and without the dynamic batcher ---------------------------------------
+
+
+def default_requests(concurrency: int) -> int:
+    """Requests of `graphc bench --batcher` when --requests is not given: enough for a p99."""
+    return max(MIN_SAMPLES["p99_ms"] * 2, 20 * concurrency)
+
+
+def _drive(send, requests: list[dict[str, Any]], total: int, concurrency: int) -> tuple[list[float], float]:
+    """`concurrency` client threads send requests back to back (each waits for its answer before
+    the next) until `total` have been sent; returns each request's latency (ms) and the wall time (s)."""
+    lock = threading.Lock()
+    sent = [0]
+    latencies: list[float] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(concurrency + 1)
+
+    def client() -> None:
+        start.wait()
+        while True:
+            with lock:
+                i = sent[0]
+                if i >= total or errors:
+                    return
+                sent[0] += 1
+            t0 = time.perf_counter()
+            try:
+                send(requests[i % len(requests)])
+            except BaseException as e:  # noqa: BLE001  (re-raised in the caller's thread below)
+                with lock:
+                    errors.append(e)
+                return
+            ms = (time.perf_counter() - t0) * 1000
+            with lock:
+                latencies.append(ms)
+
+    threads = [threading.Thread(target=client, name=f"bench-client-{k}") for k in range(concurrency)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return latencies, wall
+
+
+def benchmark_batcher(
+    engine,
+    feeds: dict[str, Any],
+    *,
+    concurrency: int,
+    requests: int,
+    max_batch: int | None = None,
+    max_wait_ms: float = 2.0,
+) -> dict[str, Any]:
+    """Batch-1 requests (rows of `feeds`) from `concurrency` threads, twice: unbatched (one
+    engine.run per request under a lock, the request padded to a batch the engine accepts) and
+    through graphc.runtime.Batcher. Latency is per request, from send to answer, host in and out."""
+    from graphc.runtime.batcher import Batcher, accepted_batch_sizes, run_size, stack_rows
+
+    if concurrency < 1 or requests < 1:
+        raise ValueError(f"concurrency and requests must be >= 1, got {concurrency} and {requests}")
+    sizes = accepted_batch_sizes(engine)
+    batch = _batch(engine)
+    reqs = [{k: v[i : i + 1] for k, v in feeds.items()} for i in range(batch)]
+    lock = threading.Lock()
+    alone = run_size(1, sizes)
+
+    def unbatched(req: dict[str, Any]) -> dict[str, Any]:
+        padded = {k: stack_rows([v], alone) for k, v in req.items()}
+        with lock:
+            outs = engine.run(padded)
+        return {k: v[:1] for k, v in outs.items()}
+
+    result: dict[str, Any] = {
+        "target": engine.target,
+        "batch": batch,
+        "concurrency": concurrency,
+        "requests": requests,
+        "max_wait_ms": max_wait_ms,
+    }
+    unbatched(reqs[0])  # warm-up (a CUDA engine captures its graph here)
+    lat, wall = _drive(unbatched, reqs, requests, concurrency)
+    result["unbatched"] = {"latency": _stats(lat), "throughput_per_s": requests / wall, "mean_batch": 1.0}
+    with Batcher(engine, max_batch=max_batch, max_wait_ms=max_wait_ms) as batcher:
+        result["max_batch"] = batcher.max_batch
+        batcher.run(reqs[0])
+        warm = batcher.stats.batches
+        lat, wall = _drive(batcher.run, reqs, requests, concurrency)
+        s = batcher.stats
+        result["batcher"] = {
+            "latency": _stats(lat),
+            "throughput_per_s": requests / wall,
+            "mean_batch": (s.rows - 1) / (s.batches - warm),
+            "batches": s.batches - warm,
+        }
+    result["speedup"] = result["batcher"]["throughput_per_s"] / result["unbatched"]["throughput_per_s"]
+    return result
+
+
+def format_batcher_bench(r: dict[str, Any]) -> str:
+    """The table of `graphc bench --batcher`: p50/p99 latency, requests/s and mean batch, both ways."""
+    lines = [
+        f"load: {r['concurrency']} client threads, {r['requests']} batch-1 requests back to back "
+        f"({r['target']} engine of batch {r['batch']}; batcher max_batch {r['max_batch']}, "
+        f"max_wait {r['max_wait_ms']:g} ms)",
+        f"  {'':10} {'p50 ms':>10} {'p99 ms':>10} {'requests/s':>12} {'mean batch':>11}",
+    ]
+    for name in ("unbatched", "batcher"):
+        row = r[name]
+        lat = row["latency"]
+        p99 = f"{lat['p99_ms']:10.3f}" if lat["samples"] >= MIN_SAMPLES["p99_ms"] else f"{'-':>10}"
+        lines.append(
+            f"  {name:10} {lat['median_ms']:10.3f} {p99} {row['throughput_per_s']:12.1f} {row['mean_batch']:11.2f}"
+        )
+    if r["requests"] < MIN_SAMPLES["p99_ms"]:
+        lines.append(f"  (p99 needs at least {MIN_SAMPLES['p99_ms']} requests)")
+    lines.append(f"batcher throughput: {r['speedup']:.2f}x unbatched (latency per request, host in and out)")
     return "\n".join(lines)

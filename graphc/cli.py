@@ -537,8 +537,38 @@ def _add_bench(sub) -> None:
     b.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     b.add_argument("--json", help="write the numbers here")
     b.add_argument("--device", type=int, default=None, help="GPU index of a CUDA engine (default 0)")
+    # concurrent load through graphc.runtime.Batcher, next to the same load unbatched
+    b.add_argument("--batcher", action="store_true", help="batch-1 requests from client threads, with and without it")
+    b.add_argument("--concurrency", type=positive_int, default=None, help="client threads (with --batcher; default 32)")
+    b.add_argument(
+        "--requests", type=positive_int, default=None, help="requests in all (default max(200, 20 x threads))"
+    )
+    b.add_argument(
+        "--max-batch", type=positive_int, default=None, help="Batcher max_batch (default the engine's batch)"
+    )
+    b.add_argument("--max-wait-ms", type=non_negative_float, default=None, help="Batcher max_wait_ms (default 2)")
     _add_verify_key(b)
     b.set_defaults(func=_cmd_bench)
+
+
+def _cmd_bench_batcher(args: argparse.Namespace, engine, feeds: dict[str, Any]) -> dict[str, Any]:
+    from graphc.bench import benchmark_batcher, default_requests, format_batcher_bench
+    from graphc.runtime.batcher import accepted_batch_sizes
+
+    top = max(accepted_batch_sizes(engine))
+    if args.max_batch is not None and args.max_batch > top:
+        raise UsageError(f"--max-batch {args.max_batch}: {args.engine} runs at most batch {top}")
+    concurrency = args.concurrency or 32
+    result = benchmark_batcher(
+        engine,
+        feeds,
+        concurrency=concurrency,
+        requests=args.requests or default_requests(concurrency),
+        max_batch=args.max_batch,
+        max_wait_ms=2.0 if args.max_wait_ms is None else args.max_wait_ms,
+    )
+    print(format_batcher_bench(result))
+    return result
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -548,7 +578,19 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     engine = _load_engine(args.engine, args.device, args.verify_key)
     if args.per_kernel and engine.target != "cuda":
         raise UsageError(f"--per-kernel times CUDA kernels; {args.engine} is a {engine.target} engine")
+    load = {"--concurrency": args.concurrency, "--requests": args.requests, "--max-batch": args.max_batch}
+    load["--max-wait-ms"] = args.max_wait_ms
+    given = [flag for flag, v in load.items() if v is not None]
+    if given and not args.batcher:
+        raise UsageError(f"{given[0]} sets the load of --batcher; add --batcher")
+    if args.batcher and args.per_kernel:
+        raise UsageError("--per-kernel and --batcher are separate benchmarks; give one")
     feeds = _feeds(args, engine)
+    if args.batcher:
+        result = _cmd_bench_batcher(args, engine, feeds)
+        if json_path is not None:
+            json_path.write_text(json.dumps(result, indent=1))
+        return 0
     iterations, warmup = default_counts(engine.target)
     result = benchmark(
         engine,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from graphc.runtime.batcher import Batcher, BatcherStats
 from graphc.runtime.errors import EngineError, EngineInputError
 
 
@@ -16,4 +17,4 @@ def load(path: Any, device: int = 0, *, verify_key: Any = None):
     return _load(path, device, verify_key=verify_key)
 
 
-__all__ = ["EngineError", "EngineInputError", "load"]
+__all__ = ["Batcher", "BatcherStats", "EngineError", "EngineInputError", "load"]
