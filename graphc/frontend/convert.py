@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import onnx
 
@@ -177,6 +179,7 @@ def load_onnx(source: ModelSource, *, name: str | None = None) -> Graph:
     opsets = model_opsets(model)
     opsets[""] = opset
     expanded: set[tuple[str, str]] = set()  # function ops expanded so far (logged once each)
+    b.scope = SubgraphScope(env.get, opsets, expanded)  # what control-flow subgraphs see of this graph
     # Every ONNX value name is reserved, so fresh names made by converters never take one.
     b._reserved_values = {n for node in g.node for n in list(node.input) + list(node.output) if n}
     for i, node in enumerate(g.node):
@@ -295,3 +298,85 @@ def _convert_function_op(
         else:
             break  # the caller reports the named outputs that were not produced
     return results
+
+
+# ---- subgraphs (If branches, Loop and Scan bodies) ----------------------------------------------
+
+
+@dataclass
+class SubgraphScope:
+    """What a subgraph being converted sees of its enclosing graph: its ONNX names (lookup), the
+    opsets, and the function ops expanded so far."""
+
+    lookup: Callable[[str], Value | None]
+    opsets: dict[str, int]
+    expanded: set[tuple[str, str]]
+
+
+def convert_subgraph(
+    outer: GraphBuilder,
+    gp: onnx.GraphProto,
+    where: str,
+    input_types: Sequence[ValueType | None] = (),
+) -> tuple[Graph, list[Value]]:
+    """Convert a subgraph attribute into a closed IR graph, and the outer values it captures.
+
+    A name the subgraph reads but does not define is looked up in the enclosing scopes; each one
+    becomes a capture of the subgraph (bound by position to the returned outer values, which
+    the control-flow node takes as its trailing inputs). `input_types[i]`, where given, is the type
+    of formal input i (the converter knows it from the node's inputs); else the declared one.
+    """
+    scope = outer.scope
+    if not isinstance(scope, SubgraphScope):
+        raise ModelLoadError(f"{where}: a subgraph outside a graph being loaded")
+    sb = GraphBuilder(gp.name or where, outer.opset)
+    # The names the subgraph defines are reserved; a captured name keeps its outer spelling.
+    sb._reserved_values = {n for node in gp.node for n in node.output if n} | {v.name for v in gp.input}
+    env: dict[str, Value] = {}
+    captured: list[Value] = []
+
+    def lookup(name: str) -> Value | None:
+        if name in env:
+            return env[name]
+        v = scope.lookup(name)
+        if v is None:
+            return None
+        cap = sb.add_capture(sb.fresh_value_name(name), v.type)
+        known = outer.known_value(v)
+        if known is not None:  # a constant of the enclosing graph stays known inside
+            sb.known[cap.name] = known
+        env[name] = cap
+        captured.append(v)
+        return cap
+
+    for init in gp.initializer:
+        env[init.name] = sb.add_constant(tensor_to_array(init, None), init.name, keep_name=True)
+    for i, vi in enumerate(gp.input):
+        given = input_types[i] if i < len(input_types) else None
+        t = given if given is not None else type_from_proto(vi.type, f"{where}: subgraph input '{vi.name}'")
+        env[vi.name] = sb.add_input(vi.name, t)
+    sb.scope = SubgraphScope(lookup, scope.opsets, scope.expanded)
+    for i, node in enumerate(gp.node):
+        node_name = sb.fresh_node_name(node.name or f"{node.op_type}_{i}")
+        inputs: list[Value | None] = []
+        for inp in node.input:
+            v = lookup(inp) if inp else None
+            if inp and v is None:
+                raise ModelLoadError(
+                    f"{where}: {node.op_type} node '{node_name}': input '{inp}' is defined in no enclosing scope"
+                )
+            inputs.append(v)
+        while inputs and inputs[-1] is None:
+            inputs.pop()
+        outs = _convert_node(sb, node, node_name, inputs, scope.opsets, scope.expanded)
+        for out_name, v in zip(node.output, outs, strict=False):
+            if out_name and v is not None:
+                env[out_name] = v
+    outputs = []
+    for vi in gp.output:
+        v = lookup(vi.name)
+        if v is None:
+            raise ModelLoadError(f"{where}: subgraph output '{vi.name}' is not produced")
+        outputs.append(v)
+    sb.set_outputs(outputs, [vi.name for vi in gp.output])
+    return sb.build(), captured

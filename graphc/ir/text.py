@@ -64,6 +64,8 @@ def data_digest(data: np.ndarray) -> str:
 
 
 def format_attr(v: object) -> str:
+    if isinstance(v, Graph):  # its body follows the node line, indented (see format_graph)
+        return f"<graph {format_name(v.name)}>"
     if isinstance(v, tuple):
         return "[" + ",".join(format_attr(x) for x in v) + "]"
     if isinstance(v, float):
@@ -90,18 +92,31 @@ def format_node(node: Node) -> str:
 
 
 def format_graph(graph: Graph) -> str:
-    lines = [f"graph {graph.name} (opset {graph.opset})"]
+    """The text form. A control-flow node's subgraphs follow its line, each headed by its
+    attribute name and indented two more spaces per level; a subgraph lists its captures (values
+    bound to the node's trailing inputs) as `capture` lines."""
+    return "\n".join(_graph_lines(graph, "")) + "\n"
+
+
+def _graph_lines(graph: Graph, indent: str, head: str = "") -> list[str]:
+    from graphc.ir.graph import node_subgraphs
+
+    lines = [f"{indent}{head}graph {graph.name} (opset {graph.opset})"]
     for v in graph.inputs:
-        lines.append(f"  input  %{format_name(v.name)}: {v.type}")
+        lines.append(f"{indent}  input  %{format_name(v.name)}: {v.type}")
+    for v in graph.captures:
+        lines.append(f"{indent}  capture %{format_name(v.name)}: {v.type}")
     for name in sorted(graph.constants):
         c = graph.constants[name]
-        lines.append(f"  const  %{format_name(name)}: {c.value.type} = {format_value_data(c.data)}")
+        lines.append(f"{indent}  const  %{format_name(name)}: {c.value.type} = {format_value_data(c.data)}")
     for n in graph.nodes:
-        lines.append("  " + format_node(n))
+        lines.append(f"{indent}  " + format_node(n))
+        for _, attr, sub in sorted(node_subgraphs(n), key=lambda e: e[1]):
+            lines.extend(_graph_lines(sub, indent + "    ", f"{attr}: "))
     for name, v in zip(graph.output_names, graph.outputs, strict=True):
         alias = "" if name == v.name else f" as {name!r}"
-        lines.append(f"  output %{format_name(v.name)}: {v.type}{alias}")
-    return "\n".join(lines) + "\n"
+        lines.append(f"{indent}  output %{format_name(v.name)}: {v.type}{alias}")
+    return lines
 
 
 graph_to_text = format_graph
@@ -379,6 +394,9 @@ def _constant_data(name: str, t: ValueType, sc: _Scanner, constants: Mapping[str
         sc.fail(f"constant %{name}: {e}")
 
 
+_SUBGRAPH_HEAD = re.compile(r"\s+\S+: graph .* \(opset -?\d+\)$")
+
+
 def parse_graph(text: str, constants: Mapping[str, np.ndarray] | None = None) -> Graph:
     """The Graph a text of `format_graph` describes (see the module doc). Raises TextParseError."""
     from graphc.errors import GraphcError
@@ -395,6 +413,9 @@ def parse_graph(text: str, constants: Mapping[str, np.ndarray] | None = None) ->
     b = GraphBuilder(m.group(1), int(m.group(2)))
     outputs, output_names = [], []
     for lineno, line in lines[1:]:
+        if _SUBGRAPH_HEAD.match(line) or line.lstrip().startswith("capture ") or "=<graph " in line:
+            # Printed (format_graph) but not read back: build control flow with the GraphBuilder.
+            raise TextParseError(f"line {lineno}: parse_graph does not read subgraphs (control flow): {line.strip()!r}")
         sc = _Scanner(line.strip(), lineno)
         try:
             if sc.take("input "):

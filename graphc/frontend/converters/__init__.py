@@ -3,6 +3,7 @@
 from graphc.frontend.converters import (  # noqa: F401
     attention,
     constants,
+    control_flow,
     data_movement,
     elementwise,
     linalg,

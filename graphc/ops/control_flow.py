@@ -1,0 +1,198 @@
+"""Control flow: If, Loop and Scan, whose attributes hold subgraphs (graphc.ir.graph.Graph).
+
+A subgraph is closed: what it reads from an enclosing scope is one of its `captures`, bound by
+position to the node's trailing inputs (If: the then-branch's captures, then the else-branch's).
+Inference checks that binding (count and types) and derives output types from the subgraphs'
+output types; a dim that differs between the branches, or between a loop's initial and carried
+value, is unknown. Reference semantics: graphc.runtime.reference.control_flow.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphc.ir.graph import Graph
+from graphc.ir.registry import Category, InferContext, register_op
+from graphc.ir.types import DType, TensorType, ValueType
+
+
+def merge_types(a: ValueType, b: ValueType) -> ValueType | None:
+    """The most precise type both values fit (None when their dtypes or kinds differ)."""
+    if a == b:
+        return a
+    if not (isinstance(a, TensorType) and isinstance(b, TensorType)) or a.dtype != b.dtype:
+        return None
+    if a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
+        return TensorType(a.dtype, None)
+    return TensorType(a.dtype, tuple(x if x == y else None for x, y in zip(a.shape, b.shape, strict=True)))
+
+
+def _fits(actual: ValueType | None, declared: ValueType) -> bool:
+    """An outer value may be bound to a subgraph value declared at most as precise."""
+    if actual is None:
+        return False
+    m = merge_types(actual, declared)
+    return m is not None and m == declared
+
+
+def _subgraph(ctx: InferContext, field: str) -> Graph:
+    g = getattr(ctx.attrs, field, None)
+    if not isinstance(g, Graph):
+        ctx.fail(f"attribute '{field}' must be a subgraph, got {type(g).__name__}")
+    return g
+
+
+def _check_captures(ctx: InferContext, sub: Graph, first: int, what: str) -> None:
+    for j, cap in enumerate(sub.captures):
+        i = first + j
+        if i >= len(ctx.input_types) or not _fits(ctx.input_types[i], cap.type):
+            got = ctx.input_types[i] if i < len(ctx.input_types) else "nothing"
+            ctx.fail(f"{what} capture '{cap.name}' ({cap.type}) is bound to input {i} of type {got}")
+
+
+def _scalar_bool(ctx: InferContext, i: int, what: str) -> None:
+    t = ctx.type(i)
+    if t.dtype != DType.bool or (t.is_static and t.numel != 1):
+        ctx.fail(f"{what} must be a bool tensor of one element, got {t}")
+
+
+def _if_infer(ctx: InferContext) -> list[ValueType]:
+    then_b, else_b = _subgraph(ctx, "then_branch"), _subgraph(ctx, "else_branch")
+    _scalar_bool(ctx, 0, "the condition (input 0)")
+    nt, ne = len(then_b.captures), len(else_b.captures)
+    if len(ctx.input_types) != 1 + nt + ne:
+        ctx.fail(f"takes the condition and {nt} + {ne} captures, got {len(ctx.input_types)} inputs")
+    _check_captures(ctx, then_b, 1, "then-branch")
+    _check_captures(ctx, else_b, 1 + nt, "else-branch")
+    if len(then_b.outputs) != len(else_b.outputs):
+        ctx.fail(f"the branches have {len(then_b.outputs)} and {len(else_b.outputs)} outputs")
+    cond = ctx.value(0)
+    if cond is not None and np.asarray(cond).size == 1:  # the branch taken is known: its types
+        return [v.type for v in (then_b if bool(np.asarray(cond).reshape(())) else else_b).outputs]
+    out = []
+    for i, (a, b) in enumerate(zip(then_b.outputs, else_b.outputs, strict=True)):
+        m = merge_types(a.type, b.type)
+        if m is None:
+            ctx.fail(f"output {i} is {a.type} in the then-branch and {b.type} in the else-branch")
+        out.append(m)
+    return out
+
+
+def body_cond_passthrough(body: Graph) -> bool | None:
+    """What a Loop body's condition output is, when it does not depend on the iteration's data:
+    True/False for a constant, True for the body's condition input passed through (Identity or
+    the input itself, which the trip count then bounds); None when it is computed."""
+    out = body.outputs[0]
+    if out.name in body.constants:
+        return bool(np.asarray(body.constants[out.name].data).reshape(()))
+    name = out.name
+    producer = body.producer(name)
+    while producer is not None and producer.op == "Identity" and producer.inputs[0] is not None:
+        name = producer.inputs[0].name
+        producer = body.producer(name)
+    if name in body.constants:
+        return bool(np.asarray(body.constants[name].data).reshape(()))
+    if len(body.inputs) > 1 and name == body.inputs[1].name:
+        return True
+    return None
+
+
+def static_trip_count(m: np.ndarray | None, cond: np.ndarray | None, has_cond: bool, body: Graph) -> int | None:
+    """The number of iterations a Loop runs, when known at compile time: its trip count M is
+    known, its initial condition is absent or known, and the body's condition output does not
+    depend on data (no early exit). None otherwise."""
+    if m is None:
+        return None
+    trip = max(int(np.asarray(m).reshape(())), 0)
+    if has_cond:
+        if cond is None:
+            return None
+        if not bool(np.asarray(cond).reshape(())):
+            return 0
+    after = body_cond_passthrough(body)
+    if after is None:
+        return None
+    return trip if after else min(trip, 1)
+
+
+def _loop_infer(ctx: InferContext) -> list[ValueType]:
+    body = _subgraph(ctx, "body")
+    c = len(body.captures)
+    n = len(ctx.input_types) - 2 - c
+    if n < 0 or len(body.inputs) != 2 + n:
+        ctx.fail(f"the body takes {len(body.inputs)} inputs; the node gives 2 + {max(n, 0)} carried values")
+    k = len(body.outputs) - 1 - n
+    if k < 0:
+        ctx.fail(f"the body gives {len(body.outputs)} outputs, fewer than 1 + {n} carried values")
+    if ctx.has_input(0):
+        t = ctx.type(0)
+        if t.dtype != DType.int64:
+            ctx.fail(f"the trip count M must be int64, got {t}")
+    if ctx.has_input(1):
+        _scalar_bool(ctx, 1, "the condition (input 1)")
+    _check_captures(ctx, body, 2 + n, "body")
+    out: list[ValueType] = []
+    for j in range(n):
+        init, carried = ctx.input_types[2 + j], body.outputs[1 + j].type
+        m = None if init is None else merge_types(init, carried)
+        if m is None:
+            ctx.fail(f"loop-carried value {j} starts as {init} and the body gives {carried}")
+        out.append(m)
+    trip = static_trip_count(ctx.value(0), ctx.value(1), ctx.has_input(1), body)
+    for j in range(k):
+        t = body.outputs[1 + n + j].type
+        if not isinstance(t, TensorType):
+            ctx.fail(f"scan output {j} must be a tensor, got {t}")
+        out.append(TensorType(t.dtype, None if t.shape is None else (trip, *t.shape)))
+    return out
+
+
+def _scan_infer(ctx: InferContext) -> list[ValueType]:
+    body = _subgraph(ctx, "body")
+    a = ctx.attrs
+    m = int(a.num_scan_inputs)
+    c = len(body.captures)
+    n = len(ctx.input_types) - m - c
+    if n < 0 or len(body.inputs) != n + m:
+        ctx.fail(f"the body takes {len(body.inputs)} inputs; the node gives {max(n, 0)} states + {m} scan inputs")
+    k = len(body.outputs) - n
+    if k < 0:
+        ctx.fail(f"the body gives {len(body.outputs)} outputs, fewer than its {n} states")
+    in_axes = list(a.scan_input_axes or [0] * m)
+    out_axes = list(a.scan_output_axes or [0] * k)
+    if len(in_axes) != m or len(out_axes) != k:
+        ctx.fail(f"scan_input_axes/scan_output_axes have {len(in_axes)}/{len(out_axes)} entries for {m}/{k}")
+    _check_captures(ctx, body, n + m, "body")
+    length = None
+    for j in range(m):
+        t = ctx.type(n + j)
+        if t.shape is not None:
+            d = t.shape[ctx.axis(in_axes[j], len(t.shape))]
+            if isinstance(d, int):
+                if isinstance(length, int) and length != d:
+                    ctx.fail(f"scan inputs have lengths {length} and {d}")
+                length = d
+    out: list[ValueType] = []
+    for j in range(n):
+        init, state = ctx.type(j), body.outputs[j].type
+        mt = merge_types(init, state)
+        if mt is None:
+            ctx.fail(f"state {j} starts as {init} and the body gives {state}")
+        out.append(mt)
+    for j in range(k):
+        t = body.outputs[n + j].type
+        if not isinstance(t, TensorType):
+            ctx.fail(f"scan output {j} must be a tensor, got {t}")
+        if t.shape is None:
+            out.append(TensorType(t.dtype, None))
+            continue
+        axis = ctx.axis(out_axes[j], len(t.shape) + 1)
+        shape = list(t.shape)
+        shape.insert(axis, length)
+        out.append(TensorType(t.dtype, tuple(shape)))
+    return out
+
+
+register_op("If", category=Category.CONTROL_FLOW, infer=_if_infer)
+register_op("Loop", category=Category.CONTROL_FLOW, infer=_loop_infer)
+register_op("Scan", category=Category.CONTROL_FLOW, infer=_scan_infer)
