@@ -28,11 +28,50 @@ def merge_types(a: ValueType, b: ValueType) -> ValueType | None:
 
 
 def _fits(actual: ValueType | None, declared: ValueType) -> bool:
-    """An outer value may be bound to a subgraph value declared at most as precise."""
+    """An outer value may be bound to a subgraph value declared at most as precise (a symbolic
+    or unknown dim of the subgraph takes any dim: shapes bound after import are concrete)."""
     if actual is None:
         return False
-    m = merge_types(actual, declared)
-    return m is not None and m == declared
+    if actual == declared:
+        return True
+    if not (isinstance(actual, TensorType) and isinstance(declared, TensorType)) or actual.dtype != declared.dtype:
+        return False
+    if declared.shape is None:
+        return True
+    if actual.shape is None or len(actual.shape) != len(declared.shape):
+        return False
+    return all(not isinstance(d, int) or d == a for a, d in zip(actual.shape, declared.shape, strict=True))
+
+
+def specialized_output_types(
+    sub: Graph, types: list[ValueType | None], values: list[np.ndarray | None]
+) -> list[ValueType] | None:
+    """The subgraph's output types re-inferred over the actual types (and known values) of what
+    is bound to its inputs and captures, e.g. concrete shapes bound after import where the
+    exporter declared symbols. None where that inference fails (the declared types stand)."""
+    from graphc.errors import GraphcError
+    from graphc.ir.builder import GraphBuilder
+
+    params = (*sub.inputs, *sub.captures)
+    if len(types) != len(params) or any(t is None for t in types):
+        return None
+    b = GraphBuilder(sub.name, sub.opset)
+    env = {}
+    try:
+        for p, t, val in zip(params, types, values, strict=True):
+            v = b.add_input(p.name, t)  # type: ignore[arg-type]
+            if val is not None:
+                b.known[v.name] = val
+            env[p.name] = v
+        for name, c in sub.constants.items():
+            env[name] = b.add_constant(c.data, name, keep_name=True)
+        for n in sub.nodes:
+            ins = [None if v is None else env[v.name] for v in n.inputs]
+            outs = b.add_node(n.op, ins, n.attrs, name=n.name, outputs=list(n.output_names), domain=n.domain)
+            env.update({v.name: nv for v, nv in zip(n.outputs, outs.outputs, strict=True)})
+    except GraphcError:
+        return None
+    return [env[v.name].type for v in sub.outputs]
 
 
 def _subgraph(ctx: InferContext, field: str) -> Graph:
@@ -66,14 +105,17 @@ def _if_infer(ctx: InferContext) -> list[ValueType]:
     _check_captures(ctx, else_b, 1 + nt, "else-branch")
     if len(then_b.outputs) != len(else_b.outputs):
         ctx.fail(f"the branches have {len(then_b.outputs)} and {len(else_b.outputs)} outputs")
+    caps_t, caps_v = list(ctx.input_types[1:]), list(ctx.input_values[1:])
+    then_t = specialized_output_types(then_b, caps_t[:nt], caps_v[:nt]) or [v.type for v in then_b.outputs]
+    else_t = specialized_output_types(else_b, caps_t[nt:], caps_v[nt:]) or [v.type for v in else_b.outputs]
     cond = ctx.value(0)
     if cond is not None and np.asarray(cond).size == 1:  # the branch taken is known: its types
-        return [v.type for v in (then_b if bool(np.asarray(cond).reshape(())) else else_b).outputs]
+        return then_t if bool(np.asarray(cond).reshape(())) else else_t
     out = []
-    for i, (a, b) in enumerate(zip(then_b.outputs, else_b.outputs, strict=True)):
-        m = merge_types(a.type, b.type)
+    for i, (a, b) in enumerate(zip(then_t, else_t, strict=True)):
+        m = merge_types(a, b)
         if m is None:
-            ctx.fail(f"output {i} is {a.type} in the then-branch and {b.type} in the else-branch")
+            ctx.fail(f"output {i} is {a} in the then-branch and {b} in the else-branch")
         out.append(m)
     return out
 
@@ -131,16 +173,26 @@ def _loop_infer(ctx: InferContext) -> list[ValueType]:
     if ctx.has_input(1):
         _scalar_bool(ctx, 1, "the condition (input 1)")
     _check_captures(ctx, body, 2 + n, "body")
+    declared = [v.type for v in body.outputs]
+    # The body over the actual types: its carried outputs, where they keep the initial types (a
+    # fixed point), and its scan outputs are then what every iteration gives.
+    spec = specialized_output_types(
+        body,
+        [TensorType(DType.int64, ()), TensorType(DType.bool, ()), *ctx.input_types[2:]],
+        [None, None, *([None] * n), *ctx.input_values[2 + n :]],
+    )
+    if spec is not None and all(spec[1 + j] == ctx.input_types[2 + j] for j in range(n)):
+        declared = spec
     out: list[ValueType] = []
     for j in range(n):
-        init, carried = ctx.input_types[2 + j], body.outputs[1 + j].type
+        init, carried = ctx.input_types[2 + j], declared[1 + j]
         m = None if init is None else merge_types(init, carried)
         if m is None:
             ctx.fail(f"loop-carried value {j} starts as {init} and the body gives {carried}")
         out.append(m)
     trip = static_trip_count(ctx.value(0), ctx.value(1), ctx.has_input(1), body)
     for j in range(k):
-        t = body.outputs[1 + n + j].type
+        t = declared[1 + n + j]
         if not isinstance(t, TensorType):
             ctx.fail(f"scan output {j} must be a tensor, got {t}")
         out.append(TensorType(t.dtype, None if t.shape is None else (trip, *t.shape)))
@@ -172,15 +224,31 @@ def _scan_infer(ctx: InferContext) -> list[ValueType]:
                 if isinstance(length, int) and length != d:
                     ctx.fail(f"scan inputs have lengths {length} and {d}")
                 length = d
+    slice_types: list[ValueType | None] = []
+    for j in range(m):
+        t = ctx.type(n + j)
+        if t.shape is None:
+            slice_types.append(None)
+        else:
+            ax = ctx.axis(in_axes[j], len(t.shape))
+            slice_types.append(TensorType(t.dtype, t.shape[:ax] + t.shape[ax + 1 :]))
+    spec = specialized_output_types(
+        body,
+        [*ctx.input_types[:n], *slice_types, *ctx.input_types[n + m :]],
+        [*([None] * (n + m)), *ctx.input_values[n + m :]],
+    )
+    declared = [v.type for v in body.outputs]
+    if spec is not None and all(spec[j] == ctx.input_types[j] for j in range(n)):
+        declared = spec
     out: list[ValueType] = []
     for j in range(n):
-        init, state = ctx.type(j), body.outputs[j].type
+        init, state = ctx.type(j), declared[j]
         mt = merge_types(init, state)
         if mt is None:
             ctx.fail(f"state {j} starts as {init} and the body gives {state}")
         out.append(mt)
     for j in range(k):
-        t = body.outputs[n + j].type
+        t = declared[n + j]
         if not isinstance(t, TensorType):
             ctx.fail(f"scan output {j} must be a tensor, got {t}")
         if t.shape is None:
