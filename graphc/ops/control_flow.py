@@ -13,13 +13,18 @@ import numpy as np
 
 from graphc.ir.graph import Graph
 from graphc.ir.registry import Category, InferContext, register_op
-from graphc.ir.types import DType, TensorType, ValueType
+from graphc.ir.types import DType, SequenceType, TensorType, ValueType
 
 
 def merge_types(a: ValueType, b: ValueType) -> ValueType | None:
     """The most precise type both values fit (None when their dtypes or kinds differ)."""
     if a == b:
         return a
+    if isinstance(a, SequenceType) and isinstance(b, SequenceType):
+        elem = merge_types(a.elem, b.elem)
+        if not isinstance(elem, TensorType):
+            return None
+        return SequenceType(elem, a.length if a.length == b.length else None)
     if not (isinstance(a, TensorType) and isinstance(b, TensorType)) or a.dtype != b.dtype:
         return None
     if a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
@@ -34,6 +39,8 @@ def _fits(actual: ValueType | None, declared: ValueType) -> bool:
         return False
     if actual == declared:
         return True
+    if isinstance(actual, SequenceType) and isinstance(declared, SequenceType):
+        return _fits(actual.elem, declared.elem) and declared.length in (None, actual.length)
     if not (isinstance(actual, TensorType) and isinstance(declared, TensorType)) or actual.dtype != declared.dtype:
         return False
     if declared.shape is None:
