@@ -117,12 +117,22 @@ def test_capture_bound_to_wrong_type_is_an_error():
         b.add_node("If", [c, x, x], {"then_branch": _branch("t", F32, "Relu"), "else_branch": _branch("e", F32, "Neg")})
 
 
-def test_text_prints_subgraphs_and_parse_refuses_them():
-    g = graphc.load_onnx(M.if_on_input())
+@pytest.mark.parametrize(
+    "make", [M.if_on_input, lambda: M.loop_static(3, nested_if=True), lambda: M.scan_cumsum(4, True, 1)]
+)
+def test_text_prints_subgraphs_and_parses_them_back(make):
+    g = graphc.load_onnx(make())
     text = format_graph(g)
-    assert "then_branch: graph then (opset 17)" in text and "capture %x: f32[2,3]" in text
-    with pytest.raises(TextParseError, match="does not read subgraphs"):
-        parse_graph(text, {"w": M.W})
+    assert "capture %" in text and ": graph " in text
+    back = parse_graph(text, {name: c.data for name, c in g.constants.items()})
+    assert format_graph(back) == text
+
+
+def test_parse_graph_names_a_missing_subgraph_block():
+    text = format_graph(graphc.load_onnx(M.if_on_input()))
+    cut = text[: text.index("    else_branch:")] + text[text.index("    then_branch:") :]
+    with pytest.raises(TextParseError, match="subgraph attributes .* differ"):
+        parse_graph(cut, {"w": M.W})
 
 
 @pytest.mark.parametrize("target", ["cpu", "cuda"])
