@@ -76,13 +76,23 @@ def find_unsupported(model: onnx.ModelProto) -> list[tuple[str, str, int, list[s
     missing: dict[tuple[str, str], list[str]] = {}
     opsets = {}
     types = _DeclaredTypes(model)
-    for i, node in enumerate(model.graph.node):
+    for i, node in _walk_nodes(model.graph.node):
         domain = "" if node.domain in STANDARD_DOMAINS else node.domain
         if domain not in opsets:
             opsets[domain] = model_opset(model, domain)
         if find_converter(node.op_type, domain, opsets[domain]) is None and not _expandable(node, types):
             missing.setdefault((node.op_type, domain), []).append(node.name or f"#{i}")
     return [(op, dom, opsets[dom], names) for (op, dom), names in sorted(missing.items())]
+
+
+def _walk_nodes(nodes, prefix: str = ""):
+    """(index label, node) for the nodes and, depth first, those of their subgraphs (If branches,
+    Loop/Scan bodies), so that every unsupported op is listed at once."""
+    for i, node in enumerate(nodes):
+        yield f"{prefix}{i}", node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _walk_nodes(attr.g.node, f"{prefix}{i}/{attr.name}/")
 
 
 def _has_converter(op_type: str, domain: str, opset: int) -> bool:
@@ -238,6 +248,37 @@ def _convert_node(
         raise ShapeError(f"{node.op_type} node '{node_name}': conversion failed: {e!r}") from e
 
 
+def _convert_body(
+    b: GraphBuilder,
+    node: onnx.NodeProto,
+    node_name: str,
+    exp: functions.Expansion,
+    scope: dict[str, Value],
+    expanded: set[tuple[str, str]],
+    depth: int,
+) -> None:
+    """Convert a function body's nodes into `b`, binding their outputs in `scope`."""
+    for sub in exp.nodes:
+        sub_name = b.fresh_node_name(sub.name)
+        sub_inputs: list[Value | None] = []
+        for inp in sub.input:
+            if not inp:
+                sub_inputs.append(None)
+            elif inp in scope:
+                sub_inputs.append(scope[inp])
+            else:
+                raise ShapeError(
+                    f"{node.op_type} node '{node_name}': its function body uses '{inp}' before "
+                    f"defining it (in {sub.op_type} node '{sub_name}')"
+                )
+        while sub_inputs and sub_inputs[-1] is None:
+            sub_inputs.pop()
+        outs = _convert_node(b, sub, sub_name, sub_inputs, dict(exp.opsets), expanded, depth + 1)
+        for out_name, v in zip(sub.output, outs, strict=False):
+            if out_name:
+                scope[out_name] = v
+
+
 def _convert_function_op(
     b: GraphBuilder,
     node: onnx.NodeProto,
@@ -270,25 +311,12 @@ def _convert_function_op(
     for name, v in zip(exp.inputs, inputs, strict=False):
         if name and v is not None:
             scope[name] = v
-    for sub in exp.nodes:
-        sub_name = b.fresh_node_name(sub.name)
-        sub_inputs: list[Value | None] = []
-        for inp in sub.input:
-            if not inp:
-                sub_inputs.append(None)
-            elif inp in scope:
-                sub_inputs.append(scope[inp])
-            else:
-                raise ShapeError(
-                    f"{node.op_type} node '{node_name}': its function body uses '{inp}' before "
-                    f"defining it (in {sub.op_type} node '{sub_name}')"
-                )
-        while sub_inputs and sub_inputs[-1] is None:
-            sub_inputs.pop()
-        outs = _convert_node(b, sub, sub_name, sub_inputs, dict(exp.opsets), expanded, depth + 1)
-        for out_name, v in zip(sub.output, outs, strict=False):
-            if out_name:
-                scope[out_name] = v
+    # A body's control-flow subgraphs see the body's names (not the graph's) while it converts.
+    outer_scope, b.scope = b.scope, SubgraphScope(scope.get, dict(exp.opsets), expanded)
+    try:
+        _convert_body(b, node, node_name, exp, scope, expanded, depth)
+    finally:
+        b.scope = outer_scope
     results: list[Value | None] = []
     for name, wanted in zip(exp.outputs, node.output, strict=False):
         if name in scope:
@@ -380,3 +408,46 @@ def convert_subgraph(
         outputs.append(v)
     sb.set_outputs(outputs, [vi.name for vi in gp.output])
     return sb.build(), captured
+
+
+def inline_subgraph(outer: GraphBuilder, gp: onnx.GraphProto, where: str) -> list[Value]:
+    """Convert an input-less subgraph (the branch an If takes when its condition is known while
+    loading) straight into `outer`; its outputs. The other branch is never typed: exporters write
+    rank-dispatching Ifs whose untaken branch does not type-check on the actual shapes."""
+    scope = outer.scope
+    if not isinstance(scope, SubgraphScope):
+        raise ModelLoadError(f"{where}: a subgraph outside a graph being loaded")
+    env: dict[str, Value] = {}
+
+    def lookup(name: str) -> Value | None:
+        return env[name] if name in env else scope.lookup(name)
+
+    for init in gp.initializer:
+        env[init.name] = outer.add_constant(tensor_to_array(init, None), f"{where}/{init.name}")
+    outer.scope = SubgraphScope(lookup, scope.opsets, scope.expanded)
+    try:
+        for i, node in enumerate(gp.node):
+            node_name = outer.fresh_node_name(f"{where}/{node.name or f'{node.op_type}_{i}'}")
+            inputs: list[Value | None] = []
+            for inp in node.input:
+                v = lookup(inp) if inp else None
+                if inp and v is None:
+                    raise ModelLoadError(
+                        f"{where}: {node.op_type} node '{node_name}': input '{inp}' is defined in no enclosing scope"
+                    )
+                inputs.append(v)
+            while inputs and inputs[-1] is None:
+                inputs.pop()
+            outs = _convert_node(outer, node, node_name, inputs, scope.opsets, scope.expanded)
+            for out_name, v in zip(node.output, outs, strict=False):
+                if out_name and v is not None:
+                    env[out_name] = v
+    finally:
+        outer.scope = scope
+    outputs = []
+    for vi in gp.output:
+        v = lookup(vi.name)
+        if v is None:
+            raise ModelLoadError(f"{where}: subgraph output '{vi.name}' is not produced")
+        outputs.append(v)
+    return outputs

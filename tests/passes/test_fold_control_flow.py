@@ -44,7 +44,9 @@ def test_folds_to_a_tensor_graph_with_the_same_numbers(case):
     make, feeds = CASES[case]
     model = make()
     g = graphc.load_onnx(model)
-    assert _ops(g) & CONTROL
+    # An If whose condition is known while loading is inlined by the frontend already (only the
+    # taken branch is converted); loops and scans are left to the pass.
+    assert bool(_ops(g) & CONTROL) == (not case.startswith("if_"))
     folded = fold_control_flow(g)
     assert not _ops(folded) & CONTROL, folded
     expected = run_ort(model, feeds)

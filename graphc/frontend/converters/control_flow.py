@@ -7,12 +7,17 @@ then the else-branch's). Later versions of these ops only widened their types.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+
+import numpy as np
 
 from graphc.frontend.context import ConvertContext
 from graphc.frontend.registry import converter
 from graphc.ir.graph import Value
 from graphc.ir.types import DType, TensorType, ValueType
+
+log = logging.getLogger(__name__)
 
 
 def _graph_attr(ctx: ConvertContext, name: str):
@@ -40,8 +45,16 @@ def _declared_has_shape(gp, i: int) -> bool:
 
 @converter("If", since=1)
 def _if(ctx: ConvertContext) -> Sequence[Value]:
-    from graphc.frontend.convert import convert_subgraph
+    from graphc.frontend.convert import convert_subgraph, inline_subgraph
 
+    cond = ctx.known(0)
+    if cond is not None and np.asarray(cond).size == 1:
+        # Known while loading (a constant, or shape arithmetic on static shapes): only the taken
+        # branch is converted, inline; passes/fold_control_flow.py does the same for conditions
+        # that become known later (shapes bound at compile time).
+        taken = "then_branch" if bool(np.asarray(cond).reshape(())) else "else_branch"
+        log.info("If node '%s': condition known while loading; %s inlined", ctx.name, taken)
+        return inline_subgraph(ctx.builder, _graph_attr(ctx, taken), f"{ctx.name}/{taken.split('_')[0]}")
     then_g, then_caps = convert_subgraph(ctx.builder, _graph_attr(ctx, "then_branch"), f"If node '{ctx.name}' then")
     else_g, else_caps = convert_subgraph(ctx.builder, _graph_attr(ctx, "else_branch"), f"If node '{ctx.name}' else")
     node = ctx.emit(

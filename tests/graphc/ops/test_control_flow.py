@@ -139,3 +139,12 @@ def test_parse_graph_names_a_missing_subgraph_block():
 def test_data_dependent_if_is_refused_by_both_targets(target):
     with pytest.raises(CompileError, match=r"^If node 'If_0': data-dependent control flow"):
         graphc.compile(M.if_on_input(), target=target)
+
+
+def test_unsupported_op_inside_a_branch_is_listed_at_load():
+    model = M.if_on_input()
+    sub = next(a.g for a in model.graph.node[0].attribute if a.name == "else_branch").node[0]
+    sub.op_type = "Optional"  # graphc has no optional types
+    del sub.input[1:]
+    with pytest.raises(graphc.errors.UnsupportedOpError, match=r"Optional \(opset 17; nodes '#0/else_branch/0'\)"):
+        graphc.load_onnx(model)
