@@ -155,6 +155,17 @@ def peak_live_bytes(graph: Graph, order: list[Node]) -> int:
     return lifetimes_from_plan(plan).lower_bound
 
 
+def _refuse_control_flow(node: Node) -> None:
+    """An If/Loop/Scan left after passes/fold_control_flow.py depends on data at run time."""
+    if get_op(node.op, node.domain).category is not Category.CONTROL_FLOW:
+        return
+    raise CompileError(
+        f"{node.op} node '{node.name}': data-dependent control flow (its condition, trip count or exit "
+        "depends on run-time values) is not compiled: the CUDA target's host-side selection between captured "
+        "graphs is future work and the CPU engine does not run subgraphs yet; graphc.interpret runs it"
+    )
+
+
 def build_plan(graph: Graph, order: list[Node]) -> LoweredPlan:
     tensors: dict[str, TensorSpec] = {}
     for v in graph.inputs:
@@ -163,6 +174,7 @@ def build_plan(graph: Graph, order: list[Node]) -> LoweredPlan:
         tensors[name] = _spec(name, c.value.type, WEIGHT)
     steps = []
     for i, node in enumerate(order):
+        _refuse_control_flow(node)
         alias = _is_alias(node)
         for v in node.outputs:
             if alias:

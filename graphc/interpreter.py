@@ -12,9 +12,9 @@ from collections.abc import Mapping
 import numpy as np
 
 from graphc.errors import GraphcError, InputError
-from graphc.ir.graph import Graph, Node
+from graphc.ir.graph import Graph, Node, node_subgraphs
 from graphc.ir.types import SequenceType, TensorType
-from graphc.ops.registry import get_op
+from graphc.ops.registry import Category, get_op
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +64,7 @@ def _check_output(node: Node, i: int, value: object) -> None:
         return
     arr = value
     if not isinstance(arr, np.ndarray):
-        raise InterpretError(
-            f"{node.op} node '{node.name}': output {i} is {type(arr).__name__}, not an array"
-        )
+        raise InterpretError(f"{node.op} node '{node.name}': output {i} is {type(arr).__name__}, not an array")
     if arr.dtype != t.dtype.numpy:
         raise InterpretError(
             f"{node.op} node '{node.name}': output {i} has dtype {arr.dtype}, inference says {t.dtype.name} "
@@ -78,8 +76,7 @@ def _check_output(node: Node, i: int, value: object) -> None:
     )
     if not shape_ok:
         raise InterpretError(
-            f"{node.op} node '{node.name}': output {i} has shape {arr.shape}, inference says {t} "
-            "(a graphc bug)"
+            f"{node.op} node '{node.name}': output {i} has shape {arr.shape}, inference says {t} (a graphc bug)"
         )
 
 
@@ -93,6 +90,44 @@ def interpret(
     """Run `graph` on `feeds`; returns the graph outputs by public name (and any value named in
     `keep`)."""
     env: dict[str, object] = dict(check_feeds(graph, feeds))
+    outs = _run(graph, env, check_types, keep)
+    result = {name: val for name, val in zip(graph.output_names, outs, strict=True)}
+    for k in keep:
+        result[k] = env[k]
+    return result  # type: ignore[return-value]
+
+
+class _SubgraphRunner:
+    """A subgraph as the control-flow kernels take it (runtime/reference/control_flow.py): called
+    with its formal inputs followed by its captures, it interprets the subgraph."""
+
+    def __init__(self, graph: Graph, check_types: bool):
+        self.graph = graph
+        self.check_types = check_types
+        self.num_captures = len(graph.captures)
+        self.output_dtypes = [v.ttype.dtype.numpy if isinstance(v.type, TensorType) else None for v in graph.outputs]
+        self.output_shapes = [
+            v.ttype.static_shape if isinstance(v.type, TensorType) and v.ttype.is_static else None
+            for v in graph.outputs
+        ]
+
+    def __call__(self, inputs: list[object]) -> list[object]:
+        g = self.graph
+        params = (*g.inputs, *g.captures)
+        if len(inputs) != len(params):
+            raise InterpretError(f"subgraph '{g.name}' takes {len(params)} values, got {len(inputs)}")
+        env: dict[str, object] = {v.name: x for v, x in zip(params, inputs, strict=True)}
+        return _run(g, env, self.check_types, ())
+
+
+def _bound_attrs(node: Node, check_types: bool) -> object:
+    """The node's attrs, with each subgraph replaced by a runner over it (control flow)."""
+    subs = {attr: _SubgraphRunner(sub, check_types) for _, attr, sub in node_subgraphs(node)}
+    return node.attrs.replace(**subs) if subs else node.attrs
+
+
+def _run(graph: Graph, env: dict[str, object], check_types: bool, keep: tuple[str, ...]) -> list[object]:
+    """Run the nodes of `graph` over `env` (its inputs and captures bound); the output values."""
     for name, c in graph.constants.items():
         env[name] = c.data
     # Free each value after its last use, so peak memory stays near the model's working set.
@@ -107,15 +142,14 @@ def interpret(
         ins = [None if v is None else env[v.name] for v in node.inputs]
         try:
             with np.errstate(all="ignore"):
-                outs = opdef.compute(ins, node.attrs, len(node.outputs))
+                attrs = _bound_attrs(node, check_types) if opdef.category is Category.CONTROL_FLOW else node.attrs
+                outs = opdef.compute(ins, attrs, len(node.outputs))
         except GraphcError:
             raise
         except Exception as e:
             raise InterpretError(f"{node.op} node '{node.name}' failed: {type(e).__name__}: {e}") from e
         if len(outs) < len(node.outputs):
-            raise InterpretError(
-                f"{node.op} node '{node.name}': gave {len(outs)} outputs, needs {len(node.outputs)}"
-            )
+            raise InterpretError(f"{node.op} node '{node.name}': gave {len(outs)} outputs, needs {len(node.outputs)}")
         for i, v in enumerate(node.outputs):
             val = outs[i]
             if isinstance(val, np.generic):
@@ -124,14 +158,6 @@ def interpret(
                 _check_output(node, i, val)
             env[v.name] = val
         for v in node.inputs:
-            if (
-                v is not None
-                and last_use.get(v.name) == idx
-                and v.name not in pinned
-                and v.name not in graph.constants
-            ):
+            if v is not None and last_use.get(v.name) == idx and v.name not in pinned and v.name not in graph.constants:
                 env.pop(v.name, None)
-    result = {name: env[v.name] for name, v in zip(graph.output_names, graph.outputs, strict=True)}
-    for k in keep:
-        result[k] = env[k]
-    return result  # type: ignore[return-value]
+    return [env[v.name] for v in graph.outputs]

@@ -113,11 +113,16 @@ def check_model(
     name = model if isinstance(model, str) else f"<{type(model).__name__}>"
     report = SupportReport(str(name), target)
     proto, _ = read_model(model)  # a file that is no model is the caller's error, raised
+    inner = _subgraph_findings(proto)
+    # find_unsupported walks subgraphs too (names as paths "#0/then_branch/0"): those are listed once,
+    # by _subgraph_findings, with their place
+    in_subgraphs = {f.op for f in inner}
     report.findings += [
         Finding(_qual(op, dom), tuple(names), f"no converter for opset {opset}")
         for op, dom, opset, names in find_unsupported(proto)
+        if not (_qual(op, dom) in in_subgraphs and all("/" in n for n in names))
     ]
-    report.findings += _subgraph_findings(proto)
+    report.findings += inner
     if report.findings:
         return report
     try:

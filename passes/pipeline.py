@@ -63,6 +63,7 @@ from graphc.passes.decompose_rnn import decompose_rnn
 from graphc.passes.decompose_window_ops import decompose_window_ops
 from graphc.passes.fold_affine import fold_affine
 from graphc.passes.fold_batchnorm import fold_batchnorm
+from graphc.passes.fold_control_flow import fold_control_flow
 from graphc.passes.fuse_attention import fuse_attention
 from graphc.passes.fuse_elementwise import fuse_elementwise
 from graphc.passes.fuse_epilogue import fuse_epilogues
@@ -115,6 +116,10 @@ def cuda_forms() -> tuple[Pass, ...]:
 
 def stages() -> list[Stage]:
     return [
+        # Control flow decided at compile time (If on constants or static shapes, small static
+        # Loop/Scan) becomes tensor ops, first and at every opt level: both targets need it, and
+        # what a branch or body holds then meets the CUDA forms and the optimizer like any node.
+        Pass("fold_control_flow", fold_control_flow, min_level=0),
         *cuda_forms(),  # rule 1
         cleanup(),  # rule 2
         # Static-length sequences become tensor ops, once cleanup has made their splits constant.

@@ -8,7 +8,7 @@ field list. SCHEMA_VERSION changes whenever the table does; engines record it.
 """
 
 # fmt: off
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 FUSED = ('graphc', 'Fused', ('anchor_op', 'anchor_domain', 'anchor_attrs', 'anchor_inputs', 'epilogue', 'outputs'))
 
@@ -130,6 +130,7 @@ OPS: dict[tuple[str, str], dict[str, tuple[str, bool, object]]] = {('', 'Abs'): 
  ('', 'HardSwish'): {},
  ('', 'Hardmax'): {'axis': ('int', True, -1)},
  ('', 'Identity'): {},
+ ('', 'If'): {'else_branch': ('unsupported', False, None), 'then_branch': ('unsupported', False, None)},
  ('', 'InstanceNormalization'): {'epsilon': ('float', True, 9.999999747378752e-06)},
  ('', 'IsInf'): {'detect_negative': ('int', True, 1), 'detect_positive': ('int', True, 1)},
  ('', 'IsNaN'): {},
@@ -158,6 +159,7 @@ OPS: dict[tuple[str, str], dict[str, tuple[str, bool, object]]] = {('', 'Abs'): 
                            'update_rule': ('str', True, 'gated_delta')},
  ('', 'Log'): {},
  ('', 'LogSoftmax'): {'axis': ('int', True, -1)},
+ ('', 'Loop'): {'body': ('unsupported', False, None)},
  ('', 'LpNormalization'): {'axis': ('int', True, -1), 'p': ('int', True, 2)},
  ('', 'LpPool'): {'auto_pad': ('str', True, 'NOTSET'),
                   'ceil_mode': ('int', True, 0),
@@ -237,6 +239,12 @@ OPS: dict[tuple[str, str], dict[str, tuple[str, bool, object]]] = {('', 'Abs'): 
                            'num_heads': ('int', True, None),
                            'rotary_embedding_dim': ('int', True, 0)},
  ('', 'Round'): {},
+ ('', 'Scan'): {'body': ('unsupported', False, None),
+                'num_scan_inputs': ('int', False, None),
+                'scan_input_axes': ('ints', True, None),
+                'scan_input_directions': ('ints', True, None),
+                'scan_output_axes': ('ints', True, None),
+                'scan_output_directions': ('ints', True, None)},
  ('', 'ScatterElements'): {'axis': ('int', True, 0), 'reduction': ('str', True, 'none')},
  ('', 'ScatterND'): {'reduction': ('str', True, 'none')},
  ('', 'Selu'): {'alpha': ('float', True, 1.6732631921768188), 'gamma': ('float', True, 1.0507010221481323)},

@@ -18,8 +18,10 @@ from graphc.ops.registry import get_op
 
 def onnx_attr_value(attr: onnx.AttributeProto) -> Any:
     """An ONNX attribute as a plain Python value (str for strings, ndarray for tensors)."""
-    if attr.type == onnx.AttributeProto.GRAPH or attr.type == onnx.AttributeProto.GRAPHS:
-        raise UnsupportedOpError(f"attribute '{attr.name}' holds a subgraph (control flow is not supported)", [])
+    if attr.type == onnx.AttributeProto.GRAPH:
+        return attr.g  # converted by the op's converter (converters/control_flow.py), in its scope
+    if attr.type == onnx.AttributeProto.GRAPHS:
+        raise UnsupportedOpError(f"attribute '{attr.name}' holds a list of subgraphs (not supported)", [])
     if attr.type == onnx.AttributeProto.TENSOR:
         return numpy_helper.to_array(attr.t)
     if attr.type == onnx.AttributeProto.SPARSE_TENSOR:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import onnx
 
@@ -75,13 +77,23 @@ def find_unsupported(model: onnx.ModelProto) -> list[tuple[str, str, int, list[s
     missing: dict[tuple[str, str], list[str]] = {}
     opsets = {}
     types = _DeclaredTypes(model)
-    for i, node in enumerate(model.graph.node):
+    for i, node in _walk_nodes(model.graph.node):
         domain = "" if node.domain in STANDARD_DOMAINS else node.domain
         if domain not in opsets:
             opsets[domain] = model_opset(model, domain)
         if find_converter(node.op_type, domain, opsets[domain]) is None and not _expandable(node, types):
             missing.setdefault((node.op_type, domain), []).append(node.name or f"#{i}")
     return [(op, dom, opsets[dom], names) for (op, dom), names in sorted(missing.items())]
+
+
+def _walk_nodes(nodes, prefix: str = ""):
+    """(index label, node) for the nodes and, depth first, those of their subgraphs (If branches,
+    Loop/Scan bodies), so that every unsupported op is listed at once."""
+    for i, node in enumerate(nodes):
+        yield f"{prefix}{i}", node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _walk_nodes(attr.g.node, f"{prefix}{i}/{attr.name}/")
 
 
 def _has_converter(op_type: str, domain: str, opset: int) -> bool:
@@ -178,6 +190,7 @@ def load_onnx(source: ModelSource, *, name: str | None = None) -> Graph:
     opsets = model_opsets(model)
     opsets[""] = opset
     expanded: set[tuple[str, str]] = set()  # function ops expanded so far (logged once each)
+    b.scope = SubgraphScope(env.get, opsets, expanded)  # what control-flow subgraphs see of this graph
     # Every ONNX value name is reserved, so fresh names made by converters never take one.
     b._reserved_values = {n for node in g.node for n in list(node.input) + list(node.output) if n}
     for i, node in enumerate(g.node):
@@ -238,6 +251,37 @@ def _convert_node(
         raise ShapeError(f"{node.op_type} node '{node_name}': conversion failed: {e!r}") from e
 
 
+def _convert_body(
+    b: GraphBuilder,
+    node: onnx.NodeProto,
+    node_name: str,
+    exp: functions.Expansion,
+    scope: dict[str, Value],
+    expanded: set[tuple[str, str]],
+    depth: int,
+) -> None:
+    """Convert a function body's nodes into `b`, binding their outputs in `scope`."""
+    for sub in exp.nodes:
+        sub_name = b.fresh_node_name(sub.name)
+        sub_inputs: list[Value | None] = []
+        for inp in sub.input:
+            if not inp:
+                sub_inputs.append(None)
+            elif inp in scope:
+                sub_inputs.append(scope[inp])
+            else:
+                raise ShapeError(
+                    f"{node.op_type} node '{node_name}': its function body uses '{inp}' before "
+                    f"defining it (in {sub.op_type} node '{sub_name}')"
+                )
+        while sub_inputs and sub_inputs[-1] is None:
+            sub_inputs.pop()
+        outs = _convert_node(b, sub, sub_name, sub_inputs, dict(exp.opsets), expanded, depth + 1)
+        for out_name, v in zip(sub.output, outs, strict=False):
+            if out_name:
+                scope[out_name] = v
+
+
 def _convert_function_op(
     b: GraphBuilder,
     node: onnx.NodeProto,
@@ -270,25 +314,12 @@ def _convert_function_op(
     for name, v in zip(exp.inputs, inputs, strict=False):
         if name and v is not None:
             scope[name] = v
-    for sub in exp.nodes:
-        sub_name = b.fresh_node_name(sub.name)
-        sub_inputs: list[Value | None] = []
-        for inp in sub.input:
-            if not inp:
-                sub_inputs.append(None)
-            elif inp in scope:
-                sub_inputs.append(scope[inp])
-            else:
-                raise ShapeError(
-                    f"{node.op_type} node '{node_name}': its function body uses '{inp}' before "
-                    f"defining it (in {sub.op_type} node '{sub_name}')"
-                )
-        while sub_inputs and sub_inputs[-1] is None:
-            sub_inputs.pop()
-        outs = _convert_node(b, sub, sub_name, sub_inputs, dict(exp.opsets), expanded, depth + 1)
-        for out_name, v in zip(sub.output, outs, strict=False):
-            if out_name:
-                scope[out_name] = v
+    # A body's control-flow subgraphs see the body's names (not the graph's) while it converts.
+    outer_scope, b.scope = b.scope, SubgraphScope(scope.get, dict(exp.opsets), expanded)
+    try:
+        _convert_body(b, node, node_name, exp, scope, expanded, depth)
+    finally:
+        b.scope = outer_scope
     results: list[Value | None] = []
     for name, wanted in zip(exp.outputs, node.output, strict=False):
         if name in scope:
@@ -298,3 +329,128 @@ def _convert_function_op(
         else:
             break  # the caller reports the named outputs that were not produced
     return results
+
+
+# ---- subgraphs (If branches, Loop and Scan bodies) ----------------------------------------------
+
+
+@dataclass
+class SubgraphScope:
+    """What a subgraph being converted sees of its enclosing graph: its ONNX names (lookup), the
+    opsets, and the function ops expanded so far."""
+
+    lookup: Callable[[str], Value | None]
+    opsets: dict[str, int]
+    expanded: set[tuple[str, str]]
+
+
+def convert_subgraph(
+    outer: GraphBuilder,
+    gp: onnx.GraphProto,
+    where: str,
+    input_types: Sequence[ValueType | None] = (),
+) -> tuple[Graph, list[Value]]:
+    """Convert a subgraph attribute into a closed IR graph, and the outer values it captures.
+
+    A name the subgraph reads but does not define is looked up in the enclosing scopes; each one
+    becomes a capture of the subgraph (bound by position to the returned outer values, which
+    the control-flow node takes as its trailing inputs). `input_types[i]`, where given, is the type
+    of formal input i (the converter knows it from the node's inputs); else the declared one.
+    """
+    scope = outer.scope
+    if not isinstance(scope, SubgraphScope):
+        raise ModelLoadError(f"{where}: a subgraph outside a graph being loaded")
+    sb = GraphBuilder(gp.name or where, outer.opset)
+    # The names the subgraph defines are reserved; a captured name keeps its outer spelling.
+    sb._reserved_values = {n for node in gp.node for n in node.output if n} | {v.name for v in gp.input}
+    env: dict[str, Value] = {}
+    captured: list[Value] = []
+
+    def lookup(name: str) -> Value | None:
+        if name in env:
+            return env[name]
+        v = scope.lookup(name)
+        if v is None:
+            return None
+        cap = sb.add_capture(sb.fresh_value_name(name), v.type)
+        known = outer.known_value(v)
+        if known is not None:  # a constant of the enclosing graph stays known inside
+            sb.known[cap.name] = known
+        env[name] = cap
+        captured.append(v)
+        return cap
+
+    for init in gp.initializer:
+        env[init.name] = sb.add_constant(tensor_to_array(init, None), init.name, keep_name=True)
+    for i, vi in enumerate(gp.input):
+        given = input_types[i] if i < len(input_types) else None
+        t = given if given is not None else type_from_proto(vi.type, f"{where}: subgraph input '{vi.name}'")
+        env[vi.name] = sb.add_input(vi.name, t)
+    sb.scope = SubgraphScope(lookup, scope.opsets, scope.expanded)
+    for i, node in enumerate(gp.node):
+        node_name = sb.fresh_node_name(node.name or f"{node.op_type}_{i}")
+        inputs: list[Value | None] = []
+        for inp in node.input:
+            v = lookup(inp) if inp else None
+            if inp and v is None:
+                raise ModelLoadError(
+                    f"{where}: {node.op_type} node '{node_name}': input '{inp}' is defined in no enclosing scope"
+                )
+            inputs.append(v)
+        while inputs and inputs[-1] is None:
+            inputs.pop()
+        outs = _convert_node(sb, node, node_name, inputs, scope.opsets, scope.expanded)
+        for out_name, v in zip(node.output, outs, strict=False):
+            if out_name and v is not None:
+                env[out_name] = v
+    outputs = []
+    for vi in gp.output:
+        v = lookup(vi.name)
+        if v is None:
+            raise ModelLoadError(f"{where}: subgraph output '{vi.name}' is not produced")
+        outputs.append(v)
+    sb.set_outputs(outputs, [vi.name for vi in gp.output])
+    return sb.build(), captured
+
+
+def inline_subgraph(outer: GraphBuilder, gp: onnx.GraphProto, where: str) -> list[Value]:
+    """Convert an input-less subgraph (the branch an If takes when its condition is known while
+    loading) straight into `outer`; its outputs. The other branch is never typed: exporters write
+    rank-dispatching Ifs whose untaken branch does not type-check on the actual shapes."""
+    scope = outer.scope
+    if not isinstance(scope, SubgraphScope):
+        raise ModelLoadError(f"{where}: a subgraph outside a graph being loaded")
+    env: dict[str, Value] = {}
+
+    def lookup(name: str) -> Value | None:
+        return env[name] if name in env else scope.lookup(name)
+
+    for init in gp.initializer:
+        env[init.name] = outer.add_constant(tensor_to_array(init, None), f"{where}/{init.name}")
+    outer.scope = SubgraphScope(lookup, scope.opsets, scope.expanded)
+    try:
+        for i, node in enumerate(gp.node):
+            node_name = outer.fresh_node_name(f"{where}/{node.name or f'{node.op_type}_{i}'}")
+            inputs: list[Value | None] = []
+            for inp in node.input:
+                v = lookup(inp) if inp else None
+                if inp and v is None:
+                    raise ModelLoadError(
+                        f"{where}: {node.op_type} node '{node_name}': input '{inp}' is defined in no enclosing scope"
+                    )
+                inputs.append(v)
+            while inputs and inputs[-1] is None:
+                inputs.pop()
+            outs = _convert_node(outer, node, node_name, inputs, scope.opsets, scope.expanded)
+            for out_name, v in zip(node.output, outs, strict=False):
+                if out_name and v is not None:
+                    env[out_name] = v
+    finally:
+        outer.scope = scope
+    outputs = []
+    for vi in gp.output:
+        v = lookup(vi.name)
+        if v is None:
+            raise ModelLoadError(f"{where}: subgraph output '{vi.name}' is not produced")
+        outputs.append(v)
+    return outputs

@@ -30,6 +30,7 @@ class GraphBuilder:
         self.opset = opset
         self.meta: dict[str, object] = dict(meta or {})
         self.inputs: list[Value] = []
+        self.captures: list[Value] = []
         self.outputs: list[Value] = []
         self.output_names: list[str] = []
         self.constants: dict[str, Constant] = {}
@@ -47,6 +48,9 @@ class GraphBuilder:
         for v in graph.inputs:
             b._define(v)
             b.inputs.append(v)
+        for v in graph.captures:
+            b._define(v)
+            b.captures.append(v)
         if keep_constants:
             for c in graph.constants.values():
                 b._define(c.value)
@@ -58,6 +62,9 @@ class GraphBuilder:
         return b
 
     _reserved_values: frozenset[str] | set[str] = frozenset()
+    # Frontend state for the subgraphs of control-flow nodes converted inside this builder's graph
+    # (graphc.frontend.convert.SubgraphScope: the enclosing names they may capture); None elsewhere.
+    scope: Any = None
     _reserved_node_names: frozenset[str] | set[str] = frozenset()
 
     # ---- names ----
@@ -89,6 +96,14 @@ class GraphBuilder:
         v = Value(name, type)
         self._define(v)
         self.inputs.append(v)
+        return v
+
+    def add_capture(self, name: str, type: ValueType) -> Value:
+        """A value of this (sub)graph that stands for a value of the enclosing scope; the
+        control-flow node binds it by position to one of its trailing inputs (see Graph)."""
+        v = Value(name, type)
+        self._define(v)
+        self.captures.append(v)
         return v
 
     def add_constant(self, data: np.ndarray, name: str | None = None, *, keep_name: bool = False) -> Value:
@@ -271,6 +286,7 @@ class GraphBuilder:
             output_names=tuple(self.output_names)
             if len(self.output_names) == len(self.outputs)
             else tuple(v.name for v in self.outputs),
+            captures=tuple(self.captures),
         )
         if verify:
             from graphc.ir.verify import verify_graph

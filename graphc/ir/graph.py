@@ -90,6 +90,12 @@ class Graph:
 
     `meta` carries facts passes learn about the graph, e.g. which original nodes a fused node
     absorbed (`meta["fused_from"][node_name]`).
+
+    A subgraph (the branch of an If, the body of a Loop or Scan, held in the node's attrs) is a
+    Graph too. Its `captures` are values of its own that stand for values of an enclosing scope:
+    the control-flow node lists the outer values as its trailing inputs, bound to `captures` by
+    position. So a subgraph is closed (verified, run and printed on its own), and every pass that
+    follows node inputs (DCE, renaming, scheduling) sees what a subgraph reads from outside.
     """
 
     name: str
@@ -100,6 +106,7 @@ class Graph:
     opset: int = 0
     meta: Mapping[str, object] = field(default_factory=dict)
     output_names: tuple[str, ...] = ()
+    captures: tuple[Value, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.output_names:
@@ -125,7 +132,7 @@ class Graph:
 
     @functools.cached_property
     def values(self) -> dict[str, Value]:
-        vals: dict[str, Value] = {v.name: v for v in self.inputs}
+        vals: dict[str, Value] = {v.name: v for v in (*self.inputs, *self.captures)}
         vals.update({c.name: c.value for c in self.constants.values()})
         for n in self.nodes:
             for v in n.outputs:
@@ -190,9 +197,22 @@ class Graph:
             output_names=self.output_names
             if outputs is None or len(outputs) == len(self.outputs)
             else tuple(v.name for v in outputs),
+            captures=self.captures,
         )
+
+    def subgraphs(self) -> Iterator[tuple[Node, str, Graph]]:
+        """(node, attribute name, subgraph) for every subgraph its nodes hold (not recursive)."""
+        for n in self.nodes:
+            yield from node_subgraphs(n)
 
     def __str__(self) -> str:
         from graphc.ir.text import format_graph
 
         return format_graph(self)
+
+
+def node_subgraphs(node: Node) -> Iterator[tuple[Node, str, Graph]]:
+    """(node, attribute name, subgraph) for each Graph-valued attribute of `node`, in field order."""
+    for name, v in node.attrs.items():
+        if isinstance(v, Graph):
+            yield node, name, v

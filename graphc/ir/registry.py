@@ -50,6 +50,7 @@ class Category(enum.Enum):
     DATA = "data"  # data movement: transpose, slice, concat, gather...
     SHAPE = "shape"  # shape arithmetic: Shape, Size, Range... (folds away once shapes are bound)
     SEQUENCE = "sequence"
+    CONTROL_FLOW = "control_flow"  # If, Loop, Scan: nodes that hold subgraphs
     FUSED = "fused"
     OTHER = "other"
 

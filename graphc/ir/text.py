@@ -16,8 +16,10 @@ a bracket, a quote...) is written as a JSON string: `%"a b"`.
 GraphBuilder, so their types are inferred again and must agree with the types the text states (a
 stale or hand-written wrong type is an error naming the line). Constants shown by digest take their
 data from `constants` (name -> array), which must match the digest; inline ones need nothing; a
-hand-written `const %w: f32[64,64] = given` takes its data from `constants` unchecked. What
-the text does not hold: `graph.meta` (provenance, near misses), which a parsed graph has empty.
+hand-written `const %w: f32[64,64] = given` takes its data from `constants` unchecked. A
+control-flow node's subgraphs follow its line (`ATTR: graph NAME (opset N)`, indented deeper, with
+`capture` lines for its captures) and parse back the same way. What the text does not hold:
+`graph.meta` (provenance, near misses), which a parsed graph has empty.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import json
 import re
 import typing
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -64,6 +67,8 @@ def data_digest(data: np.ndarray) -> str:
 
 
 def format_attr(v: object) -> str:
+    if isinstance(v, Graph):  # its body follows the node line, indented (see format_graph)
+        return f"<graph {format_name(v.name)}>"
     if isinstance(v, tuple):
         return "[" + ",".join(format_attr(x) for x in v) + "]"
     if isinstance(v, float):
@@ -90,18 +95,31 @@ def format_node(node: Node) -> str:
 
 
 def format_graph(graph: Graph) -> str:
-    lines = [f"graph {graph.name} (opset {graph.opset})"]
+    """The text form. A control-flow node's subgraphs follow its line, each headed by its
+    attribute name and indented two more spaces per level; a subgraph lists its captures (values
+    bound to the node's trailing inputs) as `capture` lines."""
+    return "\n".join(_graph_lines(graph, "")) + "\n"
+
+
+def _graph_lines(graph: Graph, indent: str, head: str = "") -> list[str]:
+    from graphc.ir.graph import node_subgraphs
+
+    lines = [f"{indent}{head}graph {graph.name} (opset {graph.opset})"]
     for v in graph.inputs:
-        lines.append(f"  input  %{format_name(v.name)}: {v.type}")
+        lines.append(f"{indent}  input  %{format_name(v.name)}: {v.type}")
+    for v in graph.captures:
+        lines.append(f"{indent}  capture %{format_name(v.name)}: {v.type}")
     for name in sorted(graph.constants):
         c = graph.constants[name]
-        lines.append(f"  const  %{format_name(name)}: {c.value.type} = {format_value_data(c.data)}")
+        lines.append(f"{indent}  const  %{format_name(name)}: {c.value.type} = {format_value_data(c.data)}")
     for n in graph.nodes:
-        lines.append("  " + format_node(n))
+        lines.append(f"{indent}  " + format_node(n))
+        for _, attr, sub in sorted(node_subgraphs(n), key=lambda e: e[1]):
+            lines.extend(_graph_lines(sub, indent + "    ", f"{attr}: "))
     for name, v in zip(graph.output_names, graph.outputs, strict=True):
         alias = "" if name == v.name else f" as {name!r}"
-        lines.append(f"  output %{format_name(v.name)}: {v.type}{alias}")
-    return "\n".join(lines) + "\n"
+        lines.append(f"{indent}  output %{format_name(v.name)}: {v.type}{alias}")
+    return lines
 
 
 graph_to_text = format_graph
@@ -223,6 +241,10 @@ class _Scanner:
             return tuple(items)
         if self.peek("tensor("):
             return self.tensor_attr()
+        if self.take("<graph "):
+            ref = _SubgraphRef(self.name())
+            self.expect(">")
+            return ref
         if self.peek("'") or self.peek('"'):
             tok = self.regex(_STRING, "a string")
             return ast.literal_eval(tok)
@@ -379,28 +401,63 @@ def _constant_data(name: str, t: ValueType, sc: _Scanner, constants: Mapping[str
         sc.fail(f"constant %{name}: {e}")
 
 
-def parse_graph(text: str, constants: Mapping[str, np.ndarray] | None = None) -> Graph:
-    """The Graph a text of `format_graph` describes (see the module doc). Raises TextParseError."""
-    from graphc.errors import GraphcError
-    from graphc.ir.builder import GraphBuilder
+_SUBGRAPH_HEAD = re.compile(r"(\S+): graph (.*) \(opset (-?\d+)\)")
+_GRAPH_HEAD = re.compile(r"graph (.*) \(opset (-?\d+)\)")
 
+
+@dataclass(frozen=True)
+class _SubgraphRef:
+    """`<graph NAME>` in a node's attributes: the subgraph block that follows the node line."""
+
+    name: str
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def parse_graph(text: str, constants: Mapping[str, np.ndarray] | None = None) -> Graph:
+    """The Graph a text of `format_graph` describes (see the module doc). Raises TextParseError.
+
+    A control-flow node's subgraphs are the blocks after its line headed `ATTR: graph NAME (opset
+    N)`; a block holds the lines indented deeper than its head, and `capture` lines declare the
+    subgraph's captures."""
     constants = constants or {}
     lines = [(i + 1, ln) for i, ln in enumerate(text.splitlines()) if ln.strip() and not ln.lstrip().startswith("#")]
     if not lines:
         raise TextParseError("empty text: expected 'graph NAME (opset N)'")
     lineno, head = lines[0]
-    m = re.fullmatch(r"graph (.*) \(opset (-?\d+)\)", head.strip())
+    m = _GRAPH_HEAD.fullmatch(head.strip())
     if not m:
         raise TextParseError(f"line {lineno}: expected 'graph NAME (opset N)', got {head!r}")
-    b = GraphBuilder(m.group(1), int(m.group(2)))
+    graph, pos = _parse_block(lines, 1, -1, m.group(1), int(m.group(2)), constants)
+    if pos != len(lines):
+        raise TextParseError(f"line {lines[pos][0]}: unexpected text after the graph")
+    return graph
+
+
+def _parse_block(
+    lines: list[tuple[int, str]], pos: int, indent: int, name: str, opset: int, constants: Mapping[str, np.ndarray]
+) -> tuple[Graph, int]:
+    """Parse the lines from `pos` indented deeper than `indent` as one graph; where it stops."""
+    from graphc.errors import GraphcError
+    from graphc.ir.builder import GraphBuilder
+
+    b = GraphBuilder(name, opset)
     outputs, output_names = [], []
-    for lineno, line in lines[1:]:
+    while pos < len(lines) and _indent(lines[pos][1]) > indent:
+        lineno, line = lines[pos]
+        pos += 1
         sc = _Scanner(line.strip(), lineno)
         try:
             if sc.take("input "):
                 name = sc.value_ref()
                 sc.expect(":")
                 b.add_input(name, sc.type())
+            elif sc.take("capture "):
+                name = sc.value_ref()
+                sc.expect(":")
+                b.add_capture(name, sc.type())
             elif sc.take("const "):
                 name = sc.value_ref()
                 sc.expect(":")
@@ -419,20 +476,31 @@ def parse_graph(text: str, constants: Mapping[str, np.ndarray] | None = None) ->
                     sc.fail(f"output %{name} is stated as {t} but is {b.values[name].type}")
                 outputs.append(b.values[name])
                 output_names.append(ast.literal_eval(sc.regex(_STRING, "a quoted name")) if sc.take("as") else name)
+            elif _SUBGRAPH_HEAD.fullmatch(line.strip()):
+                sc.fail("a subgraph block must follow the line of the node that holds it")
             else:
-                _parse_node(sc, b)
+                # The node's subgraph blocks follow its line; the node is built once they are read.
+                subs: dict[str, Graph] = {}
+                while pos < len(lines) and _indent(lines[pos][1]) > _indent(line):
+                    sub_line = lines[pos][1]
+                    m = _SUBGRAPH_HEAD.fullmatch(sub_line.strip())
+                    if not m:
+                        break
+                    sub, pos = _parse_block(lines, pos + 1, _indent(sub_line), m.group(2), int(m.group(3)), constants)
+                    subs[m.group(1)] = sub
+                _parse_node(sc, b, subs)
             if not sc.done():
                 sc.fail("unexpected text")
         except GraphcError as e:
             raise TextParseError(f"line {lineno}: {e}") from None
     b.set_outputs(outputs, output_names)
     try:
-        return b.build()
+        return b.build(), pos
     except GraphcError as e:
-        raise TextParseError(f"the graph is invalid: {e}") from None
+        raise TextParseError(f"the graph{'' if indent < 0 else ' ' + repr(name)} is invalid: {e}") from None
 
 
-def _parse_node(sc: _Scanner, b: Any) -> None:
+def _parse_node(sc: _Scanner, b: Any, subs: Mapping[str, Graph] | None = None) -> None:
     outs: list[tuple[str, ValueType]] = []
     while True:
         name = sc.value_ref()
@@ -462,6 +530,15 @@ def _parse_node(sc: _Scanner, b: Any) -> None:
     except KeyError:
         sc.fail(f"unknown op {op!r} in domain {domain!r}")
     attrs = _node_attrs(cls, sc)
+    refs = {k: v for k, v in attrs.items() if isinstance(v, _SubgraphRef)}
+    subs = dict(subs or {})
+    if set(subs) != set(refs):
+        sc.fail(f"the node's subgraph attributes {sorted(refs)} and the blocks after it {sorted(subs)} differ")
+    for attr, ref in refs.items():
+        if subs[attr].name != ref.name:
+            sc.fail(f"attribute {attr} names <graph {ref.name}>, the block after it is graph {subs[attr].name}")
+    if refs:
+        attrs = attrs.replace(**subs)
     for name, _ in outs:
         if name in b.values:
             sc.fail(f"value %{name} is defined twice")

@@ -1,5 +1,10 @@
 """The IR verifier: SSA form, topological order, types, and no dangling values.
 
+Subgraphs (If branches, Loop/Scan bodies) are verified too, each as a graph of its own: a
+subgraph is closed, so what it reads from an enclosing scope is one of its `captures`, bound to
+one of the node's trailing inputs, which the ordinary input check proves defined in the enclosing
+scope before the node (the op's inference checks the binding's count and types).
+
 It re-runs type inference on every node and compares with the types the node carries, so a pass
 that builds a node by hand with a wrong type is caught here.
 """
@@ -7,7 +12,7 @@ that builds a node by hand with a wrong type is caught here.
 from __future__ import annotations
 
 from graphc.errors import GraphcError, VerificationError
-from graphc.ir.graph import Graph
+from graphc.ir.graph import Graph, node_subgraphs
 from graphc.ir.registry import InferContext, get_op
 
 
@@ -28,6 +33,10 @@ def verify_problems(graph: Graph, *, check_types: bool = True, first_only: bool 
     defined: dict[str, object] = {}
     for v in graph.inputs:
         if v.name in defined and bad(f"input '{v.name}' is defined twice"):
+            return problems
+        defined[v.name] = v.type
+    for v in graph.captures:
+        if v.name in defined and bad(f"capture '{v.name}' is defined twice"):
             return problems
         defined[v.name] = v.type
     for name, c in graph.constants.items():
@@ -62,6 +71,10 @@ def verify_problems(graph: Graph, *, check_types: bool = True, first_only: bool 
             if v.name in defined and bad(f"{where}: output '{v.name}' is defined twice (not SSA)"):
                 return problems
             defined[v.name] = v.type
+        for _, attr, sub in node_subgraphs(node):
+            for p in verify_problems(sub, check_types=check_types, first_only=first_only):
+                if bad(f"{where}: in its subgraph '{attr}': {p}"):
+                    return problems
         if check_types:
             try:
                 opdef = get_op(node.op, node.domain)

@@ -7,6 +7,7 @@ frontend, the compiler and the interpreter load it (`load()`, or any import of g
 
 from graphc.ops import (  # noqa: F401  (each module registers its ops on import)
     attention,
+    control_flow,
     data_movement,
     elementwise,
     fused,

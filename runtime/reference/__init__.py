@@ -8,6 +8,7 @@ the same (domain, op) names.
 
 from graphc.runtime.reference import (  # noqa: E402, F401, I001  (each module registers its kernels on import)
     attention,
+    control_flow,
     data_movement,
     elementwise,
     fused,

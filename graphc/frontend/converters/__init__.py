@@ -4,6 +4,7 @@ from graphc.frontend.converters import (  # noqa: F401
     attention,
     constants,
     contrib,
+    control_flow,
     data_movement,
     elementwise,
     linalg,
