@@ -140,7 +140,8 @@ def entropy_threshold(hist: np.ndarray, hist_max: float, levels: int = QUANT_LEV
     KL(P || Q), P the histogram clipped at i (outliers added to its last bin), Q P's first i bins
     quantized to `levels` levels (chunks [j*i//levels, (j+1)*i//levels)), each level's count
     spread evenly over its non-empty bins. Every `coarse`-th threshold first, then each one within
-    `coarse` bins of the best (KL is smooth at that scale; all 1921 rows cost 13x the time)."""
+    `coarse` bins of the best: KL is flat near its minimum, and this lands within a few percent of
+    the exhaustive minimum's KL (tested) at a tenth of the time of all 1921 rows."""
     nbins = len(hist)
     h = hist.astype(np.float64)
     if h.sum() == 0:
