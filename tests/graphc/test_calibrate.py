@@ -10,7 +10,7 @@ import pytest
 
 import graphc
 import models
-from graphc.calibrate import BINS, _kl_divergences, Calibrator, TensorStats, entropy_threshold, load_samples, threshold
+from graphc.calibrate import BINS, Calibrator, TensorStats, _kl_divergences, entropy_threshold, load_samples, threshold
 from graphc.cli import main as cli
 from graphc.errors import CompileError, InputError
 
