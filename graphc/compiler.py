@@ -147,10 +147,13 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
         report["memory"] = memory_report(memory)
     report["target"] = opts.target
     report["precision"] = opts.precision
-    if calibrator is not None:
+    if opts.precision == "int8":
+        from graphc.calibrate import Calibrator
         from graphc.passes.quantize_int8 import integer_ops
 
-        report["quantization"] = {**calibrator.report(), "integer_ops": integer_ops(optimized)}
+        # A QDQ model alone has no calibrator: its scales are its own (constants of the engine).
+        calibrated = (calibrator or Calibrator(None, opts.calibration_method, opts.percentile)).report()
+        report["quantization"] = {**calibrated, "integer_ops": integer_ops(optimized)}
     # what a report read on its own needs to say what it is about
     report["graphc_version"] = _graphc_version()
     report["model"] = str(model) if isinstance(model, (str, Path)) else f"<{type(model).__name__}>"
