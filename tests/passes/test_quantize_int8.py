@@ -136,7 +136,13 @@ def test_int8_close_to_fp32_and_to_the_float_graph():
     assert _cos(e.run(test)["y"], run_ort(model, test)["y"]) > 0.995
 
 
-ZOO = [("resnet", "entropy"), ("resnet", "percentile"), ("mobilenetv2", "minmax"), ("bert", "entropy")]
+ZOO = [
+    ("resnet", "entropy"),
+    ("resnet", "percentile"),
+    ("mobilenetv2", "minmax"),
+    ("mobilenetv2", "entropy"),
+    ("bert", "entropy"),
+]
 
 
 @pytest.mark.parametrize(("name", "method"), ZOO)
