@@ -245,13 +245,8 @@ def check_shapes_against_model(shapes: dict[str, Any] | None, info: _ModelInfo) 
 def _resolve_precision(args: argparse.Namespace) -> str:
     """--precision, or trtexec's --fp16 / --bf16 / --int8 (one of them)."""
     flags = [f for f in ("fp16", "bf16", "int8") if getattr(args, f, False)]
-    if "int8" in flags:
-        raise UsageError(
-            "--int8 is not supported yet: graphc has no int8 kernels. A model quantized to QDQ form "
-            "(ONNX Runtime's quantize_static) compiles and runs in float; see docs/usage.md, 'Quantized models'"
-        )
     if len(flags) > 1:
-        raise UsageError("give one of --fp16 and --bf16, not both")
+        raise UsageError(f"give one of {', '.join('--' + f for f in flags)}, not several")
     if flags:
         if args.precision is not None and args.precision != flags[0]:
             raise UsageError(f"--{flags[0]} and --precision {args.precision} disagree")
@@ -283,10 +278,15 @@ def _add_compile(sub) -> None:
     c.add_argument(
         "--arch", help="comma-separated CUDA archs for cubin (default: the local GPU, else sm_80,sm_86,sm_89,sm_90)"
     )
-    c.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default=None, help="default fp32")
+    c.add_argument("--precision", choices=["fp32", "fp16", "bf16", "int8"], default=None, help="default fp32")
     c.add_argument("--fp16", action="store_true", help="same as --precision fp16 (trtexec)")
     c.add_argument("--bf16", action="store_true", help="same as --precision bf16 (trtexec)")
-    c.add_argument("--int8", action="store_true", help="not supported yet (an error that says what to do)")
+    c.add_argument("--int8", action="store_true", help="same as --precision int8 (trtexec)")
+    # ---- int8 calibration (issue 13; graphc/calibrate.py) ----
+    c.add_argument("--calibration-data", help="int8: CALIB.npz (per input [N, *shape]) or a folder of .npz feeds")
+    c.add_argument("--calibration-method", choices=["minmax", "entropy", "percentile"], default="entropy")
+    c.add_argument("--percentile", type=float, default=99.99, help="for --calibration-method percentile")
+    c.add_argument("--calibration-cache", help="int8: JSON file of calibrated ranges, reused when it matches")
     c.add_argument("--shapes", help="input shapes, e.g. input:1x3x224x224,mask:1x128, or dims by name: batch=8")
     c.add_argument("--opt-level", type=int, default=2, choices=[0, 1, 2, 3])
     c.add_argument("--tune", choices=["off", "fast", "full"], default=None, help="auto-tune kernels on this GPU")
@@ -295,6 +295,10 @@ def _add_compile(sub) -> None:
     c.add_argument("--dump-ir", help="write the IR after every pass into this folder")
     c.add_argument("-q", "--quiet", action="store_true", help="print only the result line")
     c.set_defaults(func=_cmd_compile)
+
+
+def _calibration_printer(done: int, total: int) -> None:
+    print(f"\rcalibrating: sample {done}/{total}", end="\n" if done == total else "", file=sys.stderr, flush=True)
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
@@ -334,6 +338,16 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         allow_tf32=args.allow_tf32,
         progress=_progress_printer(console) if not args.quiet else None,
     )
+    if precision == "int8":
+        opts.update(
+            calibration_data=args.calibration_data,
+            calibration_method=args.calibration_method,
+            percentile=args.percentile,
+            calibration_cache=args.calibration_cache,
+            calibration_progress=None if args.quiet else _calibration_printer,
+        )
+    elif args.calibration_data or args.calibration_cache:
+        raise UsageError("--calibration-data/--calibration-cache: only with --precision int8")
     print(f"compiling {args.model} for {args.target} ({precision}, opt level {args.opt_level})", file=sys.stderr)
     engine = graphc.compile(str(model), **opts)
     engine.save(output)

@@ -16,7 +16,7 @@ from graphc.errors import CompileError
 log = logging.getLogger(__name__)
 
 TARGETS = ("cpu", "cuda")
-PRECISIONS = ("fp32", "fp16", "bf16")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 
 
 @dataclass
@@ -32,6 +32,9 @@ class CompileOptions:
     arch: CUDA architectures to build cubin for (default sm_80, sm_86, sm_89, sm_90).
     tune: "off" | "fast" | "full" auto-tuning of kernel parameters (CUDA target).
     allow_tf32: let fp32 GEMMs and convolutions use TF32 tensor cores.
+    calibration_*: precision "int8" (graphc/calibrate.py): the samples (CALIB.npz of [N, *shape]
+    per input, a folder of .npz feeds, or an iterable of feed dicts), "minmax" | "entropy" |
+    "percentile" (of |x|), the percentile, a JSON cache of the thresholds, a (done, total) callback.
     """
 
     target: str = "cpu"
@@ -46,6 +49,12 @@ class CompileOptions:
     cache_dir: str | Path | None = None
     progress: Callable[[str, str], None] | None = None  # (phase, "start" | "done"), for progress bars
     extra: dict[str, Any] = field(default_factory=dict)
+    # ---- int8 calibration (issue 13) ----
+    calibration_data: Any = None
+    calibration_method: str = "entropy"
+    percentile: float = 99.99
+    calibration_cache: str | Path | None = None
+    calibration_progress: Callable[[int, int], None] | None = None
 
     def validate(self) -> None:
         if self.target not in TARGETS:
@@ -56,6 +65,11 @@ class CompileOptions:
             raise CompileError(f"opt_level must be 0..3, got {self.opt_level}")
         if self.tune not in ("off", "fast", "full"):
             raise CompileError(f"tune must be off, fast or full, got {self.tune!r}")
+        if self.precision == "int8" and self.target == "cuda":
+            raise CompileError(
+                "precision int8: int8 CUDA kernels are not built yet (issue 13); "
+                "compile with target cpu for int8, or use fp16 on the GPU"
+            )
 
 
 class _Phases:
@@ -109,6 +123,10 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
     # Every rewrite, target-specific ones included, is a pass of passes/pipeline.py, switched on
     # by the target context: --dump-ir, verification and the report's per-pass times cover all.
     target = Target(opts.target, opts.precision, bool(opts.allow_tf32))
+    calibrator = None
+    if opts.precision == "int8":
+        calibrator = _int8_calibrator(graph, opts)
+        target = dataclasses.replace(target, calibrator=calibrator)
     if opts.target == "cuda":
         from graphc.codegen.capabilities import CUDA
 
@@ -132,6 +150,13 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
         report["memory"] = memory_report(memory)
     report["target"] = opts.target
     report["precision"] = opts.precision
+    if opts.precision == "int8":
+        from graphc.calibrate import Calibrator
+        from graphc.passes.quantize_int8 import integer_ops
+
+        # A QDQ model alone has no calibrator: its scales are its own (constants of the engine).
+        calibrated = (calibrator or Calibrator(None, opts.calibration_method, opts.percentile)).report()
+        report["quantization"] = {**calibrated, "integer_ops": integer_ops(optimized)}
     # what a report read on its own needs to say what it is about
     report["graphc_version"] = _graphc_version()
     report["model"] = str(model) if isinstance(model, (str, Path)) else f"<{type(model).__name__}>"
@@ -140,11 +165,14 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
     report["kernels"] = sum(1 for s in plan.steps if not s.alias)
     report["timings"] = phase.timings
     weights = {name: c.data for name, c in optimized.constants.items()}
+    # Not dataclasses.asdict(opts): it deep-copies every field, and calibration_data may be a generator.
     options_json = {
-        k: (str(v) if isinstance(v, Path) else v)
-        for k, v in dataclasses.asdict(opts).items()
-        if k not in ("progress", "extra")
+        f.name: _jsonable(getattr(opts, f.name))
+        for f in dataclasses.fields(opts)
+        if f.name not in ("progress", "extra", "calibration_data", "calibration_progress")
     }
+    if isinstance(opts.calibration_data, (str, Path)):
+        options_json["calibration_data"] = str(opts.calibration_data)
 
     if opts.target == "cpu":
         from graphc.cpu_kernels import cpu_kernel
@@ -159,6 +187,39 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
     engine = build_cuda_engine(optimized, plan, weights, opts, report, phase)
     engine.build_info.update(_build_info(opts, options_json))
     return engine
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, Path):
+        return str(v)
+    if isinstance(v, Mapping):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    return v
+
+
+def _int8_calibrator(graph: Any, opts: CompileOptions):
+    """The calibrator handed to the int8 pass; a model with no QDQ nodes needs samples or a cache."""
+    from graphc.calibrate import make_calibrator
+
+    has_qdq = any(n.op == "DequantizeLinear" for n in graph.nodes)
+    if opts.calibration_data is None and opts.calibration_cache is None and not has_qdq:
+        raise CompileError(
+            "precision int8 needs calibration_data (--calibration-data CALIB.npz), a calibration cache, "
+            "or a model in QDQ form"
+        )
+    if opts.calibration_data is None and opts.calibration_cache is None:
+        return None  # a QDQ model alone: its own scales, nothing to calibrate
+    names = [v.name for v in graph.inputs]
+    return make_calibrator(
+        opts.calibration_data,
+        names,
+        opts.calibration_method,
+        opts.percentile,
+        opts.calibration_cache,
+        opts.calibration_progress,
+    )
 
 
 def _graphc_version() -> str:

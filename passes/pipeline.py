@@ -74,8 +74,9 @@ from graphc.passes.layout import to_channels_last
 from graphc.passes.lower_sequences import lower_sequences
 from graphc.passes.manager import FixedPoint, Pass, Stage
 from graphc.passes.precision import precision_pass
+from graphc.passes.quantize_int8 import quantize_int8, quantize_qdq_int8
 from graphc.passes.simplify import simplify
-from graphc.passes.target import Target, for_cuda, for_reduced_precision
+from graphc.passes.target import Target, for_cuda, for_int8, for_reduced_precision
 from graphc.passes.transpose import eliminate_transposes
 
 
@@ -120,6 +121,10 @@ def stages() -> list[Stage]:
         # Loop/Scan) becomes tensor ops, first and at every opt level: both targets need it, and
         # what a branch or body holds then meets the CUDA forms and the optimizer like any node.
         Pass("fold_control_flow", fold_control_flow, min_level=0),
+        # ---- int8 (issue 13, passes/quantize_int8.py), part 1 of 2: a QDQ model's Conv/MatMul/Gemm
+        # on its own integers and scales, before constant folding turns the weights'
+        # DequantizeLinear into float weights (at every opt level: the precision is the user's).
+        Pass("quantize_qdq_int8", quantize_qdq_int8, min_level=0, when=for_int8),
         *cuda_forms(),  # rule 1
         cleanup(),  # rule 2
         # Static-length sequences become tensor ops, once cleanup has made their splits constant.
@@ -149,6 +154,11 @@ def stages() -> list[Stage]:
         ),
         Pass("fuse_attention", fuse_attention, min_level=2),  # rule 7
         cleanup(),
+        # ---- int8 (issue 13), part 2 of 2: the remaining float Conv/MatMul/Gemm with constant
+        # weights, calibrated on this graph (target.calibrator): after folding (final weights) and
+        # attention fusion (its activation x activation MatMuls stay float), before epilogue
+        # fusion (whose anchors are the float ops).
+        Pass("quantize_int8", quantize_int8, min_level=0, when=for_int8, takes_target=True),
         # Both ask the target what its fused kernels can hold (target.capabilities).
         Pass("fuse_epilogues", _with_capabilities(fuse_epilogues), min_level=2, takes_target=True),  # rule 8
         Pass("fuse_elementwise", _with_capabilities(fuse_elementwise), min_level=2, takes_target=True),  # rule 8

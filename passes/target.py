@@ -8,18 +8,27 @@ that the pipeline reads as a list of rules ("for CUDA", "for reduced precision")
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from graphc.passes.capabilities import REFERENCE, FusionCapabilities
 
+if TYPE_CHECKING:
+    from graphc.ir.graph import Graph
+
 TARGET_NAMES = ("cpu", "cuda")
-PRECISIONS = ("fp32", "fp16", "bf16")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+# (graph at the int8 pass, names of the float tensors to quantize) -> name -> calibrated amax;
+# compile() hands in graphc/calibrate.py's Calibrator (passes never run the interpreter themselves).
+Calibrator = Callable[["Graph", Sequence[str]], Mapping[str, float]]
 
 
 @dataclass(frozen=True)
 class Target:
     """name: "cpu" (the numpy reference executor) or "cuda" (generated CUDA kernels).
-    precision: the storage type of float tensors inside the engine ("fp32", "fp16", "bf16").
+    precision: the storage type of float tensors inside the engine ("fp32", "fp16", "bf16"), or
+    "int8": Conv/MatMul/Gemm in integer arithmetic (passes/quantize_int8.py), the rest fp32.
     allow_tf32: fp32 GEMMs and convolutions may use TF32 tensor cores (read by codegen; no pass
     changes the graph for it, it is here so that a pass that must know can ask).
     capabilities: what the target's fused kernels can hold (passes/capabilities.py); compile()
@@ -30,6 +39,7 @@ class Target:
     precision: str = "fp32"
     allow_tf32: bool = False
     capabilities: FusionCapabilities = REFERENCE
+    calibrator: Calibrator | None = None  # int8 only: where activation ranges come from
 
     def __post_init__(self) -> None:
         if self.name not in TARGET_NAMES:
@@ -43,7 +53,7 @@ class Target:
 
     @property
     def reduced_precision(self) -> bool:
-        return self.precision != "fp32"
+        return self.precision in ("fp16", "bf16")
 
     def __str__(self) -> str:
         return f"{self.name}/{self.precision}" + ("/tf32" if self.allow_tf32 else "")
@@ -60,3 +70,8 @@ def for_cuda(target: Target) -> bool:
 def for_reduced_precision(target: Target) -> bool:
     """fp16/bf16 engines (CPU too: its numpy references then compute in that precision)."""
     return target.reduced_precision
+
+
+def for_int8(target: Target) -> bool:
+    """int8 engines: Conv/MatMul/Gemm become integer ops with calibrated or QDQ scales."""
+    return target.precision == "int8"
