@@ -253,9 +253,13 @@ def compile_with_profiles(model: Any, opts: Any):
                 b.own_weights = _own_weights(b.engine, main)
                 _merge_kernels(main, b.engine)
     main.dynamic = DynamicShapes(profiles)
-    main.report["profiles"] = _report(profiles)
+    main.report["profiles"] = _report(profiles, main)
     main.report["timings"] = {**outer.timings, **main.report.get("timings", {})}
     main.build_info["profiles"] = len(profiles)
+    from graphc.compiler import _jsonable
+
+    for key in ("min_shapes", "opt_shapes", "max_shapes"):
+        main.build_info["options"][key] = _jsonable(getattr(opts, key))
     return main
 
 
@@ -295,7 +299,7 @@ def _merge_kernels(main: Any, other: Any) -> None:
         a.cubins.setdefault(arch, {}).update(cubins)
 
 
-def _report(profiles: list[Any]) -> list[dict[str, Any]]:
+def _report(profiles: list[Any], main: Any) -> list[dict[str, Any]]:
     return [
         {
             "min": p.min,
@@ -306,7 +310,8 @@ def _report(profiles: list[Any]) -> list[dict[str, Any]]:
                 for g in p.dims
             ],
             "buckets": [b.sizes for b in p.buckets],
-            "arena_bytes_max": max((b.engine.memory.arena_bytes if b.engine is not None else 0) for b in p.buckets),
+            # every bucket has its own arena, made on first use: the largest is what one run needs
+            "arena_bytes_max": max((b.memory or main.memory).arena_bytes for b in p.buckets),
         }
         for p in profiles
     ]
