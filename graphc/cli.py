@@ -381,6 +381,10 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         report_path.write_text(json.dumps(report, indent=1, default=str))
     if not args.quiet:
         print(compile_summary(report, max_lines=6), file=sys.stderr)
+        if engine.dynamic is not None:
+            from graphc.runtime.profiles import describe_profiles
+
+            print("\n".join(describe_profiles(engine.profiles)), file=sys.stderr)
     print(f"wrote {output} ({format_bytes(output.stat().st_size)}; {kernel_counts(engine.plan)})")
     return 0
 
@@ -442,10 +446,10 @@ def _feeds_at(args: argparse.Namespace, engine, shapes: dict[str, Any]) -> dict[
         raise UsageError(f"--shapes: {args.engine} was built for one shape (no optimization profile)")
     specs = {s.name: s for s in engine.inputs}
     for name, shape in shapes.items():
-        if name not in specs:
-            raise UsageError(f"--shapes: the engine has no input '{name}'; its inputs are {sorted(specs)}")
         if isinstance(shape, int):
             raise UsageError(f"--shapes: '{name}={shape}': give input shapes (NAME:4x3x224x224)")
+        if name not in specs:
+            raise UsageError(f"--shapes: the engine has no input '{name}'; its inputs are {sorted(specs)}")
     given = [IOSpec(s.name, s.dtype, list(shapes.get(s.name, s.shape))) for s in engine.inputs]
     feeds, _notes = random_inputs(SimpleNamespace(plan=engine.plan, inputs=given), args.seed)
     engine.dynamic.resolve(engine, engine.check_feeds(feeds))  # outside every profile: one line, here
