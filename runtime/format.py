@@ -400,14 +400,37 @@ def load(path: str | Path, device: int = 0, *, verify_key: str | Path | None = N
                 for n, t in bucket.plan.tensors.items()
                 if t.kind == WEIGHT
             }
-            ex = _executor(ef, bucket.plan, bucket.memory, weights, device, Path(path))
+            shared = None
+            if m["target"] == "cuda":
+                shared = _bucket_device_weights(engine.executor.weights, bucket, device)
+            ex = _executor(ef, bucket.plan, bucket.memory, weights, device, Path(path), shared)
             return Engine(m["target"], bucket.plan, bucket.memory, weights, ex, report, m["build"])
 
         engine.dynamic = DynamicShapes(ef.profiles, make_engine)
     return engine
 
 
-def _executor(ef: EngineFile, plan: KernelPlan, memory: MemoryPlan, weights: dict[str, Any], device: int, path: Path):
+def _bucket_device_weights(main: Any, bucket: Any, device: int) -> Any:
+    """A bucket's weights on the GPU: the engine's uploaded arrays for every weight it shares
+    with the engine's plan (same name, dtype and shape, validated), and one upload of its own."""
+    from graphc.runtime.cuda import DeviceWeights
+
+    own = DeviceWeights(_WeightsOf(bucket.plan, sorted(bucket.own_weights)), bucket.own_weights, device)
+    shared = {n: main.arrays[n] for n, t in bucket.plan.tensors.items() if t.kind == WEIGHT and n not in own.arrays}
+    own.arrays = {**shared, **own.arrays}
+    own.shared_from = main  # keeps the engine's weight buffer alive as long as this bucket
+    return own
+
+
+def _executor(
+    ef: EngineFile,
+    plan: KernelPlan,
+    memory: MemoryPlan,
+    weights: dict[str, Any],
+    device: int,
+    path: Path,
+    device_weights: Any = None,
+):
     """The executor of one (validated) plan of the engine: the CPU reference kernels, or this GPU's
     cubins (JIT-compiled from the sources where the engine has none for its arch)."""
     m = ef.manifest
@@ -431,7 +454,9 @@ def _executor(ef: EngineFile, plan: KernelPlan, memory: MemoryPlan, weights: dic
         needs = {d: k.get("requires_arch") for d, k in m["kernels"].items()}
         sources = {d: ef.sources[d] for d in sorted(digests)}
         cubins = jit_kernels(sources, names, needs, arch, sorted(ef.cubins), path)
-    return CUDAExecutor(arch_plan, memory, weights, cubins, names, device=device, launch_arch=arch)
+    return CUDAExecutor(
+        arch_plan, memory, weights, cubins, names, device=device, launch_arch=arch, device_weights=device_weights
+    )
 
 
 def checked_kernels(plan: KernelPlan, factory: Any, path: Path) -> Any:
