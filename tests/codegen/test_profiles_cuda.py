@@ -12,6 +12,8 @@ import graphc
 import models
 from graphc.runtime.format import read_engine
 
+pytestmark = pytest.mark.slow  # six CUDA builds through NVRTC (about a minute on two cores)
+
 
 def _names_profile(names, lo, opt, hi):
     return dict(
