@@ -329,10 +329,29 @@ def _rule(node: Node, ins: list[State], outs: list[State], consts, opset: int, w
             return f"{where} reduces over {label}"
         return None
     if op == "Pad":
-        return aligned()
+        return _pad_rule(node, ins, consts, where, label) or aligned()
     if op in ("Shape", "Size"):
         return f"{where} reads {label} into a value"
     return f"{where}: {op} has no padding rule here, so {label} is not padded through it"
+
+
+def _pad_rule(node: Node, ins: list[State], consts, where: str, label: str) -> str | None:
+    """Pad keeps rows apart when it pads nothing on the dim's axis: a begin and an end pad that
+    cancel (pads [1, -1], a shift) would keep the size and still move every row."""
+    s = ins[0]
+    if not isinstance(s, Dyn):
+        return f"{where} pads a value along {label}"
+    r = _rank(node, 0)
+    pads = _const_ints(node, 1, consts) if node.input(1) is not None else list(getattr(node.attrs, "pads", ()) or ())
+    if pads is None or not pads:
+        return f"{where} has pads that are not constants"
+    axes = _const_ints(node, 3, consts) if node.input(3) is not None else list(range(len(pads) // 2))
+    if axes is None or len(pads) != 2 * len(axes):
+        return f"{where} has axes that are not constants"
+    for k, a in enumerate(axes):
+        if _norm(a, r) == s.axis and (pads[k] or pads[k + len(axes)]):
+            return f"{where} pads along {label}"
+    return None
 
 
 def _reduced_axes(node: Node, consts, opset: int) -> set[int] | None:

@@ -64,6 +64,9 @@ def normalize_profiles(graph: Any, opts: Any) -> list[ProfileSpec]:
             for label, m in (("min", lo), ("opt", op), ("max", hi)):
                 if n not in m:
                     raise CompileError(f"{where}input '{n}' has no {label} shape; give min, opt and max for it")
+        both = sorted(n for n in names if n in (opts.shapes or {}))
+        if both:
+            raise CompileError(f"{where}input '{both[0]}' has a shape in shapes and in the profile; give one")
         spec = ProfileSpec({}, {}, {})
         for n, model in model_shapes.items():
             if n in names:
@@ -220,6 +223,9 @@ def compile_with_profiles(model: Any, opts: Any):
         for i, spec in enumerate(specs):
             where = f"profile {i}: " if len(specs) > 1 else ""
             groups = dim_groups(graph, spec, where)
+            fixed_dims = sorted(g.name for g in groups if isinstance((opts.shapes or {}).get(g.name), int))
+            if fixed_dims:
+                raise CompileError(f"{where}dim '{fixed_dims[0]}' has a size in shapes and a range in the profile")
             decide_padding(graph, spec, groups)
             opt = {k: list(v) for k, v in spec.opt.items()}
             buckets = []

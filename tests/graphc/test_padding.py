@@ -163,7 +163,18 @@ def cumsum_over_batch():
     return _model([helper.make_node("CumSum", ["x", "ax"], ["y"])], [_x()], [_y()], [("ax", np.array(0, np.int64))])
 
 
+def pad_shift(begin: int, end: int, axis: int):
+    def build():
+        pads = np.zeros(4, np.int64)
+        pads[axis], pads[2 + axis] = begin, end
+        return _model([helper.make_node("Pad", ["x", "p"], ["y"])], [_x()], [_y()], [("p", pads)], opset=18)
+
+    return build
+
+
 CASES = {
+    "pad_features": (pad_shift(1, 2, 1), True),
+    "pad_shift_batch": (pad_shift(-1, 1, 0), False),  # row i becomes row i+1: the last takes a pad row
     "mlp": (mlp, True),
     "reduce_over_batch": (reduce_over_batch, False),
     "batchnorm_training": (batchnorm_training, False),
@@ -210,7 +221,8 @@ def test_paddable_verdicts_hold_numerically(name):
 
 
 @pytest.mark.parametrize(
-    "name", ["reduce_over_batch", "scale_by_batch_size", "softmax_over_sequence", "attention_over_sequence"]
+    "name",
+    ["reduce_over_batch", "scale_by_batch_size", "softmax_over_sequence", "attention_over_sequence", "pad_shift_batch"],
 )
 def test_refused_verdicts_would_be_wrong(name):
     """These refusals are not over-caution: padding the dim changes the real rows. (Some refusals

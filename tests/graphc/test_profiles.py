@@ -220,6 +220,14 @@ def test_profile_errors_are_one_line(kwargs, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
+def test_shapes_and_profile_may_not_both_set_a_dim():
+    model = models.build("bert", size="tiny")
+    with pytest.raises(CompileError, match="dim 'batch' has a size in shapes and a range in the profile"):
+        graphc.compile(model, target="cpu", shapes={"batch": 2}, **_bert_profile())
+    with pytest.raises(CompileError, match="input 'input_ids' has a shape in shapes and in the profile"):
+        graphc.compile(model, target="cpu", shapes={"input_ids": (2, 5)}, **_bert_profile())
+
+
 def test_too_many_exact_sizes_is_refused_with_the_reason():
     model = models.build("bert", size="tiny")
     with pytest.raises(CompileError) as e:
