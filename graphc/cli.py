@@ -288,6 +288,13 @@ def _add_compile(sub) -> None:
     c.add_argument("--percentile", type=float, default=99.99, help="for --calibration-method percentile")
     c.add_argument("--calibration-cache", help="int8: JSON file of calibrated ranges, reused when it matches")
     c.add_argument("--shapes", help="input shapes, e.g. input:1x3x224x224,mask:1x128, or dims by name: batch=8")
+    for flag, what in (("min", "smallest"), ("opt", "tuned-for"), ("max", "largest")):
+        c.add_argument(
+            f"--{flag}-shapes",
+            action="append",
+            help=f"optimization profile: the {what} input shapes, e.g. input:1x3x224x224,mask:1x128 "
+            "(with the other two; repeat the three for several profiles)",
+        )
     c.add_argument("--opt-level", type=int, default=2, choices=[0, 1, 2, 3])
     c.add_argument("--tune", choices=["off", "fast", "full"], default=None, help="auto-tune kernels on this GPU")
     c.add_argument("--allow-tf32", action="store_true", help="let fp32 GEMMs/convolutions use TF32 tensor cores")
@@ -295,6 +302,22 @@ def _add_compile(sub) -> None:
     c.add_argument("--dump-ir", help="write the IR after every pass into this folder")
     c.add_argument("-q", "--quiet", action="store_true", help="print only the result line")
     c.set_defaults(func=_cmd_compile)
+
+
+def _profile_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """--min-shapes/--opt-shapes/--max-shapes -> compile() keywords ({} without them)."""
+    from graphc.profiles import parse_profile_flags
+
+    def parse(text: str, flag: str) -> dict[str, Any]:
+        try:
+            return parse_shapes(text) or {}
+        except UsageError as e:
+            raise UsageError(str(e).replace("--shapes", flag, 1)) from None
+
+    try:
+        return parse_profile_flags(args.min_shapes, args.opt_shapes, args.max_shapes, parse)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _calibration_printer(done: int, total: int) -> None:
@@ -308,6 +331,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     precision = _resolve_precision(args)
     _check_target_flags(args)
     shapes = parse_shapes(args.shapes)
+    profile_opts = _profile_flags(args)
     model = Path(args.model)
     if not model.is_file():
         raise UsageError(f"{args.model}: no such file" if not model.exists() else f"{args.model}: is not a file")
@@ -337,6 +361,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         tune=args.tune or "off",
         allow_tf32=args.allow_tf32,
         progress=_progress_printer(console) if not args.quiet else None,
+        **profile_opts,
     )
     if precision == "int8":
         opts.update(
@@ -356,6 +381,10 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         report_path.write_text(json.dumps(report, indent=1, default=str))
     if not args.quiet:
         print(compile_summary(report, max_lines=6), file=sys.stderr)
+        if engine.dynamic is not None:
+            from graphc.runtime.profiles import describe_profiles
+
+            print("\n".join(describe_profiles(engine.profiles)), file=sys.stderr)
     print(f"wrote {output} ({format_bytes(output.stat().st_size)}; {kernel_counts(engine.plan)})")
     return 0
 
@@ -399,6 +428,32 @@ def _feeds(args: argparse.Namespace, engine) -> dict[str, Any]:
         for line in notes:
             print("  " + line, file=sys.stderr)
     check_index_ranges(engine, feeds)
+    return feeds
+
+
+def _shapes_text(feeds: dict[str, Any]) -> str:
+    return ",".join(f"{k}:{'x'.join(str(d) for d in v.shape)}" for k, v in feeds.items())
+
+
+def _feeds_at(args: argparse.Namespace, engine, shapes: dict[str, Any]) -> dict[str, Any]:
+    """bench --shapes: random inputs of the given shapes (each checked against the profiles)."""
+    from types import SimpleNamespace
+
+    from graphc.feeds import random_inputs
+    from graphc.runtime.engine import IOSpec
+
+    if engine.dynamic is None:
+        raise UsageError(f"--shapes: {args.engine} was built for one shape (no optimization profile)")
+    specs = {s.name: s for s in engine.inputs}
+    for name, shape in shapes.items():
+        if isinstance(shape, int):
+            raise UsageError(f"--shapes: '{name}={shape}': give input shapes (NAME:4x3x224x224)")
+        if name not in specs:
+            raise UsageError(f"--shapes: the engine has no input '{name}'; its inputs are {sorted(specs)}")
+    given = [IOSpec(s.name, s.dtype, list(shapes.get(s.name, s.shape))) for s in engine.inputs]
+    feeds, _notes = random_inputs(SimpleNamespace(plan=engine.plan, inputs=given), args.seed)
+    engine.dynamic.resolve(engine, engine.check_feeds(feeds))  # outside every profile: one line, here
+    print(f"random inputs (seed {args.seed}) of shapes {_shapes_text(feeds)}", file=sys.stderr)
     return feeds
 
 
@@ -550,6 +605,9 @@ def _add_bench(sub) -> None:
     b.add_argument("--inputs", "--loadInputs", dest="inputs", help="as for run (default: random inputs)")
     b.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     b.add_argument("--json", help="write the numbers here")
+    b.add_argument(
+        "--shapes", help="engines with profiles: the input shapes to time (random inputs), e.g. input:4x3x224x224"
+    )
     b.add_argument("--device", type=int, default=None, help="GPU index of a CUDA engine (default 0)")
     # concurrent load through graphc.runtime.Batcher, next to the same load unbatched
     b.add_argument("--batcher", action="store_true", help="batch-1 requests from client threads, with and without it")
@@ -599,20 +657,45 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError(f"{given[0]} sets the load of --batcher; add --batcher")
     if args.batcher and args.per_kernel:
         raise UsageError("--per-kernel and --batcher are separate benchmarks; give one")
-    feeds = _feeds(args, engine)
+    if args.shapes:
+        if args.inputs:
+            raise UsageError("--shapes draws random inputs of those shapes; --inputs gives the inputs: give one")
+        if args.batcher:
+            raise UsageError("--shapes and --batcher: the batcher makes its own batches; give one")
+        feeds = _feeds_at(args, engine, parse_shapes(args.shapes) or {})
+    else:
+        feeds = _feeds(args, engine)
     if args.batcher:
         result = _cmd_bench_batcher(args, engine, feeds)
         if json_path is not None:
             json_path.write_text(json.dumps(result, indent=1))
         return 0
     iterations, warmup = default_counts(engine.target)
+    bench_engine, bucket, requested = engine, None, dict(feeds)
+    if engine.dynamic is not None and engine.target == "cuda":
+        # graph replays time one plan: the bucket these shapes run on (the inputs padded to it)
+        from graphc.runtime.profiles import pad_feeds
+
+        profile, b, _sizes = engine.dynamic.resolve(engine, engine.check_feeds(feeds))
+        bench_engine, bucket = engine.dynamic.bucket_engine(engine, b), b
+        feeds = pad_feeds(profile, b, feeds)
+    if bucket is not None:
+        print(f"shapes {_shapes_text(feeds)} run on the bucket {bucket.sizes}", file=sys.stderr)
     result = benchmark(
-        engine,
+        bench_engine,
         feeds,
         iterations=args.iterations or iterations,
         warmup=warmup if args.warmup is None else args.warmup,
         per_kernel=args.per_kernel,
     )
+    if args.shapes:
+        # the request's rows, not the bucket's: padding rows are not throughput
+        first = next(iter(requested.values()))
+        result["shapes"] = {k: list(v.shape) for k, v in requested.items()}
+        result["batch"] = int(first.shape[0]) if first.ndim else 1
+        result["throughput_per_s"] = result["batch"] * 1000 / result["latency"]["median_ms"]
+        if bucket is not None:
+            result["bucket"] = dict(bucket.sizes)
     print(format_bench(result))
     if json_path is not None:
         json_path.write_text(json.dumps(result, indent=1))
@@ -642,6 +725,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
     ef = read_engine(args.engine, verify_key=args.verify_key)
     print(describe_engine(ef, str(args.engine)))
+    if ef.profiles is not None:
+        from graphc.runtime.profiles import describe_profiles
+
+        print("\n".join(describe_profiles(ef.profiles)))
     if memory_png is not None:
         from graphc.inspect import describe_peak, draw_memory
 

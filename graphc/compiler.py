@@ -55,6 +55,16 @@ class CompileOptions:
     percentile: float = 99.99
     calibration_cache: str | Path | None = None
     calibration_progress: Callable[[int, int], None] | None = None
+    # ---- optimization profiles (issue 14; graphc/profiles.py, docs/dynamic_shapes.md) ----
+    # input name -> shape, one mapping per profile (or a list of mappings: several profiles); the
+    # engine then runs any shape between min and max, with its own plan built at opt.
+    min_shapes: Mapping[str, Sequence[int]] | Sequence[Mapping[str, Sequence[int]]] | None = None
+    opt_shapes: Mapping[str, Sequence[int]] | Sequence[Mapping[str, Sequence[int]]] | None = None
+    max_shapes: Mapping[str, Sequence[int]] | Sequence[Mapping[str, Sequence[int]]] | None = None
+
+    @property
+    def has_profiles(self) -> bool:
+        return any(x is not None for x in (self.min_shapes, self.opt_shapes, self.max_shapes))
 
     def validate(self) -> None:
         if self.target not in TARGETS:
@@ -70,6 +80,12 @@ class CompileOptions:
                 "precision int8: int8 CUDA kernels are not built yet (issue 13); "
                 "compile with target cpu for int8, or use fp16 on the GPU"
             )
+        if self.has_profiles:
+            missing = [n for n in ("min_shapes", "opt_shapes", "max_shapes") if getattr(self, n) is None]
+            if missing:
+                raise CompileError(f"a profile needs min_shapes, opt_shapes and max_shapes; {missing[0]} is missing")
+            if self.precision == "int8":
+                raise CompileError("precision int8 with optimization profiles is not supported (calibrate one shape)")
 
 
 class _Phases:
@@ -98,13 +114,7 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
     Keyword arguments are CompileOptions fields: `graphc.compile("m.onnx", target="cpu",
     shapes={"input": (1, 3, 224, 224)})`.
     """
-    from graphc.codegen.lower import lower_to_plan
-    from graphc.codegen.memory import memory_report, plan_memory
     from graphc.frontend import load_onnx
-    from graphc.ir.shapes import bind_shapes
-    from graphc.passes.manager import OptimizeOptions, optimize
-    from graphc.passes.report import optimizer_report
-    from graphc.passes.target import Target
 
     opts = dataclasses.replace(options or CompileOptions(), **kwargs)
     opts.validate()
@@ -112,9 +122,25 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
         log.info(
             "cpu target in %s: the numpy references compute in that precision (a reference, not fast)", opts.precision
         )
+    if opts.has_profiles:
+        from graphc.profiles import compile_with_profiles
+
+        return compile_with_profiles(model, opts)
     phase = _Phases(opts.progress)
     with phase("load"):
         graph = load_onnx(model)
+    return compile_loaded(graph, model, opts, phase)
+
+
+def compile_loaded(graph: Any, model: Any, opts: CompileOptions, phase: _Phases):
+    """compile() from the loaded graph on: one static plan for `opts.shapes`."""
+    from graphc.codegen.lower import lower_to_plan
+    from graphc.codegen.memory import memory_report, plan_memory
+    from graphc.ir.shapes import bind_shapes
+    from graphc.passes.manager import OptimizeOptions, optimize
+    from graphc.passes.report import optimizer_report
+    from graphc.passes.target import Target
+
     with phase("bind_shapes"):
         graph = bind_shapes(graph, opts.shapes)
     from graphc.frontend.limits import check_value_sizes
@@ -170,6 +196,7 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
         f.name: _jsonable(getattr(opts, f.name))
         for f in dataclasses.fields(opts)
         if f.name not in ("progress", "extra", "calibration_data", "calibration_progress")
+        and not (f.name.endswith("_shapes") and getattr(opts, f.name) is None)
     }
     if isinstance(opts.calibration_data, (str, Path)):
         options_json["calibration_data"] = str(opts.calibration_data)

@@ -27,6 +27,8 @@ MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
 _MEMBER = re.compile(
     r"manifest\.json|weights\.safetensors|kernels/[0-9a-f]{64}\.cu|kernels/sm_[0-9]{2,3}a?/[0-9a-f]{64}\.cubin"
+    # a shape bucket's own weights (engines with optimization profiles)
+    r"|profiles/[0-9]{1,6}\.safetensors"
 )
 _COMMENT = re.compile(rb"graphc-engine manifest-sha256=([0-9a-f]{64})(?: ed25519=([0-9a-f]{128}))?")
 MAX_MANIFEST_BYTES = 256 * 2**20

@@ -234,7 +234,9 @@ class CUDAExecutor:
         names: Mapping[str, str],
         device: int = 0,
         launch_arch: str | None = None,
+        device_weights: DeviceWeights | None = None,
     ):
+        # device_weights: weights already on the device (a shape bucket shares the engine's)
         cupy = import_cupy()
         # `plan` is already one arch's (KernelPlan.for_arch); launch_arch says whose, for tests and reports
         self.plan, self.memory, self.device, self.launch_arch = plan, memory, device, launch_arch
@@ -259,7 +261,7 @@ class CUDAExecutor:
                 for ln in step.launches:
                     if ln.shared_bytes > 48 * 1024:
                         allow_large_shared_memory(self.functions[ln.digest], ln.shared_bytes)
-            self.weights = DeviceWeights(plan, weights, device)
+            self.weights = device_weights if device_weights is not None else DeviceWeights(plan, weights, device)
         self.default = CUDAContext(plan, memory, self.weights, self.functions, device)
 
     def create_context(self) -> CUDAContext:

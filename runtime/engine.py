@@ -50,6 +50,23 @@ class Engine:
     report: dict[str, Any] = field(default_factory=dict)
     build_info: dict[str, Any] = field(default_factory=dict)
     kernels: Any = None  # the CUDA target's KernelSet (sources and cubins)
+    # optimization profiles (runtime/profiles.py DynamicShapes); None: a fixed-shape engine
+    dynamic: Any = None
+
+    @property
+    def profiles(self) -> list[Any]:
+        """The optimization profiles (min/opt/max shapes per input); [] for a fixed-shape engine."""
+        return list(self.dynamic.profiles) if self.dynamic is not None else []
+
+    @property
+    def batch_sizes(self) -> Any:
+        """For the Batcher: a callable giving the batch sizes an engine with profiles runs at, or
+        None for a fixed-shape engine (the Batcher then takes the one batch of its inputs)."""
+        if self.dynamic is None:
+            return None
+        from graphc.runtime.profiles import batch_sizes
+
+        return lambda: batch_sizes(self.dynamic.profiles)
 
     @property
     def inputs(self) -> list[IOSpec]:
@@ -64,6 +81,8 @@ class Engine:
         return IOSpec(public, t.dtype, list(t.shape))
 
     def check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        """The feeds as arrays, each checked against its input's dtype and shape (with profiles:
+        its rank; the profiles check the dims)."""
         expected = {s.name: s for s in self.inputs}
         unknown = sorted(set(feeds) - set(expected))
         if unknown:
@@ -76,7 +95,13 @@ class Engine:
             dtype, shape = str(x.dtype), list(x.shape)
             if dtype != spec.dtype:
                 raise EngineInputError(f"input '{name}' has dtype {dtype}, the engine takes {spec.dtype}")
-            if shape != spec.shape:
+            if self.dynamic is not None:
+                if len(shape) != len(spec.shape):
+                    raise EngineInputError(
+                        f"input '{name}' has rank {len(shape)} (shape {tuple(shape)}), the engine takes rank "
+                        f"{len(spec.shape)}"
+                    )
+            elif shape != spec.shape:
                 raise EngineInputError(
                     f"input '{name}' has shape {tuple(shape)}, the engine was built for {tuple(spec.shape)}"
                 )
@@ -84,6 +109,13 @@ class Engine:
         return out
 
     def run(self, feeds: Mapping[str, Any], **kwargs: Any) -> dict[str, Any]:
+        if self.dynamic is not None:
+            # the profile's bucket for these shapes, padded where the compiler proved it safe
+            return self.dynamic.run(self, self.check_feeds(feeds), **kwargs)
+        return self.run_static(feeds, **kwargs)
+
+    def run_static(self, feeds: Mapping[str, Any], **kwargs: Any) -> dict[str, Any]:
+        """Run this engine's own plan at exactly its input shapes."""
         if self.executor is None:
             from graphc.runtime.errors import EngineError
 
@@ -91,6 +123,14 @@ class Engine:
                 f"this {self.target} engine was built on a machine without a GPU; save it "
                 "(engine.save(path)) and load it where there is one"
             )
+        if self.dynamic is not None:
+            expected = {s.name: s.shape for s in self.inputs}
+            for name, x in feeds.items():
+                if list(x.shape) != expected[name]:
+                    raise EngineInputError(
+                        f"input '{name}' has shape {tuple(x.shape)}, the plan is for {expected[name]}"
+                    )
+            return self.executor.run(feeds, **kwargs)
         return self.executor.run(self.check_feeds(feeds), **kwargs)
 
     def __repr__(self) -> str:
@@ -98,7 +138,9 @@ class Engine:
         ios = ", ".join(f"{s.name} {s.dtype}{s.shape}" for s in self.inputs)
         return (
             f"<graphc Engine {self.target} {self.build_info.get('precision', '')}: {len(self.plan.steps)} steps, "
-            f"inputs {ios}; outputs {', '.join(s.name for s in self.outputs)}>"
+            f"inputs {ios}; outputs {', '.join(s.name for s in self.outputs)}"
+            + (f"; {len(self.profiles)} profile(s): {self.profiles[0].describe()}" if self.dynamic else "")
+            + ">"
         )
 
     def __call__(self, **feeds: Any) -> dict[str, Any]:

@@ -36,7 +36,12 @@ from graphc.runtime.validate import plan_from_doc, validate_kernels, validate_pl
 log = logging.getLogger(__name__)
 
 # 2: the manifest's digest in the zip comment, a typed schema, every member listed.
-FORMAT_VERSION = 2
+# 3: optimization profiles (`profiles`: shape buckets, each a plan; docs/dynamic_shapes.md).
+# An engine without profiles is still written as version 2, so a graphc that reads only version 2
+# loads it; this one reads both.
+FORMAT_VERSION = 3
+STATIC_FORMAT_VERSION = 2
+READ_VERSIONS = (2, 3)
 # safetensors' numpy API knows these dtypes; others are stored as their raw bits.
 _SAFETENSORS_NATIVE = {
     "float16",
@@ -95,9 +100,13 @@ def save_engine(engine: Any, path: str | Path) -> None:
         for arch, cubins in kernels.cubins.items():
             for digest, cubin in cubins.items():
                 members[f"kernels/{arch}/{digest}.cubin"] = cubin
+    dynamic = getattr(engine, "dynamic", None)
+    profiles_json = None
+    if dynamic is not None:
+        profiles_json = _profiles_json(dynamic.profiles, members)
     manifest = {
         "format": "graphc-engine",
-        "format_version": FORMAT_VERSION,
+        "format_version": FORMAT_VERSION if dynamic is not None else STATIC_FORMAT_VERSION,
         "graphc_version": __version__,
         "target": engine.target,
         "build": engine.build_info,
@@ -120,6 +129,8 @@ def save_engine(engine: Any, path: str | Path) -> None:
         "report": engine.report,
         "members": {name: _sha256(data) for name, data in members.items()},
     }
+    if profiles_json is not None:
+        manifest["profiles"] = profiles_json
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     manifest_bytes = json.dumps(manifest, indent=1, default=_json_default).encode()
@@ -129,6 +140,26 @@ def save_engine(engine: Any, path: str | Path) -> None:
         for name, data in members.items():
             z.writestr(name, data, compress_type=zipfile.ZIP_STORED if name == WEIGHTS else zipfile.ZIP_DEFLATED)
     tmp.replace(path)
+
+
+def _profiles_json(profiles: list[Any], members: dict[str, bytes]) -> list[dict[str, Any]]:
+    """The profiles for the manifest; each bucket's own weights become a member of their own."""
+    from graphc.runtime.profiles import profiles_to_json
+
+    count = iter(range(1 << 30))
+
+    def plan_json(b: Any) -> dict[str, Any]:
+        if b.main:
+            return {}
+        out: dict[str, Any] = {"plan": b.plan.to_json(), "memory": memory_plan_to_json(b.memory)}
+        if b.own_weights:
+            member = f"profiles/{next(count)}.safetensors"
+            members[member] = _weights_bytes(b.own_weights)
+            out["weights"] = sorted(b.own_weights)
+            out["member"] = member
+        return out
+
+    return profiles_to_json(profiles, plan_json)
 
 
 def _json_default(o: Any) -> Any:
@@ -166,10 +197,12 @@ class EngineFile:
         cubins: dict[str, dict[str, bytes]],
         manifest_digest: str = "",
         signature: bytes | None = None,
+        profiles: list[Any] | None = None,
     ):
         self.manifest, self.plan, self.memory = manifest, plan, memory
         self.weights, self.sources, self.cubins = weights, sources, cubins
         self.manifest_digest, self.signature = manifest_digest, signature
+        self.profiles = profiles  # runtime/profiles.py Profile objects; None: a fixed-shape engine
 
 
 def read_engine(path: str | Path, limits: Limits | None = None, verify_key: str | Path | None = None) -> EngineFile:
@@ -222,7 +255,65 @@ def read_engine(path: str | Path, limits: Limits | None = None, verify_key: str 
             cubin_members.append((parts[1], parts[2][:-6]))
     validate_kernels(doc, plan, sources, cubin_members, path)
     weights = _load_weights(raw[WEIGHTS], plan, path)
-    return EngineFile(obj, plan, memory, weights, sources, cubins, manifest_digest, signature)
+    profiles = None
+    if doc.profiles is not None:
+        profiles = _read_profiles(doc, plan, raw, limits, path, sources, cubin_members)
+    return EngineFile(obj, plan, memory, weights, sources, cubins, manifest_digest, signature, profiles)
+
+
+class _WeightsOf:
+    """The part of a plan whose weights one safetensors member holds (for _load_weights)."""
+
+    def __init__(self, plan: KernelPlan, names: list[str]):
+        self.tensors = {n: plan.tensors[n] for n in names}
+
+
+def _read_profiles(doc: ManifestDoc, plan: KernelPlan, raw: dict[str, bytes], limits, path: Path, sources, cubins):
+    """The profiles, every bucket's plan validated as a plan (and its kernels), its own weights loaded."""
+    from graphc.runtime.profiles import Bucket, DimGroup, Profile, bucket_shapes
+    from graphc.runtime.validate import validate_profiles
+
+    plans = validate_profiles(doc, plan, limits, path)
+    used_members = set()
+    profiles = []
+    assert doc.profiles is not None
+    for pdoc, pplans in zip(doc.profiles, plans, strict=True):
+        dims = [
+            DimGroup(
+                g.name,
+                [(n, int(a)) for n, a in g.positions],
+                g.min,
+                g.opt,
+                g.max,
+                g.padded,
+                g.reason,
+                {k: (int(a), int(mu)) for k, (a, mu) in g.outputs.items()},
+            )
+            for g in pdoc.dims
+        ]
+        opt = {k: list(v) for k, v in pdoc.opt.items()}
+        buckets = []
+        for bdoc, pm in zip(pdoc.buckets, pplans, strict=True):
+            b = Bucket(dict(bdoc.sizes), bucket_shapes(opt, dims, bdoc.sizes))
+            if pm is not None:
+                b.plan, b.memory = pm
+                validate_kernels(doc, b.plan, sources, cubins, path)
+                if bdoc.member is not None:
+                    if bdoc.member not in raw or bdoc.member == WEIGHTS or bdoc.member in used_members:
+                        raise EngineError(f"{path}: bucket weights member {bdoc.member} is missing or shared")
+                    used_members.add(bdoc.member)
+                    b.member = bdoc.member
+                    b.own_weights = _load_weights(raw[bdoc.member], _WeightsOf(b.plan, list(bdoc.weights)), path)
+            buckets.append(b)
+        profiles.append(
+            Profile(
+                {k: list(v) for k, v in pdoc.min.items()}, opt, {k: list(v) for k, v in pdoc.max.items()}, dims, buckets
+            )
+        )
+    stray = sorted(n for n in raw if n.startswith("profiles/") and n not in used_members)
+    if stray:
+        raise EngineError(f"{path}: member {stray[0]} is no bucket's weights")
+    return profiles
 
 
 def parse_json_at(raw: bytes, path: Path) -> Any:
@@ -234,7 +325,7 @@ def parse_json_at(raw: bytes, path: Path) -> Any:
 
 def _decode(obj: Any, path: Path) -> ManifestDoc:
     try:
-        return decode_manifest(obj, FORMAT_VERSION)
+        return decode_manifest(obj, READ_VERSIONS)
     except EngineError as e:
         raise EngineError(f"{path}: {e}") from None
 
@@ -289,31 +380,83 @@ def load(path: str | Path, device: int = 0, *, verify_key: str | Path | None = N
     m = ef.manifest
     report = m.get("report", {})
     if m["target"] == "cpu":
-        from graphc.runtime.cpu import CPUExecutor, check_attrs_schema, reference_kernel
+        from graphc.runtime.cpu import check_attrs_schema
 
         check_attrs_schema(m.get("attrs_schema"), path)
-        executor = CPUExecutor(ef.plan, ef.memory, ef.weights, checked_kernels(ef.plan, reference_kernel, Path(path)))
-        return Engine("cpu", ef.plan, ef.memory, ef.weights, executor, report, m["build"])
+    else:
+        from graphc.runtime.cuda import device_arch
+
+        device_arch(device)  # no GPU (or no cupy) is said first, as before the memory check
+        _check_device_memory(ef, device, Path(path))
+    engine = Engine(m["target"], ef.plan, ef.memory, ef.weights, None, report, m["build"])
+    engine.executor = _executor(ef, ef.plan, ef.memory, ef.weights, device, Path(path))
+    if ef.profiles is not None:
+        from graphc.runtime.profiles import DynamicShapes
+
+        def make_engine(bucket: Any) -> Engine:
+            # a bucket's weights: its own, else the engine plan's of the same name (validated so)
+            weights = {
+                n: bucket.own_weights.get(n, ef.weights.get(n))
+                for n, t in bucket.plan.tensors.items()
+                if t.kind == WEIGHT
+            }
+            shared = None
+            if m["target"] == "cuda":
+                shared = _bucket_device_weights(engine.executor.weights, bucket, device)
+            ex = _executor(ef, bucket.plan, bucket.memory, weights, device, Path(path), shared)
+            return Engine(m["target"], bucket.plan, bucket.memory, weights, ex, report, m["build"])
+
+        engine.dynamic = DynamicShapes(ef.profiles, make_engine)
+    return engine
+
+
+def _bucket_device_weights(main: Any, bucket: Any, device: int) -> Any:
+    """A bucket's weights on the GPU: the engine's uploaded arrays for every weight it shares
+    with the engine's plan (same name, dtype and shape, validated), and one upload of its own."""
+    from graphc.runtime.cuda import DeviceWeights
+
+    own = DeviceWeights(_WeightsOf(bucket.plan, sorted(bucket.own_weights)), bucket.own_weights, device)
+    shared = {n: main.arrays[n] for n, t in bucket.plan.tensors.items() if t.kind == WEIGHT and n not in own.arrays}
+    own.arrays = {**shared, **own.arrays}
+    own.shared_from = main  # keeps the engine's weight buffer alive as long as this bucket
+    return own
+
+
+def _executor(
+    ef: EngineFile,
+    plan: KernelPlan,
+    memory: MemoryPlan,
+    weights: dict[str, Any],
+    device: int,
+    path: Path,
+    device_weights: Any = None,
+):
+    """The executor of one (validated) plan of the engine: the CPU reference kernels, or this GPU's
+    cubins (JIT-compiled from the sources where the engine has none for its arch)."""
+    m = ef.manifest
+    if m["target"] == "cpu":
+        from graphc.runtime.cpu import CPUExecutor, reference_kernel
+
+        return CPUExecutor(plan, memory, weights, checked_kernels(plan, reference_kernel, path))
     from graphc.runtime.cuda import CUDAExecutor, choose_launches, device_arch
 
     device_kind = device_arch(device)
-    _check_device_memory(ef, device, Path(path))
     names = {d: k["name"] for d, k in m["kernels"].items()}
     # The launches of this GPU's arch, else of the newest older arch of its major version with cubins
     # (a plan per arch, one memory plan); with none, its own or the default launches, JIT-compiled.
-    arch, plan = choose_launches(ef.plan, ef.cubins, device_kind)
+    arch, arch_plan = choose_launches(plan, ef.cubins, device_kind)
     cubins = ef.cubins.get(arch)
-    if cubins is None or not _digests(plan) <= set(cubins):
+    if cubins is None or not _digests(arch_plan) <= set(cubins):
         from graphc.runtime.jit import jit_kernels
 
-        arch, plan = device_kind, ef.plan.for_arch(device_kind)
-        digests = _digests(plan)
+        arch, arch_plan = device_kind, plan.for_arch(device_kind)
+        digests = _digests(arch_plan)
         needs = {d: k.get("requires_arch") for d, k in m["kernels"].items()}
         sources = {d: ef.sources[d] for d in sorted(digests)}
-        cubins = jit_kernels(sources, names, needs, arch, sorted(ef.cubins), Path(path))
-    executor = CUDAExecutor(plan, ef.memory, ef.weights, cubins, names, device=device, launch_arch=arch)
-    engine = Engine("cuda", ef.plan, ef.memory, ef.weights, executor, report, m["build"])
-    return engine
+        cubins = jit_kernels(sources, names, needs, arch, sorted(ef.cubins), path)
+    return CUDAExecutor(
+        arch_plan, memory, weights, cubins, names, device=device, launch_arch=arch, device_weights=device_weights
+    )
 
 
 def checked_kernels(plan: KernelPlan, factory: Any, path: Path) -> Any:

@@ -145,6 +145,44 @@ class IODoc(_Strict):
     shape: Shape
 
 
+Pos = Annotated[int, msgspec.Meta(ge=1, le=MAX_SIZE)]
+# a profile's buckets: each a full plan (runtime/profiles.py MAX_BUCKETS)
+MAX_BUCKETS = 64
+
+
+class DimGroupDoc(_Strict):
+    """One dynamic dim of a profile: the input axes it is on, its range, and (padded) the output
+    axes the runtime slices back to mult * n."""
+
+    name: Name
+    positions: Annotated[list[tuple[Name, Annotated[int, msgspec.Meta(ge=0, lt=MAX_RANK)]]], msgspec.Meta(min_length=1)]
+    min: Pos
+    opt: Pos
+    max: Pos
+    padded: bool
+    reason: str = ""
+    outputs: dict[Name, tuple[Annotated[int, msgspec.Meta(ge=0, lt=MAX_RANK)], Pos]] = {}
+
+
+class BucketDoc(_Strict):
+    """A bucket: the dims' sizes, and its static plan (none: the engine's own plan); `weights`
+    are the plan's weights held in `member`, the others are the engine plan's of the same name."""
+
+    sizes: dict[Name, Pos]
+    plan: PlanDoc | None = None
+    memory: MemoryDoc | None = None
+    weights: list[Name] = []
+    member: Annotated[str, msgspec.Meta(pattern="^profiles/[0-9]{1,6}[.]safetensors$")] | None = None
+
+
+class ProfileDoc(_Strict):
+    min: dict[Name, Shape]
+    opt: dict[Name, Shape]
+    max: dict[Name, Shape]
+    dims: list[DimGroupDoc]
+    buckets: Annotated[list[BucketDoc], msgspec.Meta(min_length=1, max_length=MAX_BUCKETS)]
+
+
 class ManifestDoc(_Strict):
     format: Literal["graphc-engine"]
     format_version: int
@@ -163,6 +201,8 @@ class ManifestDoc(_Strict):
     # the version of the runtime's closed attrs table (runtime/attrs_schema.py) the steps' attrs follow;
     # the CPU loader refuses any other (runtime/cpu.py check_attrs_schema)
     attrs_schema: int | None = None
+    # optimization profiles (format version 3; runtime/profiles.py); none: a fixed-shape engine
+    profiles: Annotated[list[ProfileDoc], msgspec.Meta(min_length=1, max_length=16)] | None = None
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -185,22 +225,29 @@ def parse_json(raw: bytes) -> Any:
         raise EngineError("manifest.json is nested too deeply") from None
 
 
-def decode_manifest(obj: Any, format_version: int) -> ManifestDoc:
-    """Plain JSON values to a typed ManifestDoc, or one EngineError line naming the bad field."""
+def decode_manifest(obj: Any, format_version: int | tuple[int, ...]) -> ManifestDoc:
+    """Plain JSON values to a typed ManifestDoc, or one EngineError line naming the bad field.
+    `format_version`: the version, or the versions, this reader takes."""
     if not isinstance(obj, dict) or obj.get("format") != "graphc-engine":
         raise EngineError("not a graphc engine manifest")
+    versions = (format_version,) if isinstance(format_version, int) else tuple(format_version)
     v = obj.get("format_version")
-    if type(v) is not int or v != format_version:
+    if type(v) is not int or v not in versions:
+        shown = str(versions[0]) if len(versions) == 1 else f"{', '.join(map(str, versions[:-1]))} or {versions[-1]}"
         raise EngineError(
-            f"engine format version {v!r}, this graphc reads version {format_version}: rebuild the engine "
+            f"engine format version {v!r}, this graphc reads version {shown}: rebuild the engine "
             "with `graphc compile`"
         )
     try:
-        return msgspec.convert(obj, ManifestDoc, strict=True)
+        doc = msgspec.convert(obj, ManifestDoc, strict=True)
     except msgspec.ValidationError as e:
         raise EngineError(f"manifest does not fit the engine schema: {e}") from None
     except RecursionError:
         raise EngineError("manifest.json is nested too deeply") from None
+    # Profiles came with version 3: a version-2 manifest never has them, a version-3 one always.
+    if (doc.profiles is not None) != (v >= 3):
+        raise EngineError(f"engine format version {v} {'without' if v >= 3 else 'with'} optimization profiles")
+    return doc
 
 
 __all__ = ["DTYPES", "MAX_SIZE", "ManifestDoc", "decode_manifest", "parse_json"]

@@ -11,6 +11,7 @@ A mutated manifest that changes what the engine computes is refused here.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from pathlib import Path
@@ -507,3 +508,150 @@ def _check_launches(c, m, s, launches, params, typedefs, T, where: str) -> None:
 
 
 __all__ = ["ITEMSIZE", "kernel_params", "plan_from_doc", "validate_kernels", "validate_plan"]
+
+
+# ---- optimization profiles (format version 3) ---------------------------------------------------
+
+
+class _IO:
+    """An I/O spec as _check_io reads it (name, dtype, shape)."""
+
+    def __init__(self, name: str, dtype: str, shape: list[int]):
+        self.name, self.dtype, self.shape = name, dtype, shape
+
+
+class _BucketView:
+    """A bucket's plan as validate_plan sees a manifest: its I/O specs derived from the profile."""
+
+    def __init__(self, m: ManifestDoc, inputs: list[_IO], outputs: list[_IO]):
+        self.inputs, self.outputs = inputs, outputs
+        self.target, self.kernels, self.archs = m.target, m.kernels, m.archs
+
+
+def validate_profiles(
+    m: ManifestDoc, plan: KernelPlan, limits: Limits, path: Path
+) -> list[list[tuple[KernelPlan, MemoryPlan] | None]]:
+    """The profiles' meaning: ranges around the engine's own shapes, every dynamic dim described
+    once, buckets inside the ranges that cover every size a request may have, and each bucket's
+    plan a valid plan whose inputs are the bucket's shapes and whose outputs are the engine's
+    (sliced axes of mult * size). Returns each bucket's plan (None: the engine's own)."""
+    c = _Checker(path)
+    T = plan.tensors
+    assert m.profiles is not None
+    ranks = {n: len(T[n].shape) for n in plan.inputs}
+    out_specs = {p: T[n] for p, n in zip(plan.output_names, plan.outputs, strict=True)}
+    result: list[list[tuple[KernelPlan, MemoryPlan] | None]] = []
+    mains = 0
+    for pi, prof in enumerate(m.profiles):
+        where = f"profile {pi}"
+        for label, shapes in (("min", prof.min), ("opt", prof.opt), ("max", prof.max)):
+            if set(shapes) != set(plan.inputs):
+                raise c.fail(f"{where}: its {label} shapes name other inputs than the engine's")
+            for n, s in shapes.items():
+                if len(s) != ranks[n]:
+                    raise c.fail(f"{where}: {label} shape of input '{n}' has rank {len(s)}, the input {ranks[n]}")
+        for n in plan.inputs:
+            for axis, (a, b, d) in enumerate(zip(prof.min[n], prof.opt[n], prof.max[n], strict=True)):
+                if not 1 <= a <= b <= d:
+                    raise c.fail(f"{where}: input '{n}' dim {axis} has min/opt/max {a}/{b}/{d}")
+        if pi == 0 and any(list(prof.opt[n]) != list(T[n].shape) for n in plan.inputs):
+            raise c.fail(f"{where}: its opt shapes are not the engine plan's input shapes")
+        seen: set[tuple[str, int]] = set()
+        names = set()
+        for g in prof.dims:
+            if g.name in names:
+                raise c.fail(f"{where}: dim '{g.name}' is described twice")
+            names.add(g.name)
+            if not 1 <= g.min <= g.opt <= g.max or g.min == g.max:
+                raise c.fail(f"{where}: dim '{g.name}' has min/opt/max {g.min}/{g.opt}/{g.max}")
+            for n, axis in g.positions:
+                if n not in ranks or axis >= ranks[n] or (n, axis) in seen:
+                    raise c.fail(f"{where}: dim '{g.name}' names input '{n}' dim {axis} (no such dim, or twice)")
+                seen.add((n, axis))
+                if (prof.min[n][axis], prof.opt[n][axis], prof.max[n][axis]) != (g.min, g.opt, g.max):
+                    raise c.fail(f"{where}: dim '{g.name}' disagrees with the range of input '{n}' dim {axis}")
+            if g.outputs and not g.padded:
+                raise c.fail(f"{where}: dim '{g.name}' is not padded but slices outputs")
+            for o, (axis, _mult) in g.outputs.items():
+                if o not in out_specs or axis >= len(out_specs[o].shape):
+                    raise c.fail(f"{where}: dim '{g.name}' slices output '{o}' dim {axis}, which it does not have")
+        for n in plan.inputs:
+            for axis in range(ranks[n]):
+                if prof.min[n][axis] != prof.max[n][axis] and (n, axis) not in seen:
+                    raise c.fail(f"{where}: input '{n}' dim {axis} has a range but no dim describes it")
+        groups = {g.name: g for g in prof.dims}
+        plans: list[tuple[KernelPlan, MemoryPlan] | None] = []
+        keys = set()
+        for bi, b in enumerate(prof.buckets):
+            bw = f"{where} bucket {bi}"
+            if set(b.sizes) != set(groups):
+                raise c.fail(f"{bw}: its sizes name other dims than the profile's")
+            for k, v in b.sizes.items():
+                if not groups[k].min <= v <= groups[k].max:
+                    raise c.fail(f"{bw}: dim '{k}' at {v} is outside {groups[k].min}..{groups[k].max}")
+            key = tuple(sorted(b.sizes.items()))
+            if key in keys:
+                raise c.fail(f"{bw}: a second bucket of the same sizes")
+            keys.add(key)
+            if b.plan is None:
+                mains += 1
+                if pi != 0 or any(v != groups[k].opt for k, v in b.sizes.items()) or b.memory or b.member:
+                    raise c.fail(f"{bw}: only profile 0's opt bucket is the engine's own plan")
+                if b.weights:
+                    raise c.fail(f"{bw}: the engine's own plan holds no weights of its own")
+                plans.append(None)
+                continue
+            if b.memory is None:
+                raise c.fail(f"{bw}: a plan without a memory plan")
+            bplan, bmem = plan_from_doc(b)  # type: ignore[arg-type]
+            shapes = {n: list(prof.opt[n]) for n in plan.inputs}
+            for g in prof.dims:
+                for n, axis in g.positions:
+                    shapes[n][axis] = b.sizes[g.name]
+            ins = [_IO(n, T[n].dtype, shapes[n]) for n in plan.inputs]
+            if list(bplan.output_names) != list(plan.output_names):
+                raise c.fail(f"{bw}: its outputs are not the engine's")
+            outs = []
+            for p, n in zip(bplan.output_names, bplan.outputs, strict=True):
+                t = bplan.tensors.get(n)
+                if t is None or t.dtype != out_specs[p].dtype or len(t.shape) != len(out_specs[p].shape):
+                    raise c.fail(f"{bw}: output '{p}' is not of the engine's dtype and rank")
+                for g in prof.dims:
+                    if p in g.outputs and t.shape[g.outputs[p][0]] != g.outputs[p][1] * b.sizes[g.name]:
+                        raise c.fail(f"{bw}: output '{p}' does not hold dim '{g.name}' where the profile slices it")
+                outs.append(_IO(p, t.dtype, list(t.shape)))
+            view = _BucketView(m, ins, outs)
+            validate_plan(view, bplan, bmem, limits, path)  # type: ignore[arg-type]
+            own = set(b.weights)
+            if (b.member is None) != (not own):
+                raise c.fail(f"{bw}: weights of its own and a weights member go together")
+            for n, t in bplan.tensors.items():
+                if n in own:
+                    if t.kind != WEIGHT:
+                        raise c.fail(f"{bw}: '{n}' is listed as a weight but is a {t.kind} tensor")
+                elif t.kind == WEIGHT:
+                    mt = T.get(n)
+                    if mt is None or mt.kind != WEIGHT or mt.dtype != t.dtype or list(mt.shape) != list(t.shape):
+                        raise c.fail(f"{bw}: weight '{n}' is neither its own nor the engine plan's of that type")
+            if own - set(bplan.tensors):
+                raise c.fail(f"{bw}: lists weight '{sorted(own - set(bplan.tensors))[0]}' that its plan lacks")
+            plans.append((bplan, bmem))
+        _check_coverage(prof, groups, keys, c, where)
+        result.append(plans)
+    if mains != 1:
+        raise c.fail(f"{mains} buckets say they are the engine's own plan; one is")
+    return result
+
+
+def _check_coverage(prof, groups, keys: set, c: _Checker, where: str) -> None:
+    """Every size a request may have runs: each combination of exact dims' sizes has a bucket
+    with the padded dims at their max."""
+    exact = [g for g in prof.dims if not g.padded]
+    combos = math.prod(g.max - g.min + 1 for g in exact)
+    if combos > len(prof.buckets):
+        raise c.fail(f"{where}: {combos} sizes of its exact dims, but {len(prof.buckets)} buckets")
+    for combo in itertools.product(*[range(g.min, g.max + 1) for g in exact]):
+        sizes = {g.name: v for g, v in zip(exact, combo, strict=True)}
+        sizes.update({g.name: g.max for g in prof.dims if g.padded})
+        if tuple(sorted(sizes.items())) not in keys:
+            raise c.fail(f"{where}: no bucket runs dims {sizes}")
