@@ -8,7 +8,7 @@ field list. SCHEMA_VERSION changes whenever the table does; engines record it.
 """
 
 # fmt: off
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 FUSED = ('graphc', 'Fused', ('anchor_op', 'anchor_domain', 'anchor_attrs', 'anchor_inputs', 'epilogue', 'outputs'))
 
@@ -285,6 +285,11 @@ OPS: dict[tuple[str, str], dict[str, tuple[str, bool, object]]] = {('', 'Abs'): 
  ('', 'Unsqueeze'): {},
  ('', 'Where'): {},
  ('', 'Xor'): {},
+ ('com.microsoft', 'DynamicQuantizeLSTM'): {'activations': ('str', True, ''),
+                                            'clip': ('float', True, 0.0),
+                                            'direction': ('str', True, 'forward'),
+                                            'hidden_size': ('int', True, 0),
+                                            'input_forget': ('int', True, 0)},
  ('graphc', 'AveragePoolNHWC'): {'ceil_mode': ('int', True, 0),
                                  'count_include_pad': ('int', True, 0),
                                  'dilations': ('ints', True, (1, 1)),
