@@ -8,7 +8,7 @@ field list. SCHEMA_VERSION changes whenever the table does; engines record it.
 """
 
 # fmt: off
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 FUSED = ('graphc', 'Fused', ('anchor_op', 'anchor_domain', 'anchor_attrs', 'anchor_inputs', 'epilogue', 'outputs'))
 
@@ -196,6 +196,7 @@ OPS: dict[tuple[str, str], dict[str, tuple[str, bool, object]]] = {('', 'Abs'): 
  ('', 'Mul'): {},
  ('', 'Neg'): {},
  ('', 'NegativeLogLikelihoodLoss'): {'ignore_index': ('int', True, None), 'reduction': ('str', True, 'mean')},
+ ('', 'NonMaxSuppression'): {'center_point_box': ('int', True, 0)},
  ('', 'NonZero'): {},
  ('', 'Not'): {},
  ('', 'OneHot'): {'axis': ('int', True, -1)},

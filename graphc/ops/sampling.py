@@ -5,7 +5,7 @@ attribute)."""
 
 from __future__ import annotations
 
-from graphc.ir.types import TensorType
+from graphc.ir.types import DType, TensorType
 from graphc.ops.registry import Category, InferContext, register_op
 
 
@@ -88,3 +88,20 @@ def _dft_infer(ctx: InferContext) -> list[TensorType]:
 
 
 register_op("DFT", category=Category.OTHER, infer=_dft_infer, static_inputs=(1, 2))
+
+
+def _nms_infer(ctx: InferContext) -> list[TensorType]:
+    b, s = ctx.type(0), ctx.type(1)
+    if not b.dtype.is_float or s.dtype != b.dtype:
+        ctx.fail(f"boxes and scores must be float tensors of one type, got {b.dtype.name} and {s.dtype.name}")
+    if b.shape is not None and (len(b.shape) != 3 or b.shape[2] not in (4, None)):
+        ctx.fail(f"boxes must be [batches, boxes, 4], got {b}")
+    if s.shape is not None and len(s.shape) != 3:
+        ctx.fail(f"scores must be [batches, classes, boxes], got {s}")
+    if ctx.attrs.center_point_box not in (0, 1):
+        ctx.fail(f"center_point_box must be 0 or 1, got {ctx.attrs.center_point_box}")
+    # how many boxes survive depends on the data
+    return [TensorType(DType.int64, (None, 3))]
+
+
+register_op("NonMaxSuppression", category=Category.OTHER, infer=_nms_infer)

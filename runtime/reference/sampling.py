@@ -186,3 +186,57 @@ def dft(ins: list, attrs: Any, n_out: int) -> list[np.ndarray]:
 register_kernel("GridSample", grid_sample)
 register_kernel("Col2Im", col2im)
 register_kernel("DFT", dft)
+
+
+def _iou_suppresses(box: np.ndarray, kept: np.ndarray, center: bool, threshold: float) -> bool:
+    """Whether `box` overlaps any of `kept` by IoU > threshold (the ONNX reference's rule:
+    corners may come in either order; an empty intersection or area never suppresses)."""
+    if not len(kept):
+        return False
+    both = np.vstack([box[None], kept]).astype(np.float64)
+    if center:
+        x0, x1 = both[:, 0] - both[:, 2] / 2, both[:, 0] + both[:, 2] / 2
+        y0, y1 = both[:, 1] - both[:, 3] / 2, both[:, 1] + both[:, 3] / 2
+    else:
+        x0, x1 = np.minimum(both[:, 1], both[:, 3]), np.maximum(both[:, 1], both[:, 3])
+        y0, y1 = np.minimum(both[:, 0], both[:, 2]), np.maximum(both[:, 0], both[:, 2])
+    iw = np.minimum(x1[0], x1[1:]) - np.maximum(x0[0], x0[1:])
+    ih = np.minimum(y1[0], y1[1:]) - np.maximum(y0[0], y0[1:])
+    inter = np.where((iw > 0) & (ih > 0), iw * ih, 0.0)
+    area = (x1 - x0) * (y1 - y0)
+    union = area[0] + area[1:] - inter
+    ok = (inter > 0) & (area[0] > 0) & (area[1:] > 0) & (union > 0)
+    iou = np.where(ok, inter / np.where(union > 0, union, 1.0), 0.0)
+    return bool(np.any(ok & (iou > threshold)))
+
+
+def non_max_suppression(ins: list, attrs: Any, n_out: int) -> list[np.ndarray]:
+    boxes, scores = ins[0], ins[1]
+
+    def scalar(i: int, default: float) -> float:
+        v = ins[i] if len(ins) > i else None
+        return default if v is None or np.asarray(v).size == 0 else np.asarray(v).reshape(-1)[0].item()
+
+    max_out = max(int(scalar(2, 0)), 0)
+    iou_t = float(scalar(3, 0.0))
+    has_score_t = len(ins) > 4 and ins[4] is not None and np.asarray(ins[4]).size
+    score_t = float(scalar(4, 0.0))
+    center = bool(attrs.center_point_box)
+    out: list[tuple[int, int, int]] = []
+    for b in range(boxes.shape[0]):
+        for c in range(scores.shape[1]):
+            s = scores[b, c]
+            cand = np.flatnonzero(s > score_t) if has_score_t else np.arange(s.shape[0])
+            # highest score first; equal scores by lower box index
+            order = cand[np.lexsort((cand, -s[cand].astype(np.float64)))]
+            kept: list[int] = []
+            for i in order:
+                if len(kept) >= max_out:
+                    break
+                if not _iou_suppresses(boxes[b, i], boxes[b, kept], center, iou_t):
+                    kept.append(int(i))
+                    out.append((b, c, int(i)))
+    return [np.array(out, dtype=np.int64).reshape(-1, 3)]
+
+
+register_kernel("NonMaxSuppression", non_max_suppression)

@@ -14,6 +14,7 @@ from graphc.ir.graph import Value
 passthrough("GridSample", since=20)
 passthrough("Col2Im", since=18)
 passthrough("DFT", since=20)
+passthrough("NonMaxSuppression", since=10)
 
 _GRID_SAMPLE_16_MODES = {"bilinear": "linear", "bicubic": "cubic", "nearest": "nearest"}
 

@@ -83,3 +83,32 @@ def test_the_cpu_engine_runs_them():
     want = run_ort(model, {"X": x, "grid": grid})
     got = graphc.compile(model, target="cpu").run({"X": x, "grid": grid})
     np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("center", [0, 1])
+@pytest.mark.parametrize("score_threshold", [None, 0.3])
+def test_non_max_suppression(center, score_threshold):
+    rng = np.random.default_rng(12)
+    xy = rng.uniform(0, 10, (2, 30, 2))
+    wh = rng.uniform(1, 4, (2, 30, 2))
+    if center:
+        boxes = np.concatenate([xy, wh], -1)
+    else:  # [y1, x1, y2, x2], some with the corners flipped
+        boxes = np.concatenate([xy[..., ::-1], xy[..., ::-1] + wh], -1)
+        boxes[:, ::3] = boxes[:, ::3][..., [2, 3, 0, 1]]
+    boxes = boxes.astype(np.float32)
+    scores = rng.uniform(0, 1, (2, 3, 30)).astype(np.float32)
+    scores[0, 0, 5] = scores[0, 0, 6]  # a tie: the lower index goes first
+    inits = {"m": np.array([4], np.int64), "iou": np.array([0.2], np.float32)}
+    order = ["boxes", "scores", "m", "iou"]
+    if score_threshold is not None:
+        inits["st"] = np.array([score_threshold], np.float32)
+        order.append("st")
+    check_against_ort(
+        "NonMaxSuppression",
+        {"boxes": boxes, "scores": scores},
+        {"center_point_box": center},
+        initializers=inits,
+        input_order=order,
+        opset=11,
+    )
