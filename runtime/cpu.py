@@ -145,7 +145,11 @@ class CPUExecutor:
         self.views: dict[str, np.ndarray] = {}
         for name, t in plan.tensors.items():
             dt = numpy_dtype(t.dtype)
-            if t.kind in (ARENA, INPUT):
+            if t.kind in (ARENA, INPUT) and dt.hasobject:
+                # strings are Python objects: a view of the arena's bytes as object pointers would
+                # hand numpy garbage pointers (a crash), so each gets an array of its own
+                self.views[name] = np.full(tuple(t.shape), "", dtype=dt)
+            elif t.kind in (ARENA, INPUT):
                 off = memory.placements[name].offset
                 self.views[name] = np.ndarray(tuple(t.shape), dtype=dt, buffer=self.arena, offset=off)
             elif t.kind == WEIGHT:
@@ -156,7 +160,7 @@ class CPUExecutor:
             if t.kind != ALIAS:
                 continue
             root = memory.aliases[name]
-            if plan.tensors[root].kind == WEIGHT:
+            if plan.tensors[root].kind == WEIGHT or numpy_dtype(t.dtype).hasobject:
                 self.views[name] = self.views[root].reshape(t.shape)
             else:
                 self.views[name] = np.ndarray(
