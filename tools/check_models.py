@@ -245,7 +245,9 @@ def write_corpus_markdown(rows: list[dict], path: str, specs: dict[str, dict]) -
         ins = ", ".join(f"{i['name']} {'x'.join(map(str, i['shape'])) or 'scalar'}" for i in spec.get("inputs", []))
         stops = "; ".join(x for x in (r.get("error"), r.get("cuda_stops") and f"cuda: {r['cuda_stops']}") if x)
         if r.get("control_flow"):
-            stops = "; ".join(x for x in (stops, f"CPU: {r['control_flow']}") if x)
+            stops = "; ".join(x for x in (stops, f"CPU: {' / '.join(r['control_flow'])}") if x)
+        if spec.get("note"):
+            stops = "; ".join(x for x in (stops, f"note: {spec['note']}") if x)
         lines.append(
             f"| {r['model']} | {spec.get('source', '')} | {ins} | {yes[r['loads']]} | {yes[r['cpu_compiles']]} | "
             f"{yes[r['matches']]} | {_errors_of(r.get('details', []))} | {yes[r['cuda']]} | "

@@ -48,6 +48,7 @@ class Member:
     sha256: str
     name: str
     inputs: tuple[Input, ...]
+    note: str = ""  # what a reader of the table should know (shown beside the row)
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,8 @@ CORPUS: tuple[Wheel, ...] = (
                 "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
                 "rapidocr_det_v4",
                 _img("x", 1, 3, 160, 160),
+                "on random input the text-probability map is ~1e-4 (saturated sigmoid), so float32 rounding"
+                " (~1e-7 absolute) is over 1e-4 of that scale",
             ),
             Member(
                 "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
@@ -108,6 +111,8 @@ CORPUS: tuple[Wheel, ...] = (
                 "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
                 "silero_vad",
                 (Input("input", (1, 512)), Input("state", (2, 1, 128)), SR16K),
+                "its If on sr has an 8 kHz branch that does not type-check on a 512-sample chunk (ONNX Runtime"
+                " fails in it too when sr=8000), so the If's output shapes stay unknown after binding",
             ),
             Member(
                 "silero_vad/data/silero_vad_16k_op15.onnx",
@@ -290,6 +295,8 @@ CORPUS: tuple[Wheel, ...] = (
                 "b8f2ad9cbc1f2e3922a6cb9459e30824e7e2467f3fb4fd61420640e34ea0bf68",
                 "ddddocr_common_old",
                 _img("input1", 1, 1, 64, 128),
+                "dynamically quantized (DynamicQuantizeLinear + ConvInteger): a value on a rounding boundary of"
+                " the activations' quantization may round the other way",
             ),
             Member(
                 "ddddocr/common_det.onnx",
@@ -349,6 +356,7 @@ def extract(w: Wheel, wheel_path: Path, models_dir: Path, keep: set[str] | None)
             dst.write_bytes(data)
             spec = {
                 "source": f"{w.package}=={w.version}:{m.path}",
+                "note": m.note,
                 "sha256": m.sha256,
                 "inputs": [
                     {"name": i.name, "shape": list(i.shape), "dtype": i.dtype, "low": i.low, "high": i.high}
