@@ -78,6 +78,7 @@ def _rename_weights(plan: dict[str, Any], memory: dict[str, Any], prefix: str) -
             t["alias_of"] = renames[t["alias_of"]]
     for s in plan["steps"]:
         s["inputs"] = [renames.get(n, n) if n is not None else None for n in s["inputs"]]
+    plan["outputs"] = [renames.get(n, n) for n in plan["outputs"]]  # a branch may return a constant
     memory["aliases"] = {renames.get(k, k): renames.get(v, v) for k, v in memory["aliases"].items()}
     return renames
 

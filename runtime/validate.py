@@ -234,7 +234,11 @@ def _attrs_reads(attrs: Any) -> set[str]:
         return out
     for key in ("then_branch", "else_branch"):
         sub = attrs.get(key)
-        steps = sub.get("plan", {}).get("steps", []) if isinstance(sub, dict) else []
+        plan = sub.get("plan", {}) if isinstance(sub, dict) else {}
+        plan = plan if isinstance(plan, dict) else {}
+        outs = plan.get("outputs", [])
+        out |= {n for n in outs if isinstance(n, str)} if isinstance(outs, list) else set()  # a constant returned
+        steps = plan.get("steps", [])
         for st in steps if isinstance(steps, list) else []:
             if not isinstance(st, dict):
                 continue

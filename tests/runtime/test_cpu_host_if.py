@@ -163,3 +163,34 @@ def test_graphc_check_says_the_cpu_target_runs_it():
     assert check_model(M.if_on_input(), target="cpu").supported
     cuda = check_model(M.if_on_input(), target="cuda")
     assert not cuda.supported and any("data-dependent control flow" in f.reason for f in cuda.findings)
+
+
+def test_branches_that_return_a_constant_or_a_capture_as_is(tmp_path):
+    """then: a constant of the branch; else: a view of the captured input (sub-plans without kernels)."""
+    k = np.arange(6, dtype=np.float32).reshape(2, 3)
+    then_g = helper.make_graph(
+        [helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(k, "kv"))],
+        "then",
+        [],
+        [helper.make_tensor_value_info("k", F, [2, 3])],
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["e"])], "else", [], [helper.make_tensor_value_info("e", F, [2, 3])]
+    )
+    g = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)],
+        "consts",
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, []), helper.make_tensor_value_info("x", F, [2, 3])],
+        [helper.make_tensor_value_info("y", F, [2, 3])],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    eng = graphc.compile(model, target="cpu")
+    eng.save(tmp_path / "c.engine")
+    loaded = graphc.runtime.load(tmp_path / "c.engine")
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    for cond in (True, False):
+        feeds = {"c": np.array(cond), "x": x}
+        ref = run_ort(model, feeds)
+        _close(eng.run(feeds), ref)
+        _close(loaded.run(feeds), ref)
