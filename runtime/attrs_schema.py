@@ -8,7 +8,7 @@ field list. SCHEMA_VERSION changes whenever the table does; engines record it.
 """
 
 # fmt: off
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 FUSED = ('graphc', 'Fused', ('anchor_op', 'anchor_domain', 'anchor_attrs', 'anchor_inputs', 'epilogue', 'outputs'))
 
@@ -190,6 +190,7 @@ OPS: dict[tuple[str, str], dict[str, tuple[str, bool, object]]] = {('', 'Abs'): 
                      'strides': ('ints', True, None)},
  ('', 'Mean'): {},
  ('', 'MeanVarianceNormalization'): {'axes': ('ints', True, (0, 2, 3))},
+ ('', 'MelWeightMatrix'): {'output_datatype': ('int', True, 1)},
  ('', 'Min'): {},
  ('', 'Mish'): {},
  ('', 'Mod'): {'fmod': ('int', True, 0)},
@@ -247,6 +248,7 @@ OPS: dict[tuple[str, str], dict[str, tuple[str, bool, object]]] = {('', 'Abs'): 
                            'num_heads': ('int', True, None),
                            'rotary_embedding_dim': ('int', True, 0)},
  ('', 'Round'): {},
+ ('', 'STFT'): {'onesided': ('int', True, 1)},
  ('', 'Scan'): {'body': ('unsupported', False, None),
                 'num_scan_inputs': ('int', False, None),
                 'scan_input_axes': ('ints', True, None),

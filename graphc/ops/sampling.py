@@ -105,3 +105,47 @@ def _nms_infer(ctx: InferContext) -> list[TensorType]:
 
 
 register_op("NonMaxSuppression", category=Category.OTHER, infer=_nms_infer)
+
+
+def _stft_infer(ctx: InferContext) -> list[TensorType]:
+    x = ctx.type(0)
+    if not x.dtype.is_float:
+        ctx.fail(f"signal must be a float tensor, got {x.dtype.name}")
+    if x.shape is not None and (len(x.shape) != 3 or x.shape[2] not in (1, 2, None)):
+        ctx.fail(f"signal must be [batch, length, 1 or 2], got {x}")
+    if ctx.attrs.onesided and x.shape is not None and x.shape[2] == 2:
+        ctx.fail("onesided is defined for real signals only")
+    step = ctx.int_list(1)
+    length = None
+    if ctx.has_input(3):  # frame_length given (its value may be known only at run time)
+        length = ctx.int_list(3)
+    elif ctx.has_input(2):  # else the window's length
+        w = ctx.type(2).shape
+        length = [w[0]] if w and isinstance(w[0], int) else None
+    elif x.shape is not None and isinstance(x.shape[1], int):  # else the whole signal
+        length = [x.shape[1]]
+    batch, total = (None, None) if x.shape is None else x.shape[:2]
+    frames = bins = None
+    if step is not None and length is not None and isinstance(total, int):
+        if step[0] <= 0 or length[0] <= 0 or length[0] > total:
+            ctx.fail(f"frame_step {step[0]} and frame length {length[0]} do not fit {total} samples")
+        frames = 1 + (total - length[0]) // step[0]
+    if length is not None:
+        bins = length[0] // 2 + 1 if ctx.attrs.onesided else length[0]
+    return [x.with_shape((batch, frames, bins, 2))]
+
+
+register_op("STFT", category=Category.OTHER, infer=_stft_infer, static_inputs=(1, 3))
+
+
+def _mel_infer(ctx: InferContext) -> list[TensorType]:
+    num_mel, dft_len = ctx.int_list(0), ctx.int_list(1)
+    try:
+        dt = DType.from_onnx(ctx.attrs.output_datatype)
+    except (KeyError, ValueError):
+        ctx.fail(f"output_datatype {ctx.attrs.output_datatype} is not a tensor type graphc has")
+    rows = None if dft_len is None else dft_len[0] // 2 + 1
+    return [TensorType(dt, (rows, None if num_mel is None else num_mel[0]))]
+
+
+register_op("MelWeightMatrix", category=Category.OTHER, infer=_mel_infer, static_inputs=(0, 1, 2, 3, 4))

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from graphc.runtime.dtypes import DType
 from graphc.runtime.reference.registry import register_kernel
 
 _CUBIC_A = -0.75
@@ -240,3 +241,58 @@ def non_max_suppression(ins: list, attrs: Any, n_out: int) -> list[np.ndarray]:
 
 
 register_kernel("NonMaxSuppression", non_max_suppression)
+
+
+def stft(ins: list, attrs: Any, n_out: int) -> list[np.ndarray]:
+    """STFT-17: frames of the window's length (or frame_length) every frame_step samples, each
+    weighted by the window (ones when absent) and transformed with frame_length points."""
+    x = ins[0]
+    step = int(np.asarray(ins[1]).reshape(()))
+    window = ins[2] if len(ins) > 2 else None
+    fl = ins[3] if len(ins) > 3 else None
+    if fl is not None:
+        length = int(np.asarray(fl).reshape(()))
+    else:
+        length = window.shape[0] if window is not None else x.shape[-2]
+    if window is None:
+        window = np.ones((length,), x.dtype)
+    ws = window.shape[0]
+    if step <= 0 or ws > x.shape[1] or length <= 0:
+        raise ValueError(f"STFT: frame_step {step} and frame length {ws} do not fit a signal of {x.shape[1]} samples")
+    frames_n = 1 + (x.shape[1] - length) // step
+    frames = np.stack([x[:, f * step : f * step + ws, :] for f in range(frames_n)], axis=1)  # [B, F, ws, c]
+    frames = frames * window.reshape(1, 1, ws, 1).astype(x.dtype)
+    sig = frames[..., 0] if x.shape[-1] == 1 else frames[..., 0] + 1j * frames[..., 1]
+    r = np.fft.fft(sig, n=length, axis=2)
+    if attrs.onesided:
+        r = r[:, :, : length // 2 + 1]
+    return [np.stack([r.real, r.imag], axis=-1).astype(x.dtype)]
+
+
+def mel_weight_matrix(ins: list, attrs: Any, n_out: int) -> list[np.ndarray]:
+    """MelWeightMatrix-17 as the ONNX reference computes it (triangles between mel-spaced bins)."""
+    num_mel, dft_len, rate = (int(np.asarray(v).reshape(())) for v in ins[:3])
+    lo_hz, hi_hz = (float(np.asarray(v).reshape(())) for v in ins[3:5])
+    bins_n = dft_len // 2 + 1
+    lo_mel = 2595 * np.log1p(lo_hz / 700) / np.log(10)
+    hi_mel = 2595 * np.log1p(hi_hz / 700) / np.log(10)
+    points = np.arange(0, num_mel + 2)
+    step = (hi_mel - lo_mel) / points.shape[0]
+    hz = 700 * np.expm1((points * step + lo_mel) / 2595 * np.log(10))
+    edges = (((dft_len + 1) * hz) // rate).astype(int)
+    out = np.zeros((bins_n, num_mel))
+    for i in range(num_mel):
+        left, center, right = edges[i], edges[i + 1], edges[i + 2]
+        if center == left:
+            out[center, i] = 1
+        else:
+            j = np.arange(left, center + 1)
+            out[j, i] = (j - left) / (center - left)
+        if right > center:
+            j = np.arange(center, right)
+            out[j, i] = (right - j) / (right - center)
+    return [out.astype(DType.from_onnx(attrs.output_datatype).numpy)]
+
+
+register_kernel("STFT", stft)
+register_kernel("MelWeightMatrix", mel_weight_matrix)

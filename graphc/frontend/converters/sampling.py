@@ -15,6 +15,7 @@ passthrough("GridSample", since=20)
 passthrough("Col2Im", since=18)
 passthrough("DFT", since=20)
 passthrough("NonMaxSuppression", since=10)
+passthrough("STFT", "MelWeightMatrix", since=17)
 
 _GRID_SAMPLE_16_MODES = {"bilinear": "linear", "bicubic": "cubic", "nearest": "nearest"}
 

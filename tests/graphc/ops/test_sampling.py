@@ -112,3 +112,31 @@ def test_non_max_suppression(center, score_threshold):
         input_order=order,
         opset=11,
     )
+
+
+@pytest.mark.parametrize("with_window,onesided", [(True, 1), (False, 1), (True, 0)])
+def test_stft(with_window, onesided):
+    x = rand((2, 64, 1), seed=13)
+    inits = {"step": np.array(8, np.int64), "fl": np.array(16, np.int64)}
+    order = ["x", "step", "", "fl"]
+    if with_window:
+        inits["win"] = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(16) / 16)).astype(np.float32)
+        order = ["x", "step", "win", "fl"]
+    check_against_ort(
+        "STFT", {"x": x}, {"onesided": onesided}, initializers=inits, input_order=order, rtol=1e-4, atol=1e-4, opset=17
+    )
+
+
+def test_mel_weight_matrix():
+    inits = {
+        "n": np.array(8, np.int64),
+        "dft": np.array(64, np.int64),
+        "sr": np.array(16000, np.int64),
+        "lo": np.array(50.0, np.float32),
+        "hi": np.array(7000.0, np.float32),
+    }
+    model = make_node_model("MelWeightMatrix", {}, initializers=inits, opset=17)
+    want = run_ort(model, {})
+    got = graphc.interpret(graphc.load_onnx(model), {})
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-6, atol=1e-6)
+    assert want["y"].shape == (33, 8) and want["y"].any()
