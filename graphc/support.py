@@ -206,9 +206,18 @@ def _check_compile(graph, report: SupportReport, shapes, precision: str, opt_lev
             from graphc.passes.decompose_qdq import decompose_qdq
             from graphc.passes.decompose_rnn import decompose_rnn
             from graphc.passes.decompose_window_ops import decompose_window_ops
+            from graphc.passes.fold_control_flow import fold_control_flow
 
-            # passes/pipeline.py cuda_forms(), in its order (LSTM/GRU/RNN are unrolled for CUDA)
-            rewrites = (decompose_conv_transpose, decompose_einsum, decompose_window_ops, decompose_qdq, decompose_rnn)
+            # passes/pipeline.py's order: control flow folded first (a branch's LSTM is then inlined),
+            # then cuda_forms() (LSTM/GRU/RNN are unrolled for CUDA)
+            rewrites = (
+                fold_control_flow,
+                decompose_conv_transpose,
+                decompose_einsum,
+                decompose_window_ops,
+                decompose_qdq,
+                decompose_rnn,
+            )
             for rewrite in rewrites:
                 g = rewrite(g)
         g = optimize(g, OptimizeOptions(opt_level=opt_level)).graph
