@@ -139,7 +139,7 @@ def compile(model: Any, options: CompileOptions | None = None, **kwargs: Any):  
         )
         optimized = result.graph
     host_ifs = None
-    if opts.target == "cpu":
+    if opts.target == "cpu" and any(n.op == "If" and n.domain == "" for n in optimized.nodes):
         from graphc.host_if import plan_host_ifs
 
         # data-dependent Ifs: both branches planned as sub-plans, chosen on the host (graphc/host_if.py)
