@@ -162,11 +162,15 @@ def _refuse_control_flow(node: Node) -> None:
     raise CompileError(
         f"{node.op} node '{node.name}': data-dependent control flow (its condition, trip count or exit "
         "depends on run-time values) is not compiled: the CUDA target's host-side selection between captured "
-        "graphs is future work and the CPU engine does not run subgraphs yet; graphc.interpret runs it"
+        "graphs is future work, and the CPU engine runs only If this way (each branch a sub-plan); "
+        "graphc.interpret runs it"
     )
 
 
-def build_plan(graph: Graph, order: list[Node]) -> LoweredPlan:
+def build_plan(graph: Graph, order: list[Node], host_ifs: Mapping[str, dict[str, Any]] | None = None) -> LoweredPlan:
+    """`host_ifs`: the step attrs (two branch sub-plans, graphc/host_if.py) of data-dependent If
+    nodes the CPU engine chooses between on the host; any other control flow is refused."""
+    host_ifs = host_ifs or {}
     tensors: dict[str, TensorSpec] = {}
     for v in graph.inputs:
         tensors[v.name] = _spec(v.name, v.type, INPUT)
@@ -174,7 +178,8 @@ def build_plan(graph: Graph, order: list[Node]) -> LoweredPlan:
         tensors[name] = _spec(name, c.value.type, WEIGHT)
     steps = []
     for i, node in enumerate(order):
-        _refuse_control_flow(node)
+        if node.name not in host_ifs:
+            _refuse_control_flow(node)
         alias = _is_alias(node)
         for v in node.outputs:
             if alias:
@@ -188,7 +193,7 @@ def build_plan(graph: Graph, order: list[Node]) -> LoweredPlan:
                 kind=node_kind(node),
                 op=node.op,
                 domain=node.domain,
-                attrs=attrs_to_json(node.attrs),
+                attrs=host_ifs[node.name] if node.name in host_ifs else attrs_to_json(node.attrs),
                 inputs=[None if v is None else v.name for v in node.inputs],
                 outputs=[v.name for v in node.outputs],
                 alias=alias,
@@ -210,9 +215,9 @@ def build_plan(graph: Graph, order: list[Node]) -> LoweredPlan:
     )
 
 
-def lower_to_plan(graph: Graph) -> LoweredPlan:
+def lower_to_plan(graph: Graph, host_ifs: Mapping[str, dict[str, Any]] | None = None) -> LoweredPlan:
     """The kernel plan of a graph with concrete shapes, in the order of lower peak memory of
-    (a) the graph's own order and (b) the memory-aware schedule."""
+    (a) the graph's own order and (b) the memory-aware schedule. `host_ifs`: see build_plan."""
     original = list(graph.nodes)
     candidates = [original]
     try:
@@ -223,7 +228,7 @@ def lower_to_plan(graph: Graph) -> LoweredPlan:
         raise
     best = None
     for order in candidates:
-        plan = build_plan(graph, order)
+        plan = build_plan(graph, order, host_ifs)
         from graphc.codegen.memory import lifetimes_from_plan
 
         lb = lifetimes_from_plan(plan).lower_bound

@@ -164,8 +164,20 @@ def compile_loaded(graph: Any, model: Any, opts: CompileOptions, phase: _Phases)
             OptimizeOptions(opt_level=opts.opt_level, verify=opts.verify, dump_ir=opts.dump_ir, target=target),
         )
         optimized = result.graph
+    host_ifs = None
+    if opts.target == "cpu" and any(n.op == "If" and n.domain == "" for n in optimized.nodes):
+        from graphc.host_if import plan_host_ifs
+
+        # data-dependent Ifs: both branches planned as sub-plans, chosen on the host (graphc/host_if.py)
+        with phase("host_if"):
+            host_ifs = plan_host_ifs(optimized, opts.opt_level)
     with phase("lower"):
-        plan = lower_to_plan(optimized)
+        plan = lower_to_plan(optimized, host_ifs=host_ifs.attrs if host_ifs else None)
+        if host_ifs:
+            from graphc.runtime.plan import WEIGHT, TensorSpec
+
+            for name, a in host_ifs.weights.items():  # stored and loaded with the engine's weights
+                plan.tensors[name] = TensorSpec(name, a.dtype.name, list(a.shape), int(a.nbytes), WEIGHT)
     memory = None
     if opts.target == "cpu":  # a CUDA plan's memory is planned once its kernels (workspace) are known
         with phase("memory_plan"):
@@ -191,6 +203,9 @@ def compile_loaded(graph: Any, model: Any, opts: CompileOptions, phase: _Phases)
     report["kernels"] = sum(1 for s in plan.steps if not s.alias)
     report["timings"] = phase.timings
     weights = {name: c.data for name, c in optimized.constants.items()}
+    if host_ifs and host_ifs.lines:
+        weights.update(host_ifs.weights)
+        report["control_flow"] = host_ifs.lines
     # Not dataclasses.asdict(opts): it deep-copies every field, and calibration_data may be a generator.
     options_json = {
         f.name: _jsonable(getattr(opts, f.name))

@@ -204,9 +204,21 @@ def _check_compile(graph, report: SupportReport, shapes, precision: str, opt_lev
             from graphc.passes.decompose_conv_transpose import decompose_conv_transpose
             from graphc.passes.decompose_einsum import decompose_einsum
             from graphc.passes.decompose_qdq import decompose_qdq
+            from graphc.passes.decompose_rnn import decompose_rnn
             from graphc.passes.decompose_window_ops import decompose_window_ops
+            from graphc.passes.fold_control_flow import fold_control_flow
 
-            for rewrite in (decompose_conv_transpose, decompose_einsum, decompose_window_ops, decompose_qdq):
+            # passes/pipeline.py's order: control flow folded first (a branch's LSTM is then inlined),
+            # then cuda_forms() (LSTM/GRU/RNN are unrolled for CUDA)
+            rewrites = (
+                fold_control_flow,
+                decompose_conv_transpose,
+                decompose_einsum,
+                decompose_window_ops,
+                decompose_qdq,
+                decompose_rnn,
+            )
+            for rewrite in rewrites:
                 g = rewrite(g)
         g = optimize(g, OptimizeOptions(opt_level=opt_level)).graph
         if target == "cuda" and opt_level > 0:
@@ -240,7 +252,12 @@ def _check_compile(graph, report: SupportReport, shapes, precision: str, opt_lev
     if seq_nodes:
         return
     try:
-        plan = lower_to_plan(g)
+        host_ifs = None
+        if target == "cpu":  # the CPU engine runs a data-dependent If as two sub-plans (graphc/host_if.py)
+            from graphc.host_if import plan_host_ifs
+
+            host_ifs = plan_host_ifs(g, opt_level).attrs
+        plan = lower_to_plan(g, host_ifs=host_ifs)
     except GraphcError as e:
         report.findings.append(Finding("(lowering)", (), str(e)))
         return

@@ -8,7 +8,7 @@ field list. SCHEMA_VERSION changes whenever the table does; engines record it.
 """
 
 # fmt: off
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 7
 
 FUSED = ('graphc', 'Fused', ('anchor_op', 'anchor_domain', 'anchor_attrs', 'anchor_inputs', 'epilogue', 'outputs'))
 
@@ -58,6 +58,9 @@ OPS: dict[tuple[str, str], dict[str, tuple[str, bool, object]]] = {('', 'Abs'): 
  ('', 'Celu'): {'alpha': ('float', True, 1.0)},
  ('', 'CenterCropPad'): {'axes': ('ints', True, None)},
  ('', 'Clip'): {},
+ ('', 'Col2Im'): {'dilations': ('ints', True, None),
+                  'pads': ('ints', True, None),
+                  'strides': ('ints', True, None)},
  ('', 'Compress'): {'axis': ('int', True, None)},
  ('', 'Concat'): {'axis': ('int', False, None)},
  ('', 'ConcatFromSequence'): {'axis': ('int', False, None), 'new_axis': ('int', True, 0)},
@@ -86,6 +89,7 @@ OPS: dict[tuple[str, str], dict[str, tuple[str, bool, object]]] = {('', 'Abs'): 
  ('', 'Cosh'): {},
  ('', 'CumProd'): {'exclusive': ('int', True, 0), 'reverse': ('int', True, 0)},
  ('', 'CumSum'): {'exclusive': ('int', True, 0), 'reverse': ('int', True, 0)},
+ ('', 'DFT'): {'inverse': ('int', True, 0), 'onesided': ('int', True, 0)},
  ('', 'DepthToSpace'): {'blocksize': ('int', False, None), 'mode': ('str', True, 'DCR')},
  ('', 'DequantizeLinear'): {'axis': ('int', True, 1),
                             'block_size': ('int', True, 0),
@@ -123,6 +127,9 @@ OPS: dict[tuple[str, str], dict[str, tuple[str, bool, object]]] = {('', 'Abs'): 
  ('', 'GlobalMaxPool'): {},
  ('', 'Greater'): {},
  ('', 'GreaterOrEqual'): {},
+ ('', 'GridSample'): {'align_corners': ('int', True, 0),
+                      'mode': ('str', True, 'linear'),
+                      'padding_mode': ('str', True, 'zeros')},
  ('', 'GroupNormalization'): {'epsilon': ('float', True, 9.999999747378752e-06),
                               'num_groups': ('int', False, None),
                               'stash_type': ('int', True, 1)},
@@ -183,12 +190,14 @@ OPS: dict[tuple[str, str], dict[str, tuple[str, bool, object]]] = {('', 'Abs'): 
                      'strides': ('ints', True, None)},
  ('', 'Mean'): {},
  ('', 'MeanVarianceNormalization'): {'axes': ('ints', True, (0, 2, 3))},
+ ('', 'MelWeightMatrix'): {'output_datatype': ('int', True, 1)},
  ('', 'Min'): {},
  ('', 'Mish'): {},
  ('', 'Mod'): {'fmod': ('int', True, 0)},
  ('', 'Mul'): {},
  ('', 'Neg'): {},
  ('', 'NegativeLogLikelihoodLoss'): {'ignore_index': ('int', True, None), 'reduction': ('str', True, 'mean')},
+ ('', 'NonMaxSuppression'): {'center_point_box': ('int', True, 0)},
  ('', 'NonZero'): {},
  ('', 'Not'): {},
  ('', 'OneHot'): {'axis': ('int', True, -1)},
@@ -239,6 +248,7 @@ OPS: dict[tuple[str, str], dict[str, tuple[str, bool, object]]] = {('', 'Abs'): 
                            'num_heads': ('int', True, None),
                            'rotary_embedding_dim': ('int', True, 0)},
  ('', 'Round'): {},
+ ('', 'STFT'): {'onesided': ('int', True, 1)},
  ('', 'Scan'): {'body': ('unsupported', False, None),
                 'num_scan_inputs': ('int', False, None),
                 'scan_input_axes': ('ints', True, None),
@@ -285,6 +295,11 @@ OPS: dict[tuple[str, str], dict[str, tuple[str, bool, object]]] = {('', 'Abs'): 
  ('', 'Unsqueeze'): {},
  ('', 'Where'): {},
  ('', 'Xor'): {},
+ ('com.microsoft', 'DynamicQuantizeLSTM'): {'activations': ('str', True, ''),
+                                            'clip': ('float', True, 0.0),
+                                            'direction': ('str', True, 'forward'),
+                                            'hidden_size': ('int', True, 0),
+                                            'input_forget': ('int', True, 0)},
  ('graphc', 'AveragePoolNHWC'): {'ceil_mode': ('int', True, 0),
                                  'count_include_pad': ('int', True, 0),
                                  'dilations': ('ints', True, (1, 1)),

@@ -29,9 +29,7 @@ KernelFactory = Callable[[Step], StepFn]
 def check_attrs_schema(version: Any, path: Any = "engine") -> None:
     """Refuse an engine whose attrs were written against another version of the attrs table."""
     if version is None:
-        raise EngineError(
-            f"{path}: it records no attrs table version (written by an older graphc): rebuild the engine"
-        )
+        raise EngineError(f"{path}: it records no attrs table version (written by an older graphc): rebuild the engine")
     if version != SCHEMA_VERSION:
         raise EngineError(
             f"{path}: its step attrs follow attrs table version {version!r}, this runtime reads version "
@@ -69,6 +67,61 @@ def _check_fused_refs(step: Step, attrs: Any) -> None:
         raise EngineError(f"step '{step.name}': its fused epilogue refers to an input the step does not have")
 
 
+def _is_host_if(step: Step) -> bool:
+    return step.op == "If" and step.domain == "" and "host_if_version" in step.attrs
+
+
+HOST_IF_VERSION = 1  # the sub-plan layout graphc/host_if.py writes
+
+
+def host_if_kernel(step: Step, plan: KernelPlan, weights: Mapping[str, np.ndarray], factory: KernelFactory) -> StepFn:
+    """A data-dependent If: each branch is a planned sub-plan (kernel plan + memory plan) with an
+    executor and arena of its own; the condition, read on the host, picks the one that runs."""
+    from graphc.runtime.plan import KernelPlan, memory_plan_from_json
+
+    where = f"step '{step.name}' (If)"
+    if step.attrs.get("host_if_version") != HOST_IF_VERSION:
+        raise EngineError(f"{where}: sub-plan layout {step.attrs.get('host_if_version')!r}, expected {HOST_IF_VERSION}")
+    branches = []
+    for key in ("then_branch", "else_branch"):
+        d = step.attrs.get(key)
+        try:
+            sub_plan = KernelPlan.from_json(d["plan"])
+            for_plan = getattr(factory, "for_plan", None)  # the loader's factory checks each step's results
+            sub_factory = for_plan(sub_plan) if for_plan else factory
+            sub = CPUExecutor(sub_plan, memory_plan_from_json(d["memory"]), weights, sub_factory)
+            n_caps = int(d["num_captures"])
+            # the captures the sub-plan takes as inputs (the others were constants, folded into it)
+            take = [int(i) for i in d["inputs_from"]]
+        except EngineError as e:
+            raise EngineError(f"{where} {key}: {e}") from None
+        except (KeyError, TypeError, ValueError) as e:  # a malformed or edited sub-plan
+            raise EngineError(f"{where}: its {key} sub-plan is malformed ({type(e).__name__}: {e})") from None
+        if len(sub_plan.inputs) != len(take) or any(not 0 <= i < n_caps for i in take):
+            raise EngineError(f"{where}: its {key} sub-plan's inputs do not match the captures it names")
+        if len(sub_plan.outputs) != len(step.outputs):
+            raise EngineError(f"{where}: its {key} sub-plan takes or gives a different number of values")
+        for name, out in zip(sub_plan.outputs, step.outputs, strict=True):
+            a, b = sub_plan.tensors[name], plan.tensors[out]
+            if (a.dtype, list(a.shape)) != (b.dtype, list(b.shape)):
+                raise EngineError(
+                    f"{where}: {key} output {name} is {a.dtype}{a.shape}, the step's {out} {b.dtype}{b.shape}"
+                )
+        branches.append((sub, n_caps, take))
+    (then_x, nt, then_take), (else_x, _, else_take) = branches
+
+    def run(inputs: list[Any]) -> list[Any]:
+        c = np.asarray(inputs[0])
+        if c.size != 1:
+            raise EngineError(f"{where}: the condition must have one element, it has shape {c.shape}")
+        caps = inputs[1:]
+        x, bound, take = (then_x, caps[:nt], then_take) if bool(c.reshape(())) else (else_x, caps[nt:], else_take)
+        outs = x.run(dict(zip(x.plan.inputs, [bound[i] for i in take], strict=True)))
+        return [outs[p] for p in x.plan.output_names]
+
+    return run
+
+
 def numpy_dtype(name: str) -> np.dtype:
     try:
         return np.dtype(name)
@@ -92,7 +145,11 @@ class CPUExecutor:
         self.views: dict[str, np.ndarray] = {}
         for name, t in plan.tensors.items():
             dt = numpy_dtype(t.dtype)
-            if t.kind in (ARENA, INPUT):
+            if t.kind in (ARENA, INPUT) and dt.hasobject:
+                # strings are Python objects: a view of the arena's bytes as object pointers would
+                # hand numpy garbage pointers (a crash), so each gets an array of its own
+                self.views[name] = np.full(tuple(t.shape), "", dtype=dt)
+            elif t.kind in (ARENA, INPUT):
                 off = memory.placements[name].offset
                 self.views[name] = np.ndarray(tuple(t.shape), dtype=dt, buffer=self.arena, offset=off)
             elif t.kind == WEIGHT:
@@ -103,7 +160,7 @@ class CPUExecutor:
             if t.kind != ALIAS:
                 continue
             root = memory.aliases[name]
-            if plan.tensors[root].kind == WEIGHT:
+            if plan.tensors[root].kind == WEIGHT or numpy_dtype(t.dtype).hasobject:
                 self.views[name] = self.views[root].reshape(t.shape)
             else:
                 self.views[name] = np.ndarray(
@@ -112,7 +169,14 @@ class CPUExecutor:
                     buffer=self.arena,
                     offset=memory.placements[root].offset,
                 )
-        self.kernels: list[StepFn | None] = [None if s.alias else kernel_factory(s) for s in plan.steps]
+        self.kernels: list[StepFn | None] = [
+            None
+            if s.alias
+            else host_if_kernel(s, plan, weights, kernel_factory)
+            if _is_host_if(s)
+            else kernel_factory(s)
+            for s in plan.steps
+        ]
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         for name in self.plan.inputs:

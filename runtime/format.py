@@ -496,6 +496,8 @@ def checked_kernels(plan: KernelPlan, factory: Any, path: Path) -> Any:
 
         return run
 
+    # an If step's branch sub-plans (runtime/cpu.py host_if_kernel) are checked against their own plans
+    make.for_plan = lambda sub_plan: checked_kernels(sub_plan, factory, path)  # type: ignore[attr-defined]
     return make
 
 

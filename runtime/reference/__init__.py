@@ -22,6 +22,7 @@ from graphc.runtime.reference import (  # noqa: E402, F401, I001  (each module r
     recurrent,
     reduction,
     resize,
+    sampling,
     sequence,
     shape_ops,
 )

@@ -153,13 +153,14 @@ def _clipper(clip: float | None) -> Callable[[np.ndarray], np.ndarray]:
     return lambda v: np.clip(v, -clip, clip)
 
 
-def _lstm_step(r, rb, p, acts, clip, input_forget) -> StepFn:
+def _lstm_step(r, rb, p, acts, clip, input_forget, quantize_h=None) -> StepFn:
+    """quantize_h: DynamicQuantizeLSTM's per-step quantization of h before its product with R."""
     f_act, g_act, h_act = acts
     hs = r.shape[1]
     pi, po, pf = (p[:hs], p[hs : 2 * hs], p[2 * hs :]) if p is not None else (None, None, None)
 
     def step(xp, h, c):
-        g = xp + h @ r.T + rb
+        g = xp + (h if quantize_h is None else quantize_h(h)) @ r.T + rb
         gi, go, gf, gc = (g[:, k * hs : (k + 1) * hs] for k in range(4))
         if pi is not None:
             gi, gf = gi + pi * c, gf + pf * c
@@ -226,7 +227,21 @@ def _run_direction(
     return y, h, c
 
 
-def _compute(op: str) -> Callable[[list, object, int], list[np.ndarray]]:
+def dynamic_fake_quantize(a: np.ndarray) -> np.ndarray:
+    """`a` quantized to uint8 per tensor and back, as ONNX Runtime quantizes a GEMM's float operand
+    against quantized weights (DynamicQuantizeLinear's rule: the range widened to include 0,
+    scale = range / 255, zero point and values rounded half to even): the integer GEMM equals the
+    float product of this with the dequantized weights, up to float rounding of the sum."""
+    lo, hi = min(float(a.min()), 0.0), max(float(a.max()), 0.0)
+    scale = np.float32((hi - lo) / 255.0) if hi > lo else np.float32(1.0)
+    zp = np.clip(np.round(np.float32(-lo) / scale), 0, 255)
+    q = np.clip(np.round(a.astype(np.float32) / scale) + zp, 0, 255)
+    return ((q - zp) * scale).astype(a.dtype)
+
+
+def _compute(op: str, dynamic_quant: bool = False) -> Callable[[list, object, int], list[np.ndarray]]:
+    """dynamic_quant: DynamicQuantizeLSTM (ins already in LSTM's layout, float weights dequantized):
+    X and each step's h are quantized per tensor before their products, as ONNX Runtime does."""
     gates = NUM_GATES[op]
 
     def compute(ins: list, attrs, n: int) -> list[np.ndarray]:
@@ -263,13 +278,16 @@ def _compute(op: str) -> Callable[[list, object, int], list[np.ndarray]]:
             wb, rb = bias[d, : gates * hs], bias[d, gates * hs :]
             if op == "LSTM":
                 p = None if peep is None else peep[d].astype(cd)
-                step = _lstm_step(r[d], rb, p, acts[d], clip, attrs.input_forget)
+                hq = dynamic_fake_quantize if dynamic_quant else None
+                step = _lstm_step(r[d], rb, p, acts[d], clip, attrs.input_forget, hq)
             elif op == "GRU":
                 step = _gru_step(r[d], rb, acts[d], clip, attrs.linear_before_reset)
             else:
                 step = _rnn_step(r[d], rb, acts[d], clip)
             # The input projection of every step at once: one [S*B, I] x [I, G*H] product.
-            xp = (x.reshape(seq * batch, -1) @ w[d].T + wb).reshape(seq, batch, gates * hs)
+            x2 = x.reshape(seq * batch, -1)
+            x2 = dynamic_fake_quantize(x2) if dynamic_quant else x2
+            xp = (x2 @ w[d].T + wb).reshape(seq, batch, gates * hs)
             c_init = None if c0 is None else c0[d]
             y, h, c = _run_direction(step, xp, h0[d], c_init, lens, is_reverse(attrs.direction, d))
             ys.append(y)
@@ -289,3 +307,53 @@ def _compute(op: str) -> Callable[[list, object, int], list[np.ndarray]]:
 
 for _op in ("LSTM", "GRU", "RNN"):
     register_kernel(_op, _compute(_op))
+
+
+@dataclass(frozen=True)
+class _LSTMView:
+    """DynamicQuantizeLSTM's attrs as the LSTM computation reads them."""
+
+    activations: tuple[str, ...]
+    activation_alpha: tuple[float, ...]
+    activation_beta: tuple[float, ...]
+    clip: float | None
+    direction: str
+    input_forget: int
+    layout: int = 0
+
+
+def _dequantize_weights(q: np.ndarray, scale: np.ndarray, zp: np.ndarray | None) -> np.ndarray:
+    """[D, K, G*H] quantized (per direction, or per direction and column) -> [D, G*H, K] float32."""
+    d, _, cols = q.shape
+    scale = np.asarray(scale, np.float32).reshape(d, 1, -1)
+    zp = np.zeros_like(scale, dtype=np.int32) if zp is None else np.asarray(zp).astype(np.int32).reshape(d, 1, -1)
+    if scale.shape[2] not in (1, cols) or zp.shape[2] not in (1, cols):
+        raise RecurrentAttrError(f"weight scales/zero points must be [{d}] or [{d}, {cols}]")
+    return np.swapaxes((q.astype(np.int32) - zp).astype(np.float32) * scale, 1, 2)
+
+
+_LSTM_COMPUTE_DQ = _compute("LSTM", dynamic_quant=True)
+
+
+def dynamic_quantize_lstm(ins: list, attrs, n: int) -> list[np.ndarray]:
+    """com.microsoft.DynamicQuantizeLSTM: inputs X, W [D, I, 4H] and R [D, H, 4H] (8-bit, transposed
+    against LSTM's), B, sequence_lens, initial_h, initial_c, P, W_scale, W_zero_point, R_scale,
+    R_zero_point; LSTM's outputs and math, with ONNX Runtime's dynamic quantization of X and h."""
+    ins = list(ins) + [None] * (12 - len(ins))
+    w = _dequantize_weights(ins[1], ins[8], ins[9])
+    r = _dequantize_weights(ins[2], ins[10], ins[11])
+    view = _LSTMView(
+        tuple(a for a in attrs.activations.split(",") if a),
+        (),  # activation_alpha/beta: the converter refuses them (graphc/frontend/converters/contrib.py)
+        (),
+        attrs.clip if attrs.clip > 0 else None,
+        attrs.direction,
+        attrs.input_forget,
+    )
+    lstm_ins = [ins[0], w, r, *ins[3:8]]
+    while lstm_ins and lstm_ins[-1] is None:
+        lstm_ins.pop()
+    return _LSTM_COMPUTE_DQ(lstm_ins, view, n)
+
+
+register_kernel("DynamicQuantizeLSTM", dynamic_quantize_lstm, domain="com.microsoft")

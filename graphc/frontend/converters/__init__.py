@@ -14,6 +14,7 @@ from graphc.frontend.converters import (  # noqa: F401
     quantize,
     recurrent,
     reduction,
+    sampling,
     sequence,
     shape_ops,
 )

@@ -877,3 +877,23 @@ def _matmul_integer_to_float(ctx: ConvertContext) -> list[Value]:
     ad = ctx.op("DequantizeLinear", [a, a_scale, ctx.input(4)], {"axis": -1}, name=f"{ctx.name}/a_dequantized")
     y = ctx.op("MatMul", [ad, _dequantize_b(ctx, b, b_scale, ctx.input(5))], name=f"{ctx.name}/MatMul")
     return [_add(ctx, y, ctx.input(6), "bias")]
+
+
+@converter("DynamicQuantizeLSTM", since=1, domain=MS)
+def _dynamic_quantize_lstm(ctx: ConvertContext) -> list[Value]:
+    """ONNX Runtime's quantized LSTM: the IR op of the same name, whose reference
+    (graphc.runtime.reference.recurrent.dynamic_quantize_lstm) quantizes X and each step's h
+    as ONNX Runtime does. activation_alpha/beta have no field there: refused when given."""
+    for name in ("activation_alpha", "activation_beta", "layout"):
+        if ctx.attr(name):
+            raise ctx.fail(f"attribute '{name}' is not supported")
+    acts = ctx.attr("activations") or ()
+    attrs = {
+        "activations": ",".join(a.decode() if isinstance(a, bytes) else str(a) for a in acts),
+        "clip": float(ctx.attr("clip") or 0.0),
+        "direction": (lambda d: d.decode() if isinstance(d, bytes) else str(d))(ctx.attr("direction") or "forward"),
+        "hidden_size": int(ctx.attr("hidden_size") or 0),
+        "input_forget": int(ctx.attr("input_forget") or 0),
+    }
+    node = ctx.emit("DynamicQuantizeLSTM", ctx.inputs, attrs, outputs=ctx.output_names, name=ctx.name, domain=MS)
+    return list(node.outputs)

@@ -1,0 +1,144 @@
+"""Data-dependent `If` on the CPU target: each branch becomes a planned sub-plan of its own, and the
+engine chooses between them on the host at run time (issue 12 item 1).
+
+An If left after passes/fold_control_flow.py has a condition known only at run time. For each such
+node of the optimized graph, both branches are specialized to the node's actual input types
+(the branch's nodes re-inferred over the concrete shapes of what they capture), optimized for the
+CPU target, lowered and memory-planned like a model of their own (nested data-dependent Ifs the
+same way, recursively). The If step's attrs then hold the two sub-plans as plan data (kernel plan
++ memory plan, the same JSON the engine stores for the main plan); their weights join the engine's
+weights under names prefixed by the node and branch. graphc.runtime.cpu runs a branch's sub-plan
+in an arena of its own, so only the branch taken costs time.
+
+The CUDA target keeps refusing such a node with its name (codegen/lower.py): host-side selection
+between captured CUDA graphs is not built.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from graphc.errors import CompileError
+from graphc.ir.builder import GraphBuilder
+from graphc.ir.graph import Graph, Node
+from graphc.ir.types import TensorType
+
+log = logging.getLogger(__name__)
+
+# The attrs of an If step: format version of the sub-plan layout below (runtime/cpu.py checks it).
+HOST_IF_VERSION = 1
+
+
+@dataclass
+class HostIfs:
+    """What lowering needs for the graph's data-dependent Ifs: each step's attrs by node name, the
+    sub-plans' weights, and one line per node for the report."""
+
+    attrs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)
+
+
+def _specialize(sub: Graph, node: Node, caps: list, where: str, parent: Graph) -> tuple[Graph, list[int]]:
+    """The branch as a closed graph, typed by the node's inputs, and which of its captures are its
+    inputs (by position): a capture bound to a constant of the parent is a constant of the branch
+    (so that shape arithmetic on it folds there as it would have in the parent)."""
+    from graphc.passes.fold_control_flow import inline
+
+    b = GraphBuilder(f"{where}", 0)
+    bindings, inputs_from = [], []
+    for i, (cap, outer) in enumerate(zip(sub.captures, caps, strict=True)):
+        if outer.name in parent.constants:
+            bindings.append(b.add_constant(parent.constants[outer.name].data, cap.name))
+            continue
+        t = outer.type
+        if not isinstance(t, TensorType) or not t.is_static:
+            raise CompileError(
+                f"If node '{node.name}': input {i + 1} ({outer.name}) is {t}; a branch sub-plan needs static tensors"
+            )
+        bindings.append(b.add_input(cap.name, t))
+        inputs_from.append(i)
+    outs = inline(b, sub, bindings, "")
+    b.set_outputs(outs, [f"out{i}" for i in range(len(outs))])
+    return b.build(), inputs_from
+
+
+def _rename_weights(plan: dict[str, Any], memory: dict[str, Any], prefix: str) -> dict[str, str]:
+    """Prefix every weight of a sub-plan (in place) so that names stay unique in the engine."""
+    renames = {k: f"{prefix}{k}" for k, t in plan["tensors"].items() if t["kind"] == "weight"}
+    if not renames:
+        return renames
+    plan["tensors"] = {renames.get(k, k): {**t, "name": renames.get(k, k)} for k, t in plan["tensors"].items()}
+    for t in plan["tensors"].values():
+        if t.get("alias_of") in renames:
+            t["alias_of"] = renames[t["alias_of"]]
+    for s in plan["steps"]:
+        s["inputs"] = [renames.get(n, n) if n is not None else None for n in s["inputs"]]
+    plan["outputs"] = [renames.get(n, n) for n in plan["outputs"]]  # a branch may return a constant
+    memory["aliases"] = {renames.get(k, k): renames.get(v, v) for k, v in memory["aliases"].items()}
+    return renames
+
+
+def plan_host_ifs(graph: Graph, opt_level: int) -> HostIfs:
+    """Sub-plans for every If node of `graph` (already optimized for the CPU target)."""
+    out = HostIfs()
+    for node in graph.nodes:
+        if node.op != "If" or node.domain != "":
+            continue
+        then_b, else_b = node.attrs.then_branch, node.attrs.else_branch
+        nt = len(then_b.captures)
+        caps = list(node.inputs[1:])
+        step_attrs: dict[str, Any] = {"host_if_version": HOST_IF_VERSION}
+        sizes = []
+        for key, sub, bound in (("then_branch", then_b, caps[:nt]), ("else_branch", else_b, caps[nt:])):
+            where = f"{node.name}/{key.split('_')[0]}"
+            branch, inputs_from = _specialize(sub, node, bound, where, graph)
+            plan, memory, weights = compile_branch(branch, opt_level, out, where)
+            # The sub-plan's outputs must be what the If's outputs are planned as.
+            for i, (name, v) in enumerate(zip(plan["outputs"], node.outputs, strict=True)):
+                spec, want = plan["tensors"][name], v.type
+                if isinstance(want, TensorType) and list(want.static_shape) != spec["shape"]:
+                    raise CompileError(
+                        f"If node '{node.name}': {key} output {i} has shape {spec['shape']}, the node's output "
+                        f"{v.name} {list(want.static_shape)}; graphc plans one shape per output"
+                    )
+            prefix = f"{where}/"
+            renames = _rename_weights(plan, memory, prefix)
+            for k, a in weights.items():
+                out.weights[renames.get(k, k)] = a
+            step_attrs[key] = {"plan": plan, "memory": memory, "num_captures": len(bound), "inputs_from": inputs_from}
+            sizes.append(len(plan["steps"]))
+        out.attrs[node.name] = step_attrs
+        line = (
+            f"If node '{node.name}': condition known only at run time; each branch is its own planned sub-plan "
+            f"(then {sizes[0]} steps, else {sizes[1]} steps) and the CPU engine chooses one on the host per run"
+        )
+        log.info("%s", line)
+        out.lines.append(line)
+    return out
+
+
+def compile_branch(
+    g: Graph, opt_level: int, outer: HostIfs, where: str
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, np.ndarray]]:
+    """A branch graph optimized, lowered and memory-planned for the CPU target (JSON plan data)."""
+    from graphc.codegen.lower import lower_to_plan
+    from graphc.codegen.memory import plan_memory
+    from graphc.passes.manager import OptimizeOptions, optimize
+    from graphc.runtime.plan import memory_plan_to_json
+
+    g = optimize(g, OptimizeOptions(opt_level=opt_level)).graph
+    inner = plan_host_ifs(g, opt_level)
+    outer.lines += inner.lines
+    plan = lower_to_plan(g, host_ifs=inner.attrs)
+    memory = plan_memory(plan)
+    weights = {name: c.data for name, c in g.constants.items()}
+    weights.update(inner.weights)
+    return plan.to_json(), memory_plan_to_json(memory), weights
+
+
+__all__ = ["HOST_IF_VERSION", "HostIfs", "compile_branch", "plan_host_ifs"]
