@@ -9,16 +9,21 @@ rendered epilogue. Its operands are described to the runtime as tensor-map specs
 
 Parameters: BN (tile columns: 128, 192, 256; BM is 128), STAGES (as many as shared memory holds by
 default), SPLITS (K slices, for problems of too few tiles), PINGPONG (0: the two consumer
-warpgroups split each tile's rows; 1: each takes whole tiles in turn, BN 128 or 192).
+warpgroups split each tile's rows; 1: each takes whole tiles in turn, BN 128 or 192), VEC_EPI
+(1, the default where the problem allows it: each epilogue thread takes 8 consecutive columns of a
+row, loads the epilogue's inputs once per 8 elements (16-byte vectors, or one value for an input
+broadcast along the row) and stores 8 outputs with one 16-byte store; 0: one element per call, the
+inputs loaded and the output stored element by element, as the other GEMM templates do).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
-from graphc.codegen.cuda_types import cuda_type
-from graphc.codegen.epilogue import render_epilogue, step_operands
+from graphc.codegen.cuda_types import cuda_type, dtype_from_numpy_name
+from graphc.codegen.epilogue import broadcast_index, render_epilogue, step_operands
 from graphc.codegen.expr import lit
 from graphc.codegen.families.gemm import SM_COUNT, Problem, _c_expr, _kernel_args, problem_of
 from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, grid_1d, render
@@ -99,6 +104,54 @@ def valid(prob: Problem, p: dict[str, Any]) -> bool:
     return unsupported(prob) is None
 
 
+VEC = 8  # output columns per thread in the vector epilogue
+
+
+@dataclass
+class VecInput:
+    index: int  # node input index
+    row: bool  # broadcast along the output row: one value serves all 8 columns
+    storage: str  # its CUDA storage type
+    vtype: str  # the vector type of 8 elements (row: unused)
+    nv: int  # vectors per 8 elements
+    offset: str  # its element offset for the first of the 8 outputs (an expression of `base`)
+
+
+def _vec_type(itemsize: int) -> tuple[str, int]:
+    """The vector type that moves 8 elements of `itemsize` bytes, and how many of it."""
+    nbytes = VEC * itemsize
+    return ("uint4", nbytes // 16) if nbytes >= 16 else ("uint2", 1)
+
+
+def vector_epilogue(prob: Problem, ops: dict, splits: int) -> list[VecInput] | str:
+    """The vector epilogue's inputs, or why the problem cannot have it. Each thread stores 8
+    consecutive output columns of one row (N % 8 == 0, so they never cross a row); an epilogue
+    input broadcast to the output either varies along the row (its last dim is N: 8 consecutive
+    elements, 16-byte aligned since the offset of the first is a multiple of 8) or not (last dim 1)."""
+    if splits > 1:
+        return "split-K (the reduce kernel runs the epilogue)"
+    if prob.N % VEC:
+        return f"N={prob.N} is not a multiple of {VEC}"
+    out_shape = tuple(prob.out_shape)
+    if not out_shape or out_shape[-1] != prob.N:
+        return f"output shape {out_shape} does not end in N={prob.N}"
+    used = {r.index for e in prob.epilogue for r in e.args if r.kind == "in"}
+    used |= {r.index for r in prob.outputs if r.kind == "in"}
+    got = []
+    for i in sorted(used):
+        op = ops.get(i)
+        if op is None or (op.const is not None and op.const.size == 1):
+            continue  # omitted, or baked in as a literal
+        shape = tuple(op.shape)
+        last = shape[-1] if shape else 1
+        if last not in (1, prob.N):
+            return f"epilogue input {i} of shape {shape} does not broadcast along rows of {prob.N}"
+        ct = cuda_type(op.dtype)
+        vtype, nv = _vec_type(op.dtype.itemsize)
+        got.append(VecInput(i, last == 1, ct.storage, vtype, nv, broadcast_index(shape, out_shape, "base")))
+    return got
+
+
 def _tmap(tensor: str, dtype: DType, lay, k: int, tile_rows: int, batch: int) -> tuple[dict[str, Any], bool]:
     """The tensor-map spec of one operand and whether its batch coordinate moves."""
     e = dtype.itemsize
@@ -119,6 +172,67 @@ def _tmap(tensor: str, dtype: DType, lay, k: int, tile_rows: int, batch: int) ->
     }, bool(bstride)
 
 
+def _fast_gelu(function: str) -> str:
+    """The epilogue function with GELU (erf form) through sm90.cuh's gc_gelu_fast instead of
+    common.cuh's erff (see there for its error); the split-K reduce kernel keeps erff."""
+    return function.replace("gc_gelu(", "gc_gelu_fast(")
+
+
+def _vec_epilogue_vars(prob, ops, out_specs, rendered, splits: int, name: str, where: str) -> dict | None:
+    """The template variables of the vector epilogue, or None (logged) where it does not apply."""
+    vins = vector_epilogue(prob, ops, splits)
+    if isinstance(vins, str):
+        if splits == 1:
+            log.info("%s: element-wise epilogue stores: %s", where, vins)
+        return None
+    fn = render_epilogue(
+        prob.epilogue,
+        prob.outputs,
+        ops,
+        out_specs,
+        prob.out_shape,
+        prob.dtype,
+        where=where,
+        name=f"{name}_epi_v",
+        value_inputs=frozenset(v.index for v in vins),
+        out_index="0",
+    )
+    by_index = {v.index: v for v in vins}
+    call = []
+    for a in fn.args:  # s<i>: a loaded value; out<k>: the k-th output's register slot
+        if a.startswith("s"):
+            v = by_index[int(a[1:])]
+            call.append(f"r{v.index}" if v.row else f"r{v.index}.e[k]")
+        elif a.startswith("out"):
+            call.append(f"w{a[3:]} + k")
+        else:
+            raise CompileError(f"{where}: vector epilogue argument {a} is neither a value nor an output")
+    outs = []
+    for k, spec in enumerate(out_specs):
+        dt = dtype_from_numpy_name(spec.dtype)
+        quads = _packed_words(f"w{k}", cuda_type(dt).storage, dt.itemsize)
+        if quads is None:
+            log.info("%s: element-wise epilogue stores: output %d is %s", where, k, dt.name)
+            return None
+        outs.append({"storage": cuda_type(dt).storage, "quads": quads, "itemsize": dt.itemsize})
+    return {"function": fn, "call": call, "inputs": vins, "outputs": outs}
+
+
+def _packed_words(var: str, storage: str, itemsize: int) -> list[list[str]] | None:
+    """The 32-bit words of the 8 elements var[0..7], four per 16-byte store. Packed by shifts: a
+    union of a vector and the elements would be split by the compiler into 16-bit stores."""
+    if itemsize == 2:
+        w = [
+            f"((unsigned)(unsigned short){var}[{2 * j}] | ((unsigned)(unsigned short){var}[{2 * j + 1}] << 16))"
+            for j in range(4)
+        ]
+    elif itemsize == 4:
+        w = [f"__float_as_uint({var}[{j}])" if storage == "float" else f"(unsigned){var}[{j}]" for j in range(8)]
+    else:
+        return None
+    return [w[i : i + 4] for i in range(0, len(w), 4)]
+
+
 def generate(ctx: StepContext, params: dict[str, Any] | None = None) -> list[KernelSource]:
     step = ctx.step
     where = f"{step.kind} node '{step.name}'"
@@ -126,7 +240,12 @@ def generate(ctx: StepContext, params: dict[str, Any] | None = None) -> list[Ker
     why = unsupported(prob)
     if why is not None:
         raise ctx.fail(f"no TMA GEMM: {why}")
-    params = {k: v for k, v in (params or {}).items() if k in ("BN", "STAGES", "SPLITS", "PINGPONG")}
+    params = {
+        k: v for k, v in (params or {}).items() if k in ("BN", "STAGES", "SPLITS", "PINGPONG", "VEC_EPI", "FAST_GELU")
+    }
+    vec_epi, fast_gelu = params.pop("VEC_EPI", 1), params.pop("FAST_GELU", 1)
+    if vec_epi not in (0, 1) or fast_gelu not in (0, 1):
+        raise ctx.fail(f"TMA GEMM parameters VEC_EPI={vec_epi!r}, FAST_GELU={fast_gelu!r}: each is 0 or 1")
     if "BN" in params:  # a forced tile: one K slice, cooperative, the deepest ring unless named
         p = {"SPLITS": 1, "PINGPONG": 0, "STAGES": max_stages(params["BN"]) if params["BN"] in BNS else 0, **params}
     else:
@@ -144,10 +263,18 @@ def generate(ctx: StepContext, params: dict[str, Any] | None = None) -> list[Ker
     rendered = render_epilogue(
         prob.epilogue, prob.outputs, ops, out_specs, prob.out_shape, prob.dtype, where=where, name=f"{name}_epi"
     )
+    fast_gelu = int(fast_gelu and splits == 1)  # the reduce kernel (split-K) has no sm90.cuh
+    if fast_gelu:
+        rendered.function = _fast_gelu(rendered.function)
     c_expr, c_ptr = _c_expr(ctx, prob, ops)
     out_names, out_decls = _kernel_args(ctx, prob, rendered, c_ptr)
     out_args = (["Cm"] if c_ptr else []) + list(rendered.args)
     ct = cuda_type(prob.dtype)
+    vec = _vec_epilogue_vars(prob, ops, out_specs, rendered, splits, name, where) if vec_epi else None
+    if vec is not None and fast_gelu:
+        vec["function"].function = _fast_gelu(vec["function"].function)
+    p["VEC_EPI"] = int(vec is not None)
+    p["FAST_GELU"] = fast_gelu
     ta, a_batched = _tmap(step.inputs[0], prob.dtype, prob.a, prob.K, BM, prob.batch)
     tb, b_batched = _tmap(step.inputs[1], prob.dtype, prob.b, prob.K, bn, prob.batch)
     common = {
@@ -187,6 +314,7 @@ def generate(ctx: StepContext, params: dict[str, Any] | None = None) -> list[Ker
         ab_type="f16" if prob.dtype is DType.float16 else "bf16",
         a_batched=a_batched,
         b_batched=b_batched,
+        vec=vec,
     )
     n_units = units(prob, bn, splits)
     kp = {
