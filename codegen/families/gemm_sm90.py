@@ -233,10 +233,14 @@ def _packed_words(var: str, storage: str, itemsize: int) -> list[list[str]] | No
     return [w[i : i + 4] for i in range(0, len(w), 4)]
 
 
-def generate(ctx: StepContext, params: dict[str, Any] | None = None) -> list[KernelSource]:
+def generate(
+    ctx: StepContext, params: dict[str, Any] | None = None, prob: Problem | None = None, family: str = "gemm"
+) -> list[KernelSource]:
+    """The kernels of the step (its GEMM problem: problem_of, unless another family gives one, as
+    conv_sm90 does for a 1x1 convolution; A is the step's input 0 and B its input 1)."""
     step = ctx.step
     where = f"{step.kind} node '{step.name}'"
-    prob = problem_of(ctx)
+    prob = prob if prob is not None else problem_of(ctx)
     why = unsupported(prob)
     if why is not None:
         raise ctx.fail(f"no TMA GEMM: {why}")
@@ -336,7 +340,7 @@ def generate(ctx: StepContext, params: dict[str, Any] | None = None) -> list[Ker
     ws_bytes = splits * total * 4 if splits > 1 else 0
     kernels = [
         KernelSource(
-            "gemm",
+            family,
             name,
             source,
             (min(n_units, SM_COUNT), 1, 1),
@@ -360,7 +364,7 @@ def generate(ctx: StepContext, params: dict[str, Any] | None = None) -> list[Ker
         )
         kernels.append(
             KernelSource(
-                "gemm",
+                family,
                 rname,
                 rsrc,
                 grid_1d(total, 256, max_blocks=SM_COUNT * 16),
