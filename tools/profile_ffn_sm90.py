@@ -126,20 +126,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--epilogue-forms", action="store_true")
     ap.add_argument("--models", default="", help="zoo models at full size, e.g. resnet,bert")
+    ap.add_argument("--only", help="the FFN forms whose label contains this (e.g. under ncu)")
+    ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("."))
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     log = (a.out / "profile_ffn_sm90.jsonl").open("a")
     d, h = 768, 3072
     print(f"# FFN {a.batch}x{a.seq}x{d} @ {d}x{h}: M={a.batch * a.seq} N={h} K={d}")
-    t = torch_times(a.batch, a.seq, d, h, a.iters)
-    print("  " + "  ".join(f"{k} {v:.4f} ms" for k, v in t.items()), flush=True)
-    log.write(json.dumps({"torch": t}) + "\n")
+    if not a.no_torch:
+        t = torch_times(a.batch, a.seq, d, h, a.iters)
+        print("  " + "  ".join(f"{k} {v:.4f} ms" for k, v in t.items()), flush=True)
+        log.write(json.dumps({"torch": t}) + "\n")
     forms = [("plain MatMul", False, None), ("FFN", True, None)]
     if a.epilogue_forms:
         forms += [("FFN VEC_EPI=0 erff (before)", True, {"VEC_EPI": 0, "FAST_GELU": 0}),
                   ("FFN VEC_EPI=1 erff", True, {"VEC_EPI": 1, "FAST_GELU": 0})]  # fmt: skip
     for label, epi, extra in forms:
+        if a.only and a.only not in label:
+            continue
         model, feeds, ref = ffn_model(a.batch, a.seq, d, h, epi)
         r = bench_engine(model, feeds, a.iters, extra)
         y = np.asarray(r["out"]["y"], np.float64)
@@ -158,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in [m for m in a.models.split(",") if m]:
         import models
 
-        model = models.build(name, size="full", batch=a.batch) if name != "bert" else models.build(name, size="full")
+        model = models.build(name, size="full", batch=a.batch)
         seq = a.seq if name == "bert" else None
         feeds = models.sample_inputs(name, model, seed=0, batch=a.batch, seq=seq)
         import graphc

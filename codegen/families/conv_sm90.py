@@ -91,18 +91,25 @@ def generate(ctx: StepContext, params: dict | None = None) -> list[KernelSource]
     return ks
 
 
-# ---- selection (to be measured on an H200: docs/results/gemm_sm90.md) ----------------------------
-# The same rule as the GEMM's (M >= 4096, batches folded in), with N and K down to 64: ResNet-50's
-# 1x1 convolutions have 64..2048 channels; N = 64 fills half of a 128-column tile (TMA zero-fills
-# the rest), which a memory-bound 1x1 conv affords.
-SELECT_MIN_M = gemm_sm90.SELECT_MIN_M
+# ---- selection (measured on an H200, 2026-12-01: docs/results/gemm_sm90.md) --------------------
+# tools/bench_conv_sm90.py, ResNet-50's 13 distinct stride-1 1x1 convs, fp16, bias (+ residual) + ReLU
+# fused, ratio = cuDNN time / ours:
+# - batch 32 (M = 1568 .. 100352): the TMA GEMM 1.05-2.77x on every layer; the conv kernel ("tc")
+#   0.47-1.41x. -> TMA for M >= 1024.
+# - batch 1 (M = 49 .. 3136): TMA 1.20-1.89x, tc 1.11-1.96x; TMA as fast or faster (within 3%) on
+#   every layer except 28x28 128->512 (M = 784: 5.6 us against 5.3) -> TMA for M >= 1024 or
+#   Cin >= 256.
+# N = 64 fills half of a 128-column tile (TMA zero-fills the rest); fewer than 64 channels: not
+# measured.
+SELECT_MIN_M = 1024
+SELECT_MIN_CIN = 256
 MIN_CHANNELS = 64
 
 
 def selected(prob: Problem) -> bool:
-    if gemm_sm90.unsupported(prob) is not None:
+    if gemm_sm90.unsupported(prob) is not None or prob.N < MIN_CHANNELS or prob.K < MIN_CHANNELS:
         return False
-    return prob.M >= SELECT_MIN_M and prob.N >= MIN_CHANNELS and prob.K >= MIN_CHANNELS
+    return prob.M >= SELECT_MIN_M or prob.K >= SELECT_MIN_CIN
 
 
 def select(ctx: StepContext) -> list[KernelSource]:

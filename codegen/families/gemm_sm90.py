@@ -202,7 +202,7 @@ def _vec_epilogue_vars(prob, ops, out_specs, rendered, splits: int, name: str, w
     for a in fn.args:  # s<i>: a loaded value; out<k>: the k-th output's register slot
         if a.startswith("s"):
             v = by_index[int(a[1:])]
-            call.append(f"r{v.index}" if v.row else f"r{v.index}.e[k]")
+            call.append(f"L.r{v.index}" if v.row else f"L.r{v.index}.e[k]")
         elif a.startswith("out"):
             call.append(f"w{a[3:]} + k")
         else:
