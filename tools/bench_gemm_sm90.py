@@ -75,7 +75,7 @@ def context(m: int, n: int, k: int, dtype, b_layout: str, epilogue: str = "none"
 def epilogue_variants(prob) -> list[dict[str, Any]]:
     """With a fused epilogue: the heuristic tile with the element-wise epilogue and erff (the code
     before the vector epilogue), the vector epilogue with erff, with the fast GELU, and the
-    ping-pong schedules with both."""
+    ping-pong schedules with both, each with the epilogue in the accumulator layout (VEC_EPI 2) too."""
     from graphc.codegen.families import gemm_sm90 as g
 
     h = g.heuristic(prob)
@@ -83,9 +83,13 @@ def epilogue_variants(prob) -> list[dict[str, Any]]:
         {**h, "VEC_EPI": 0, "FAST_GELU": 0},
         {**h, "VEC_EPI": 1, "FAST_GELU": 0},
         {**h, "VEC_EPI": 1, "FAST_GELU": 1},
+        {**h, "VEC_EPI": 2, "FAST_GELU": 1},
     ]
     for bn in g.PINGPONG_BNS:
-        out.append({"BN": bn, "STAGES": g.max_stages(bn), "SPLITS": 1, "PINGPONG": 1, "VEC_EPI": 1, "FAST_GELU": 1})
+        for mode in (1, 2):
+            out.append(
+                {"BN": bn, "STAGES": g.max_stages(bn), "SPLITS": 1, "PINGPONG": 1, "VEC_EPI": mode, "FAST_GELU": 1}
+            )
     return out
 
 

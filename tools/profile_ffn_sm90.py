@@ -7,7 +7,8 @@ models (ResNet-50, BERT-base at full size) per step.
     python tools/profile_ffn_sm90.py [--batch 32] [--models resnet,bert] [--out DIR]
 
 `--epilogue-forms` also compiles the FFN with the TMA GEMM's older epilogue (one element per call,
-erff: VEC_EPI=0, FAST_GELU=0) and the vector epilogue with erff, for a before/after in one run. Each
+erff: VEC_EPI=0, FAST_GELU=0), the vector epilogue with erff, the epilogue in the accumulator layout
+(VEC_EPI=2) and the ping-pong schedule, for a before/after in one run. Each
 engine's output is checked against float64 numpy (relative Frobenius error printed).
 """
 
@@ -141,7 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     forms = [("plain MatMul", False, None), ("FFN", True, None)]
     if a.epilogue_forms:
         forms += [("FFN VEC_EPI=0 erff (before)", True, {"VEC_EPI": 0, "FAST_GELU": 0}),
-                  ("FFN VEC_EPI=1 erff", True, {"VEC_EPI": 1, "FAST_GELU": 0})]  # fmt: skip
+                  ("FFN VEC_EPI=1 erff", True, {"VEC_EPI": 1, "FAST_GELU": 0}),
+                  ("FFN VEC_EPI=2", True, {"VEC_EPI": 2}),
+                  ("FFN ping-pong BN192", True, {"BN": 192, "PINGPONG": 1}),
+                  ("FFN ping-pong BN192 VEC_EPI=2", True, {"BN": 192, "PINGPONG": 1, "VEC_EPI": 2}),
+                  ("plain MatMul VEC_EPI=2", False, {"VEC_EPI": 2})]  # fmt: skip
     for label, epi, extra in forms:
         if a.only and a.only not in label:
             continue

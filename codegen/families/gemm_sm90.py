@@ -104,34 +104,39 @@ def valid(prob: Problem, p: dict[str, Any]) -> bool:
     return unsupported(prob) is None
 
 
-VEC = 8  # output columns per thread in the vector epilogue
+# Output columns per call of the vector epilogue: VEC_EPI 1 reads 8 from the shared-memory buffer;
+# VEC_EPI 2 takes the 2 consecutive columns each thread holds in the wgmma accumulator layout.
+WIDTHS = {1: 8, 2: 2}
 
 
 @dataclass
 class VecInput:
     index: int  # node input index
-    row: bool  # broadcast along the output row: one value serves all 8 columns
+    row: bool  # broadcast along the output row: one value serves all W columns
     storage: str  # its CUDA storage type
-    vtype: str  # the vector type of 8 elements (row: unused)
-    nv: int  # vectors per 8 elements
-    offset: str  # its element offset for the first of the 8 outputs (an expression of `base`)
+    vtype: str  # the vector type of W elements (row: unused)
+    nv: int  # vectors per W elements
+    offset: str  # its element offset for the first of the W outputs (an expression of `base`)
 
 
-def _vec_type(itemsize: int) -> tuple[str, int]:
-    """The vector type that moves 8 elements of `itemsize` bytes, and how many of it."""
-    nbytes = VEC * itemsize
-    return ("uint4", nbytes // 16) if nbytes >= 16 else ("uint2", 1)
+def _vec_type(itemsize: int, width: int) -> tuple[str, int]:
+    """The vector type that moves `width` elements of `itemsize` bytes, and how many of it."""
+    nbytes = width * itemsize
+    if nbytes >= 16:
+        return "uint4", nbytes // 16
+    return {8: "uint2", 4: "unsigned", 2: "unsigned short"}[nbytes], 1
 
 
-def vector_epilogue(prob: Problem, ops: dict, splits: int) -> list[VecInput] | str:
-    """The vector epilogue's inputs, or why the problem cannot have it. Each thread stores 8
-    consecutive output columns of one row (N % 8 == 0, so they never cross a row); an epilogue
-    input broadcast to the output either varies along the row (its last dim is N: 8 consecutive
-    elements, 16-byte aligned since the offset of the first is a multiple of 8) or not (last dim 1)."""
+def vector_epilogue(prob: Problem, ops: dict, splits: int, width: int = 8) -> list[VecInput] | str:
+    """The vector epilogue's inputs, or why the problem cannot have it. Each call stores `width`
+    consecutive output columns of one row (N % width == 0, so they never cross a row); an epilogue
+    input broadcast to the output either varies along the row (its last dim is N: `width`
+    consecutive elements, aligned to their size since the offset of the first is a multiple of
+    `width`) or not (last dim 1)."""
     if splits > 1:
         return "split-K (the reduce kernel runs the epilogue)"
-    if prob.N % VEC:
-        return f"N={prob.N} is not a multiple of {VEC}"
+    if prob.N % width:
+        return f"N={prob.N} is not a multiple of {width}"
     out_shape = tuple(prob.out_shape)
     if not out_shape or out_shape[-1] != prob.N:
         return f"output shape {out_shape} does not end in N={prob.N}"
@@ -147,7 +152,7 @@ def vector_epilogue(prob: Problem, ops: dict, splits: int) -> list[VecInput] | s
         if last not in (1, prob.N):
             return f"epilogue input {i} of shape {shape} does not broadcast along rows of {prob.N}"
         ct = cuda_type(op.dtype)
-        vtype, nv = _vec_type(op.dtype.itemsize)
+        vtype, nv = _vec_type(op.dtype.itemsize, width)
         got.append(VecInput(i, last == 1, ct.storage, vtype, nv, broadcast_index(shape, out_shape, "base")))
     return got
 
@@ -178,9 +183,13 @@ def _fast_gelu(function: str) -> str:
     return function.replace("gc_gelu(", "gc_gelu_fast(")
 
 
-def _vec_epilogue_vars(prob, ops, out_specs, rendered, splits: int, name: str, where: str) -> dict | None:
-    """The template variables of the vector epilogue, or None (logged) where it does not apply."""
-    vins = vector_epilogue(prob, ops, splits)
+def _vec_epilogue_vars(
+    prob, ops, out_specs, rendered, splits: int, name: str, where: str, mode: int = 1
+) -> dict | None:
+    """The template variables of the vector epilogue (VEC_EPI `mode`), or None (logged) where it
+    does not apply."""
+    width = WIDTHS[mode]
+    vins = vector_epilogue(prob, ops, splits, width)
     if isinstance(vins, str):
         if splits == 1:
             log.info("%s: element-wise epilogue stores: %s", where, vins)
@@ -210,24 +219,25 @@ def _vec_epilogue_vars(prob, ops, out_specs, rendered, splits: int, name: str, w
     outs = []
     for k, spec in enumerate(out_specs):
         dt = dtype_from_numpy_name(spec.dtype)
-        quads = _packed_words(f"w{k}", cuda_type(dt).storage, dt.itemsize)
+        quads = _packed_words(f"w{k}", cuda_type(dt).storage, dt.itemsize, width)
         if quads is None:
             log.info("%s: element-wise epilogue stores: output %d is %s", where, k, dt.name)
             return None
         outs.append({"storage": cuda_type(dt).storage, "quads": quads, "itemsize": dt.itemsize})
-    return {"function": fn, "call": call, "inputs": vins, "outputs": outs}
+    return {"function": fn, "call": call, "inputs": vins, "outputs": outs, "width": width, "mode": mode}
 
 
-def _packed_words(var: str, storage: str, itemsize: int) -> list[list[str]] | None:
-    """The 32-bit words of the 8 elements var[0..7], four per 16-byte store. Packed by shifts: a
-    union of a vector and the elements would be split by the compiler into 16-bit stores."""
+def _packed_words(var: str, storage: str, itemsize: int, width: int) -> list[list[str]] | None:
+    """The 32-bit words of the `width` elements var[0..], at most four per store (one 4-, 8- or
+    16-byte store per group). Packed by shifts: a union of a vector and the elements would be split
+    by the compiler into 16-bit stores."""
     if itemsize == 2:
         w = [
             f"((unsigned)(unsigned short){var}[{2 * j}] | ((unsigned)(unsigned short){var}[{2 * j + 1}] << 16))"
-            for j in range(4)
+            for j in range(width // 2)
         ]
     elif itemsize == 4:
-        w = [f"__float_as_uint({var}[{j}])" if storage == "float" else f"(unsigned){var}[{j}]" for j in range(8)]
+        w = [f"__float_as_uint({var}[{j}])" if storage == "float" else f"(unsigned){var}[{j}]" for j in range(width)]
     else:
         return None
     return [w[i : i + 4] for i in range(0, len(w), 4)]
@@ -248,8 +258,8 @@ def generate(
         k: v for k, v in (params or {}).items() if k in ("BN", "STAGES", "SPLITS", "PINGPONG", "VEC_EPI", "FAST_GELU")
     }
     vec_epi, fast_gelu = params.pop("VEC_EPI", 1), params.pop("FAST_GELU", 1)
-    if vec_epi not in (0, 1) or fast_gelu not in (0, 1):
-        raise ctx.fail(f"TMA GEMM parameters VEC_EPI={vec_epi!r}, FAST_GELU={fast_gelu!r}: each is 0 or 1")
+    if vec_epi not in (0, 1, 2) or fast_gelu not in (0, 1):
+        raise ctx.fail(f"TMA GEMM parameters VEC_EPI={vec_epi!r} (0, 1, 2), FAST_GELU={fast_gelu!r} (0, 1)")
     if "BN" in params:  # a forced tile: one K slice, cooperative, the deepest ring unless named
         p = {"SPLITS": 1, "PINGPONG": 0, "STAGES": max_stages(params["BN"]) if params["BN"] in BNS else 0, **params}
     else:
@@ -274,10 +284,10 @@ def generate(
     out_names, out_decls = _kernel_args(ctx, prob, rendered, c_ptr)
     out_args = (["Cm"] if c_ptr else []) + list(rendered.args)
     ct = cuda_type(prob.dtype)
-    vec = _vec_epilogue_vars(prob, ops, out_specs, rendered, splits, name, where) if vec_epi else None
+    vec = _vec_epilogue_vars(prob, ops, out_specs, rendered, splits, name, where, vec_epi) if vec_epi else None
     if vec is not None and fast_gelu:
         vec["function"].function = _fast_gelu(vec["function"].function)
-    p["VEC_EPI"] = int(vec is not None)
+    p["VEC_EPI"] = vec["mode"] if vec is not None else 0
     p["FAST_GELU"] = fast_gelu
     ta, a_batched = _tmap(step.inputs[0], prob.dtype, prob.a, prob.K, BM, prob.batch)
     tb, b_batched = _tmap(step.inputs[1], prob.dtype, prob.b, prob.K, bn, prob.batch)

@@ -64,6 +64,12 @@ __device__ __forceinline__ void gc_named_sync(int id, int count) {
 __device__ __forceinline__ void gc_st_global_v4(void* p, unsigned a, unsigned b, unsigned c, unsigned d) {
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d));
 }
+__device__ __forceinline__ void gc_st_global_v2(void* p, unsigned a, unsigned b) {
+  asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(p), "r"(a), "r"(b));
+}
+__device__ __forceinline__ void gc_st_global_v1(void* p, unsigned a) {
+  asm volatile("st.global.b32 [%0], %1;\n" ::"l"(p), "r"(a));
+}
 // GELU (erf form) for the GEMM epilogue: erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7),
 // with the approximate reciprocal and 2^x of the SFU: about 15 instructions against about 40 for
 // erff, whose two FSEL-selected polynomials dominated an FFN GEMM's epilogue. 1 + erf(z) of a

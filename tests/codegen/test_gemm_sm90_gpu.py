@@ -135,7 +135,7 @@ def _cases() -> list[Case]:
     # the epilogue stores: 8 columns per thread (VEC_EPI 1, the default) against one element per
     # call (VEC_EPI 0), erff against the fast GELU, on an FFN-like bias + Gelu with an M tail
     bg = (EpilogueOp("Add", get_op("Add").attrs(), (ACC, IN(2))), EpilogueOp("Gelu", get_op("Gelu").attrs(), (OP(0),)))
-    for vec, fast in ((1, 1), (1, 0), (0, 0), (0, 1)):
+    for vec, fast in ((1, 1), (1, 0), (0, 0), (0, 1), (2, 1)):
         for mode in ("fp16", "bf16"):
             cases.append(
                 Case(
@@ -161,20 +161,49 @@ def _cases() -> list[Case]:
             params={"BN": 192, "PINGPONG": 1},
         )
     )
+    cases.append(
+        Case(
+            "fp16-ffn-pingpong-frag",
+            "fp16",
+            "MatMul",
+            [(2176, 256), (256, 776), (776,)],
+            n_anchor=2,
+            epilogue=bg,
+            outputs=(OP(1),),
+            params={"BN": 192, "PINGPONG": 1, "VEC_EPI": 2},
+        )
+    )
     # a per-row input (broadcast along the 8 columns) and two outputs, one of them pre-activation
     row2 = (
         EpilogueOp("Mul", get_op("Mul").attrs(), (ACC, IN(2))),
         EpilogueOp("Relu", get_op("Relu").attrs(), (OP(0),)),
     )
+    for vec in (1, 2):
+        cases.append(
+            Case(
+                f"fp16-rowscale-2out-vec{vec}",
+                "fp16",
+                "MatMul",
+                [(300, 256), (256, 264), (300, 1)],
+                n_anchor=2,
+                epilogue=row2,
+                outputs=(OP(0), OP(1)),
+                params={"VEC_EPI": vec},
+            )
+        )
     cases.append(
         Case(
-            "fp16-rowscale-2out",
-            "fp16",
+            "bf16-cast-f32-frag",
+            "bf16",
             "MatMul",
-            [(300, 256), (256, 264), (300, 1)],
+            [(200, 320), (320, 136), (200, 136)],
             n_anchor=2,
-            epilogue=row2,
-            outputs=(OP(0), OP(1)),
+            epilogue=(
+                EpilogueOp("Add", get_op("Add").attrs(), (ACC, IN(2))),
+                EpilogueOp("Cast", get_op("Cast").attrs(to=1), (OP(0),)),
+            ),
+            outputs=(OP(1),),
+            params={"VEC_EPI": 2},
         )
     )
     # a float32 output: two 16-byte stores per 8 columns
