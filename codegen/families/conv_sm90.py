@@ -93,15 +93,16 @@ def generate(ctx: StepContext, params: dict | None = None) -> list[KernelSource]
 
 # ---- selection (measured on an H200, 2026-12-01: docs/results/gemm_sm90.md) --------------------
 # tools/bench_conv_sm90.py, ResNet-50's 13 distinct stride-1 1x1 convs, fp16, bias (+ residual) + ReLU
-# fused, ratio = cuDNN time / ours:
-# - batch 32 (M = 1568 .. 100352): the TMA GEMM 1.05-2.77x on every layer; the conv kernel ("tc")
-#   0.47-1.41x. -> TMA for M >= 1024.
-# - batch 1 (M = 49 .. 3136): TMA 1.20-1.89x, tc 1.11-1.96x; TMA as fast or faster (within 3%) on
-#   every layer except 28x28 128->512 (M = 784: 5.6 us against 5.3) -> TMA for M >= 1024 or
-#   Cin >= 256.
+# fused, ratio = cuDNN time / ours (the last of two runs, with the epilogue that loads its inputs
+# before the shared-memory round):
+# - batch 32 (M = 1568 .. 100352): the TMA GEMM 1.04-3.30x on every layer; the conv kernel ("tc")
+#   0.47-1.41x.
+# - batch 1 (M = 49 .. 3136): TMA 1.23-2.05x, tc 1.14-1.95x; TMA faster on every layer with
+#   M >= 196, within 2% at M = 49 (7x7, Cin 512 and 2048).
+# -> TMA for M >= 512 or Cin >= 256 (smaller problems with fewer channels: not measured).
 # N = 64 fills half of a 128-column tile (TMA zero-fills the rest); fewer than 64 channels: not
 # measured.
-SELECT_MIN_M = 1024
+SELECT_MIN_M = 512
 SELECT_MIN_CIN = 256
 MIN_CHANNELS = 64
 
