@@ -51,17 +51,51 @@ def variants(prob, lean: bool = False) -> list[dict[str, Any]]:
     return out
 
 
-def context(m: int, n: int, k: int, dtype, b_layout: str):
+def context(m: int, n: int, k: int, dtype, b_layout: str, epilogue: str = "none"):
+    """The GEMM step; epilogue "bias-gelu": Gelu(acc + bias[n]) fused, as an FFN's first layer."""
     from graphc.codegen.families.gemm import standalone_context
+    from graphc.ops.fused import ACC, IN, OP, EpilogueOp
     from graphc.ops.registry import get_op
 
+    kw: dict[str, Any] = {}
+    shapes = [(m, k), (n, k) if b_layout == "k" else (k, n)]
     if b_layout == "k":
-        attrs = get_op("MatMul", "graphc").attrs(trans_b=1)
-        return standalone_context("MatMul", [(m, k), (n, k)], dtype, domain="graphc", attrs=attrs)
-    return standalone_context("MatMul", [(m, k), (k, n)], dtype)
+        kw = {"domain": "graphc", "attrs": get_op("MatMul", "graphc").attrs(trans_b=1)}
+    if epilogue == "bias-gelu":
+        shapes.append((n,))
+        kw["n_anchor"] = 2
+        kw["epilogue"] = (
+            EpilogueOp("Add", get_op("Add").attrs(), (ACC, IN(2))),
+            EpilogueOp("Gelu", get_op("Gelu").attrs(), (OP(0),)),
+        )
+        kw["outputs"] = (OP(1),)
+    return standalone_context("MatMul", shapes, dtype, **kw)
 
 
-def kernels_for(ctx, prob, quick: bool, lean: bool = False) -> list[tuple[str, dict | None, list]]:
+def epilogue_variants(prob) -> list[dict[str, Any]]:
+    """With a fused epilogue: the heuristic tile with the element-wise epilogue and erff (the code
+    before the vector epilogue), the vector epilogue with erff, with the fast GELU, and the
+    ping-pong schedules with both, each with the epilogue in the accumulator layout (VEC_EPI 2) too."""
+    from graphc.codegen.families import gemm_sm90 as g
+
+    h = g.heuristic(prob)
+    out = [
+        {**h, "VEC_EPI": 0, "FAST_GELU": 0},
+        {**h, "VEC_EPI": 1, "FAST_GELU": 0},
+        {**h, "VEC_EPI": 1, "FAST_GELU": 1},
+        {**h, "VEC_EPI": 2, "FAST_GELU": 1},
+    ]
+    for bn in g.PINGPONG_BNS:
+        for mode in (1, 2):
+            out.append(
+                {"BN": bn, "STAGES": g.max_stages(bn), "SPLITS": 1, "PINGPONG": 1, "VEC_EPI": mode, "FAST_GELU": 1}
+            )
+    return out
+
+
+def kernels_for(
+    ctx, prob, quick: bool, lean: bool = False, epilogue: str = "none"
+) -> list[tuple[str, dict | None, list]]:
     """(label, params, KernelSources) of every candidate: the TMA variants, graphc's default
     and its cp.async wgmma path."""
     from graphc.codegen.families import gemm_sm90 as g
@@ -69,7 +103,9 @@ def kernels_for(ctx, prob, quick: bool, lean: bool = False) -> list[tuple[str, d
 
     out = []
     h = g.heuristic(prob)
-    vs = [h] if quick else variants(prob, lean)
+    if epilogue != "none":
+        h = {**h, "VEC_EPI": 1, "FAST_GELU": 1}
+    vs = [h] if quick else (epilogue_variants(prob) if epilogue != "none" else variants(prob, lean))
     if h not in vs:
         vs.insert(0, h)
     for p in vs:
@@ -102,9 +138,9 @@ class Hang(RuntimeError):
 
 
 class Shape:
-    def __init__(self, torch, cupy, dt_name: str, m: int, n: int, k: int, b_layout: str):
+    def __init__(self, torch, cupy, dt_name: str, m: int, n: int, k: int, b_layout: str, epilogue: str = "none"):
         self.torch, self.cupy = torch, cupy
-        self.m, self.n, self.k, self.b_layout = m, n, k, b_layout
+        self.m, self.n, self.k, self.b_layout, self.epilogue = m, n, k, b_layout, epilogue
         tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dt_name]
         per = (m * k + k * n) * 2
         self.sets = max(2, min(24, -(-3 * 60 * 2**20 // per)))
@@ -113,11 +149,20 @@ class Shape:
         self.a = [torch.randn((m, k), generator=g, device="cuda").to(tdt) for _ in range(self.sets)]
         self.b = [torch.randn(bshape, generator=g, device="cuda").to(tdt) for _ in range(self.sets)]
         self.out = torch.empty((m, n), device="cuda", dtype=tdt)
+        self.bias = torch.randn((n,), generator=g, device="cuda").to(tdt)
 
-    def torch_launch(self):
+    def torch_launch(self, fused: bool = False):
+        """cuBLAS's plain GEMM; `fused`: what PyTorch runs for Linear + GELU (addmm with the bias,
+        then the GELU kernel)."""
+        torch = self.torch
+
         def go(i):
             b = self.b[i % self.sets]
-            self.torch.matmul(self.a[i % self.sets], b.t() if self.b_layout == "k" else b, out=self.out)
+            b = b.t() if self.b_layout == "k" else b
+            if fused:
+                torch.nn.functional.gelu(torch.addmm(self.bias, self.a[i % self.sets], b), approximate="none")
+            else:
+                torch.matmul(self.a[i % self.sets], b, out=self.out)
 
         return go
 
@@ -136,6 +181,7 @@ class Shape:
             fns.append((fn, k, mod))
         ws = cupy.empty(max(max(k.workspace_bytes for k in ks), 1), dtype=cupy.uint8)
         outv = cupy.asarray(self.out)
+        biasv = cupy.asarray(self.bias)
         av = [cupy.asarray(x) for x in self.a]
         bv = [cupy.asarray(x) for x in self.b]
         tables = []  # per operand set, per kernel
@@ -149,7 +195,7 @@ class Shape:
 
         def go(i):
             j = i % self.sets
-            names = {"x0": av[j], "x1": bv[j], "y0": outv, "@workspace": ws}
+            names = {"x0": av[j], "x1": bv[j], "x2": biasv, "y0": outv, "@workspace": ws}
             for q, (fn, k, _) in enumerate(fns):
                 args = tuple(tables[j][q].arg(tmap_index(a, k.name)) if is_tmap_arg(a) else names[a] for a in k.args)
                 fn(k.grid, k.block, args, shared_mem=k.shared_bytes)
@@ -177,6 +223,8 @@ class Shape:
             return float("nan")
         b = self.b[0].float()
         ref = self.a[0].float() @ (b.t() if self.b_layout == "k" else b)
+        if self.epilogue == "bias-gelu":
+            ref = torch.nn.functional.gelu(ref + self.bias.float())
         return float((ours - ref).norm() / ref.norm())
 
     def time(self, go, iters: int, reps: int = 7) -> float:
@@ -218,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", type=Path, help="NVRTC cache directory")
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--lean", action="store_true", help="fewer variants per shape (see variants())")
+    ap.add_argument("--epilogue", choices=["none", "bias-gelu"], default="none", help="a fused epilogue")
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
 
@@ -236,8 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         dtype = DType.float16 if dt == "fp16" else DType.bfloat16
         for lay in layouts:
             for m, n, k in shapes:
-                ctx = context(m, n, k, dtype, lay)
-                todo.append((dt, lay, (m, n, k), kernels_for(ctx, problem_of(ctx), args.quick, args.lean)))
+                ctx = context(m, n, k, dtype, lay, args.epilogue)
+                cands = kernels_for(ctx, problem_of(ctx), args.quick, args.lean, args.epilogue)
+                todo.append((dt, lay, (m, n, k), cands))
     every = [k for *_, cands in todo for _, _, ks in cands for k in ks]
     t0 = time.time()
     cubins = iter(compile_sources(every, args.cache))
@@ -260,13 +310,17 @@ def main(argv: list[str] | None = None) -> int:
     log = (args.out / "gemm_sm90.jsonl").open("a")
     table = []
     for dt, lay, (m, n, k), cands in todo:
-        sh = Shape(torch, cupy, dt, m, n, k, lay)
+        sh = Shape(torch, cupy, dt, m, n, k, lay, args.epilogue)
         flop = 2.0 * m * n * k
         t_ref = sh.time(sh.torch_launch(), args.iters)
+        extra = {}
+        if args.epilogue != "none":  # the ratio stays against the plain GEMM of cuBLAS
+            extra = {"epilogue": args.epilogue, "torch_fused_ms": sh.time(sh.torch_launch(fused=True), args.iters)}
         rows = []
         for label, p, ks in cands:
             cub = [next(cubins) for _ in ks]
             row = {"dtype": dt, "b": lay, "M": m, "N": n, "K": k, "kernel": label, "params": p, "cublas_ms": t_ref}
+            row.update(extra)
             try:
                 go = sh.graphc_launch(ks, cub)
                 err = sh.check(go)
@@ -286,6 +340,11 @@ def main(argv: list[str] | None = None) -> int:
             log.write(json.dumps(row) + "\n")
             log.flush()
             rows.append(row)
+            if "ms" in row and args.epilogue != "none":
+                print(
+                    f"    {label:8} {p} {row['ms']:.4f} ms {row['ratio']:.2f}x "
+                    f"(torch addmm+gelu {row['torch_fused_ms']:.4f} ms)"
+                )
         ok = [r for r in rows if "ms" in r]
         tma = [r for r in ok if r["kernel"].startswith("tma")]
         best = min(tma, key=lambda r: r["ms"]) if tma else None

@@ -9,16 +9,21 @@ rendered epilogue. Its operands are described to the runtime as tensor-map specs
 
 Parameters: BN (tile columns: 128, 192, 256; BM is 128), STAGES (as many as shared memory holds by
 default), SPLITS (K slices, for problems of too few tiles), PINGPONG (0: the two consumer
-warpgroups split each tile's rows; 1: each takes whole tiles in turn, BN 128 or 192).
+warpgroups split each tile's rows; 1: each takes whole tiles in turn, BN 128 or 192), VEC_EPI
+(1, the default where the problem allows it: each epilogue thread takes 8 consecutive columns of a
+row, loads the epilogue's inputs once per 8 elements (16-byte vectors, or one value for an input
+broadcast along the row) and stores 8 outputs with one 16-byte store; 0: one element per call, the
+inputs loaded and the output stored element by element, as the other GEMM templates do).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
-from graphc.codegen.cuda_types import cuda_type
-from graphc.codegen.epilogue import render_epilogue, step_operands
+from graphc.codegen.cuda_types import cuda_type, dtype_from_numpy_name
+from graphc.codegen.epilogue import broadcast_index, render_epilogue, step_operands
 from graphc.codegen.expr import lit
 from graphc.codegen.families.gemm import SM_COUNT, Problem, _c_expr, _kernel_args, problem_of
 from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, grid_1d, render
@@ -83,9 +88,24 @@ def heuristic(prob: Problem) -> dict[str, Any]:
             if cost < best_cost * 0.999:
                 best, best_cost = {"BN": bn, "SPLITS": s}, cost
     assert best is not None
+    if best["SPLITS"] == 1 and any(e.op in PINGPONG_EPILOGUE_OPS for e in prob.epilogue):
+        # An epilogue that costs as much as a good part of the main loop: ping-pong overlaps one
+        # warpgroup's epilogue with the other's main loop (measured: see PINGPONG_EPILOGUE_OPS).
+        best = {"BN": 128, "SPLITS": 1}
+        best["PINGPONG"] = 1
+    else:
+        best["PINGPONG"] = 0
     best["STAGES"] = max_stages(best["BN"])
-    best["PINGPONG"] = 0
     return best
+
+
+# Epilogue ops that make the heuristic take the ping-pong schedule (BN 128). Measured on an H200
+# (2026-12-01, tools/bench_gemm_sm90.py --epilogue bias-gelu, CUDA-graph replays): bias + GELU at
+# 4096x3072x768 0.0466 ms against 0.0489 cooperative BN 256 (BN 192 ping-pong 0.0462), at
+# 6304x3072x768 0.0751 against 0.0794 (BN 192 ping-pong 0.0769). Plain GEMMs stay cooperative
+# (ping-pong won only at 6304x2304x768 there, by 3%). Other costly ops (Erf, Tanh, Sigmoid...) are
+# not measured, so not listed.
+PINGPONG_EPILOGUE_OPS = frozenset({"Gelu"})
 
 
 def valid(prob: Problem, p: dict[str, Any]) -> bool:
@@ -97,6 +117,59 @@ def valid(prob: Problem, p: dict[str, Any]) -> bool:
     if not 2 <= st <= max_stages(bn) or s < 1 or s > max(1, ceil_div(prob.K, BK)):
         return False
     return unsupported(prob) is None
+
+
+# Output columns per call of the vector epilogue: VEC_EPI 1 reads 8 from the shared-memory buffer;
+# VEC_EPI 2 takes the 2 consecutive columns each thread holds in the wgmma accumulator layout.
+WIDTHS = {1: 8, 2: 2}
+
+
+@dataclass
+class VecInput:
+    index: int  # node input index
+    row: bool  # broadcast along the output row: one value serves all W columns
+    storage: str  # its CUDA storage type
+    vtype: str  # the vector type of W elements (row: unused)
+    nv: int  # vectors per W elements
+    offset: str  # its element offset for the first of the W outputs (an expression of `base`)
+
+
+def _vec_type(itemsize: int, width: int) -> tuple[str, int]:
+    """The vector type that moves `width` elements of `itemsize` bytes, and how many of it."""
+    nbytes = width * itemsize
+    if nbytes >= 16:
+        return "uint4", nbytes // 16
+    return {8: "uint2", 4: "unsigned", 2: "unsigned short"}[nbytes], 1
+
+
+def vector_epilogue(prob: Problem, ops: dict, splits: int, width: int = 8) -> list[VecInput] | str:
+    """The vector epilogue's inputs, or why the problem cannot have it. Each call stores `width`
+    consecutive output columns of one row (N % width == 0, so they never cross a row); an epilogue
+    input broadcast to the output either varies along the row (its last dim is N: `width`
+    consecutive elements, aligned to their size since the offset of the first is a multiple of
+    `width`) or not (last dim 1)."""
+    if splits > 1:
+        return "split-K (the reduce kernel runs the epilogue)"
+    if prob.N % width:
+        return f"N={prob.N} is not a multiple of {width}"
+    out_shape = tuple(prob.out_shape)
+    if not out_shape or out_shape[-1] != prob.N:
+        return f"output shape {out_shape} does not end in N={prob.N}"
+    used = {r.index for e in prob.epilogue for r in e.args if r.kind == "in"}
+    used |= {r.index for r in prob.outputs if r.kind == "in"}
+    got = []
+    for i in sorted(used):
+        op = ops.get(i)
+        if op is None or (op.const is not None and op.const.size == 1):
+            continue  # omitted, or baked in as a literal
+        shape = tuple(op.shape)
+        last = shape[-1] if shape else 1
+        if last not in (1, prob.N):
+            return f"epilogue input {i} of shape {shape} does not broadcast along rows of {prob.N}"
+        ct = cuda_type(op.dtype)
+        vtype, nv = _vec_type(op.dtype.itemsize, width)
+        got.append(VecInput(i, last == 1, ct.storage, vtype, nv, broadcast_index(shape, out_shape, "base")))
+    return got
 
 
 def _tmap(tensor: str, dtype: DType, lay, k: int, tile_rows: int, batch: int) -> tuple[dict[str, Any], bool]:
@@ -119,14 +192,89 @@ def _tmap(tensor: str, dtype: DType, lay, k: int, tile_rows: int, batch: int) ->
     }, bool(bstride)
 
 
-def generate(ctx: StepContext, params: dict[str, Any] | None = None) -> list[KernelSource]:
+def _fast_gelu(function: str) -> str:
+    """The epilogue function with GELU (erf form) through sm90.cuh's gc_gelu_fast instead of
+    common.cuh's erff (see there for its error); the split-K reduce kernel keeps erff."""
+    return function.replace("gc_gelu(", "gc_gelu_fast(")
+
+
+def _vec_epilogue_vars(
+    prob, ops, out_specs, rendered, splits: int, name: str, where: str, mode: int = 1
+) -> dict | None:
+    """The template variables of the vector epilogue (VEC_EPI `mode`), or None (logged) where it
+    does not apply."""
+    width = WIDTHS[mode]
+    vins = vector_epilogue(prob, ops, splits, width)
+    if isinstance(vins, str):
+        if splits == 1:
+            log.info("%s: element-wise epilogue stores: %s", where, vins)
+        return None
+    fn = render_epilogue(
+        prob.epilogue,
+        prob.outputs,
+        ops,
+        out_specs,
+        prob.out_shape,
+        prob.dtype,
+        where=where,
+        name=f"{name}_epi_v",
+        value_inputs=frozenset(v.index for v in vins),
+        out_index="0",
+    )
+    by_index = {v.index: v for v in vins}
+    call = []
+    for a in fn.args:  # s<i>: a loaded value; out<k>: the k-th output's register slot
+        if a.startswith("s"):
+            v = by_index[int(a[1:])]
+            call.append(f"L.r{v.index}" if v.row else f"L.r{v.index}.e[k]")
+        elif a.startswith("out"):
+            call.append(f"w{a[3:]} + k")
+        else:
+            raise CompileError(f"{where}: vector epilogue argument {a} is neither a value nor an output")
+    outs = []
+    for k, spec in enumerate(out_specs):
+        dt = dtype_from_numpy_name(spec.dtype)
+        quads = _packed_words(f"w{k}", cuda_type(dt).storage, dt.itemsize, width)
+        if quads is None:
+            log.info("%s: element-wise epilogue stores: output %d is %s", where, k, dt.name)
+            return None
+        outs.append({"storage": cuda_type(dt).storage, "quads": quads, "itemsize": dt.itemsize})
+    return {"function": fn, "call": call, "inputs": vins, "outputs": outs, "width": width, "mode": mode}
+
+
+def _packed_words(var: str, storage: str, itemsize: int, width: int) -> list[list[str]] | None:
+    """The 32-bit words of the `width` elements var[0..], at most four per store (one 4-, 8- or
+    16-byte store per group). Packed by shifts: a union of a vector and the elements would be split
+    by the compiler into 16-bit stores."""
+    if itemsize == 2:
+        w = [
+            f"((unsigned)(unsigned short){var}[{2 * j}] | ((unsigned)(unsigned short){var}[{2 * j + 1}] << 16))"
+            for j in range(width // 2)
+        ]
+    elif itemsize == 4:
+        w = [f"__float_as_uint({var}[{j}])" if storage == "float" else f"(unsigned){var}[{j}]" for j in range(width)]
+    else:
+        return None
+    return [w[i : i + 4] for i in range(0, len(w), 4)]
+
+
+def generate(
+    ctx: StepContext, params: dict[str, Any] | None = None, prob: Problem | None = None, family: str = "gemm"
+) -> list[KernelSource]:
+    """The kernels of the step (its GEMM problem: problem_of, unless another family gives one, as
+    conv_sm90 does for a 1x1 convolution; A is the step's input 0 and B its input 1)."""
     step = ctx.step
     where = f"{step.kind} node '{step.name}'"
-    prob = problem_of(ctx)
+    prob = prob if prob is not None else problem_of(ctx)
     why = unsupported(prob)
     if why is not None:
         raise ctx.fail(f"no TMA GEMM: {why}")
-    params = {k: v for k, v in (params or {}).items() if k in ("BN", "STAGES", "SPLITS", "PINGPONG")}
+    params = {
+        k: v for k, v in (params or {}).items() if k in ("BN", "STAGES", "SPLITS", "PINGPONG", "VEC_EPI", "FAST_GELU")
+    }
+    vec_epi, fast_gelu = params.pop("VEC_EPI", 1), params.pop("FAST_GELU", 1)
+    if vec_epi not in (0, 1, 2) or fast_gelu not in (0, 1):
+        raise ctx.fail(f"TMA GEMM parameters VEC_EPI={vec_epi!r} (0, 1, 2), FAST_GELU={fast_gelu!r} (0, 1)")
     if "BN" in params:  # a forced tile: one K slice, cooperative, the deepest ring unless named
         p = {"SPLITS": 1, "PINGPONG": 0, "STAGES": max_stages(params["BN"]) if params["BN"] in BNS else 0, **params}
     else:
@@ -144,10 +292,18 @@ def generate(ctx: StepContext, params: dict[str, Any] | None = None) -> list[Ker
     rendered = render_epilogue(
         prob.epilogue, prob.outputs, ops, out_specs, prob.out_shape, prob.dtype, where=where, name=f"{name}_epi"
     )
+    fast_gelu = int(fast_gelu and splits == 1)  # the reduce kernel (split-K) has no sm90.cuh
+    if fast_gelu:
+        rendered.function = _fast_gelu(rendered.function)
     c_expr, c_ptr = _c_expr(ctx, prob, ops)
     out_names, out_decls = _kernel_args(ctx, prob, rendered, c_ptr)
     out_args = (["Cm"] if c_ptr else []) + list(rendered.args)
     ct = cuda_type(prob.dtype)
+    vec = _vec_epilogue_vars(prob, ops, out_specs, rendered, splits, name, where, vec_epi) if vec_epi else None
+    if vec is not None and fast_gelu:
+        vec["function"].function = _fast_gelu(vec["function"].function)
+    p["VEC_EPI"] = vec["mode"] if vec is not None else 0
+    p["FAST_GELU"] = fast_gelu
     ta, a_batched = _tmap(step.inputs[0], prob.dtype, prob.a, prob.K, BM, prob.batch)
     tb, b_batched = _tmap(step.inputs[1], prob.dtype, prob.b, prob.K, bn, prob.batch)
     common = {
@@ -187,6 +343,7 @@ def generate(ctx: StepContext, params: dict[str, Any] | None = None) -> list[Ker
         ab_type="f16" if prob.dtype is DType.float16 else "bf16",
         a_batched=a_batched,
         b_batched=b_batched,
+        vec=vec,
     )
     n_units = units(prob, bn, splits)
     kp = {
@@ -208,7 +365,7 @@ def generate(ctx: StepContext, params: dict[str, Any] | None = None) -> list[Ker
     ws_bytes = splits * total * 4 if splits > 1 else 0
     kernels = [
         KernelSource(
-            "gemm",
+            family,
             name,
             source,
             (min(n_units, SM_COUNT), 1, 1),
@@ -232,7 +389,7 @@ def generate(ctx: StepContext, params: dict[str, Any] | None = None) -> list[Ker
         )
         kernels.append(
             KernelSource(
-                "gemm",
+                family,
                 rname,
                 rsrc,
                 grid_1d(total, 256, max_blocks=SM_COUNT * 16),

@@ -56,4 +56,33 @@ __device__ __forceinline__ void gc_setmaxnreg_dec() {
 __device__ __forceinline__ void gc_named_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
+// One 16-byte global store of four 32-bit words (the address 16-byte aligned). Written as PTX: the
+// compiler splits a uint4 assignment built from packed halves into four 4-byte stores. No "memory"
+// clobber: with one, no load could move above a store, and an epilogue's next 8 columns would wait
+// for the last ones' store (each thread stores elements that no other thread and no later load of
+// this kernel reads).
+__device__ __forceinline__ void gc_st_global_v4(void* p, unsigned a, unsigned b, unsigned c, unsigned d) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d));
+}
+__device__ __forceinline__ void gc_st_global_v2(void* p, unsigned a, unsigned b) {
+  asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(p), "r"(a), "r"(b));
+}
+__device__ __forceinline__ void gc_st_global_v1(void* p, unsigned a) {
+  asm volatile("st.global.b32 [%0], %1;\n" ::"l"(p), "r"(a));
+}
+// GELU (erf form) for the GEMM epilogue: erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7),
+// with the approximate reciprocal and 2^x of the SFU: about 15 instructions against about 40 for
+// erff, whose two FSEL-selected polynomials dominated an FFN GEMM's epilogue. 1 + erf(z) of a
+// negative z is the series term itself (no cancellation). Largest error against the exact GELU:
+// 3.3e-7 absolute, 1.7e-4 relative where |GELU(x)| > 1e-3, below half an fp16 ulp; the sm_90 GEMM
+// runs only fp16/bf16 problems.
+__device__ __forceinline__ float gc_gelu_fast(float x) {
+  // t = 1 / (1 + p |z|) with z = x / sqrt(2); e = exp(-z^2) = 2^(x * x * (-log2(e) / 2))
+  float t, e;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(t) : "f"(fmaf(0.3275911f * 0.7071067811865476f, fabsf(x), 1.f)));
+  const float p = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"((x * -0.7213475204444817f) * x));
+  const float s = (0.5f * x) * (p * e);  // x/2 * (1 - erf(|z|))
+  return x < 0.f ? s : x - s;            // x/2 * (1 + erf(z))
+}
 {% endraw %}

@@ -153,3 +153,18 @@ def test_engine_validates_tensor_maps(tmp_path):
     eng.save(tmp_path / "index.engine")
     with pytest.raises(EngineError, match="names no tensor map"):
         read_engine(tmp_path / "index.engine")
+
+
+def test_heuristic_takes_ping_pong_for_a_gelu_epilogue():
+    from graphc.codegen.families.gemm import standalone_context
+    from graphc.ops.fused import ACC, IN, OP, EpilogueOp
+
+    epi = (EpilogueOp("Add", get_op("Add").attrs(), (ACC, IN(2))), EpilogueOp("Gelu", get_op("Gelu").attrs(), (OP(0),)))
+    for m in (4096, 6304):
+        ctx = standalone_context(
+            "MatMul", [(m, 768), (768, 3072), (3072,)], DType.float16, n_anchor=2, epilogue=epi, outputs=(OP(1),)
+        )
+        (k,) = gemm_sm90.generate(ctx)
+        assert (k.params["BN"], k.params["PINGPONG"], k.params["VEC_EPI"]) == (128, 1, 1)
+    plain = gemm_sm90.heuristic(problem_of(_ctx(4096, 3072, 768)))
+    assert (plain["BN"], plain["PINGPONG"]) == (256, 0)

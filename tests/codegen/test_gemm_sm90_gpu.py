@@ -23,6 +23,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from test_gemm_gpu import TOL, Case, _bias_gelu_residual, _inputs, reference  # noqa: E402
 
+from graphc.ops.fused import ACC, IN, OP, EpilogueOp  # noqa: E402
+from graphc.ops.registry import get_op  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
 
@@ -129,6 +132,110 @@ def _cases() -> list[Case]:
         Case("fp16-batched", "fp16", "MatMul", [(3, 130, 64), (3, 64, 72)], domain="graphc", params={"BN": 128})
     )
     cases.append(Case("bf16-bshared-a", "bf16", "MatMul", [(136, 96), (4, 96, 72)]))
+    # the epilogue stores: 8 columns per thread (VEC_EPI 1, the default) against one element per
+    # call (VEC_EPI 0), erff against the fast GELU, on an FFN-like bias + Gelu with an M tail
+    bg = (EpilogueOp("Add", get_op("Add").attrs(), (ACC, IN(2))), EpilogueOp("Gelu", get_op("Gelu").attrs(), (OP(0),)))
+    for vec, fast in ((1, 1), (1, 0), (0, 0), (0, 1), (2, 1)):
+        for mode in ("fp16", "bf16"):
+            cases.append(
+                Case(
+                    f"{mode}-ffn-vec{vec}-fast{fast}",
+                    mode,
+                    "MatMul",
+                    [(520, 256), (256, 776), (776,)],
+                    n_anchor=2,
+                    epilogue=bg,
+                    outputs=(OP(1),),
+                    params={"VEC_EPI": vec, "FAST_GELU": fast},
+                )
+            )
+    cases.append(
+        Case(
+            "fp16-ffn-pingpong-vec",
+            "fp16",
+            "MatMul",
+            [(2176, 256), (256, 776), (776,)],
+            n_anchor=2,
+            epilogue=bg,
+            outputs=(OP(1),),
+            params={"BN": 192, "PINGPONG": 1},
+        )
+    )
+    cases.append(
+        Case(
+            "fp16-ffn-pingpong-frag",
+            "fp16",
+            "MatMul",
+            [(2176, 256), (256, 776), (776,)],
+            n_anchor=2,
+            epilogue=bg,
+            outputs=(OP(1),),
+            params={"BN": 192, "PINGPONG": 1, "VEC_EPI": 2},
+        )
+    )
+    # a per-row input (broadcast along the 8 columns) and two outputs, one of them pre-activation
+    row2 = (
+        EpilogueOp("Mul", get_op("Mul").attrs(), (ACC, IN(2))),
+        EpilogueOp("Relu", get_op("Relu").attrs(), (OP(0),)),
+    )
+    for vec in (1, 2):
+        cases.append(
+            Case(
+                f"fp16-rowscale-2out-vec{vec}",
+                "fp16",
+                "MatMul",
+                [(300, 256), (256, 264), (300, 1)],
+                n_anchor=2,
+                epilogue=row2,
+                outputs=(OP(0), OP(1)),
+                params={"VEC_EPI": vec},
+            )
+        )
+    cases.append(
+        Case(
+            "bf16-cast-f32-frag",
+            "bf16",
+            "MatMul",
+            [(200, 320), (320, 136), (200, 136)],
+            n_anchor=2,
+            epilogue=(
+                EpilogueOp("Add", get_op("Add").attrs(), (ACC, IN(2))),
+                EpilogueOp("Cast", get_op("Cast").attrs(to=1), (OP(0),)),
+            ),
+            outputs=(OP(1),),
+            params={"VEC_EPI": 2},
+        )
+    )
+    # a float32 output: two 16-byte stores per 8 columns
+    cast = (
+        EpilogueOp("Add", get_op("Add").attrs(), (ACC, IN(2))),
+        EpilogueOp("Cast", get_op("Cast").attrs(to=1), (OP(0),)),
+    )
+    cases.append(
+        Case(
+            "bf16-cast-f32",
+            "bf16",
+            "MatMul",
+            [(200, 320), (320, 136), (200, 136)],
+            n_anchor=2,
+            epilogue=cast,
+            outputs=(OP(1),),
+        )
+    )
+    # N = 132 (B stored [N, K]): not a multiple of 8, the element-wise stores
+    cases.append(
+        Case(
+            "fp16-n132",
+            "fp16",
+            "MatMul",
+            [(200, 256), (132, 256), (132,)],
+            domain="graphc",
+            attrs={"trans_b": 1},
+            n_anchor=2,
+            epilogue=bg,
+            outputs=(OP(1),),
+        )  # fmt: skip
+    )
     return cases
 
 
@@ -189,10 +296,20 @@ def _run(case: Case):
     return outs, reference(case, [x.astype(np.float64) for x in xs]), kernels
 
 
+# the epilogue form each case must get (VEC_EPI): the vector stores wherever N % 8 == 0 unless
+# turned off, and never under split-K (the reduce kernel runs the epilogue)
+def _want_vec(case: Case, splits: int) -> int:
+    if case.id == "fp16-n132" or splits > 1:
+        return 0
+    return (case.params or {}).get("VEC_EPI", 1)
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_gemm_sm90(case: Case):
     outs, refs, kernels = _run(case)
     assert kernels[0][0].params["path"] == "tma"
+    main = kernels[0][0].params
+    assert main["VEC_EPI"] == _want_vec(case, main["SPLITS"]), main
     for out, ref in zip(outs, refs, strict=True):
         assert np.isfinite(out).all(), f"{np.count_nonzero(~np.isfinite(out))} elements unwritten or not finite"
         err = np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30)

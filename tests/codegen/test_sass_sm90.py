@@ -103,6 +103,12 @@ def test_tma_gemm_sass(tmp_path, m, n, k, dtype, b_layout, epi, params):
     assert "USETMAXREG" in ops, "no register reallocation between producer and consumers"
     assert not ops & {"LDL", "STL"}, "local-memory traffic (register spills)"
     assert "HMMA" not in ops
+    # the vector epilogue: 16-byte output stores (8 fp16/bf16 columns), none narrower
+    stores = set(re.findall(r"\bSTG\.E(?:\.(\d+))?", text))
+    if main.params["VEC_EPI"]:
+        assert stores == {"128"}, f"global stores {stores}: not only 16-byte ones"
+    else:
+        assert main.params["SPLITS"] > 1 and stores == {""}, (main.params, stores)  # fp32 partials
 
 
 @needs_cuobjdump

@@ -1,0 +1,278 @@
+"""ResNet-50's stride-1 1x1 convolutions: graphc's conv kernel ("tc", the conv family), the same
+conv as the Hopper TMA GEMM (codegen/families/conv_sm90.py) and cuDNN (PyTorch conv2d, channels_last
+fp16, + bias (+ residual) + ReLU), in one run on one GPU.
+
+    python tools/bench_conv_sm90.py [--batch 32 --batch 1] [--out DIR]
+    python tools/bench_conv_sm90.py --compile-only      # NVRTC every kernel, no GPU
+
+Each graphc variant's output is poisoned (NaN), compared with PyTorch's (relative Frobenius error,
+must be < 1e-2), then timed: `iters` launches over rotating inputs (together over 3x the L2) in one
+CUDA graph, the median of 7 replays, per launch; PyTorch's ops are captured and timed the same way.
+Rows stream to DIR/conv_sm90.jsonl; a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# (input H = W, Cin, Cout, residual add, ReLU): every distinct stride-1 1x1 conv of ResNet-50 (v1.5)
+LAYERS = [
+    (56, 64, 64, False, True),
+    (56, 64, 256, True, True),  # conv3 of stage 1 (residual + ReLU)
+    (56, 64, 256, False, False),  # stage 1's projection shortcut (stride 1)
+    (56, 256, 64, False, True),
+    (56, 256, 128, False, True),
+    (28, 128, 512, True, True),
+    (28, 512, 128, False, True),
+    (28, 512, 256, False, True),
+    (14, 256, 1024, True, True),
+    (14, 1024, 256, False, True),
+    (14, 1024, 512, False, True),
+    (7, 512, 2048, True, True),
+    (7, 2048, 512, False, True),
+]
+
+
+def conv_ctx(n: int, hw: int, c: int, k: int, residual: bool, relu: bool):
+    """The plan step of Fused[ConvNHWC 1x1 + bias (+ residual) (+ ReLU)] and its weights."""
+    from graphc.codegen.lower import lower_to_plan
+    from graphc.ir.attrs import onnx_attrs_class
+    from graphc.ir.builder import GraphBuilder
+    from graphc.ir.types import DType, TensorType
+    from graphc.ops.fused import ACC, IN, OP, EpilogueOp, FusedAttrs
+    from graphc.ops.layout_ops import ConvNHWCAttrs
+
+    b = GraphBuilder("bench")
+    ins = [
+        b.add_input("x", TensorType(DType.float16, (n, hw, hw, c))),
+        b.add_constant(np.zeros((k, 1, 1, c), np.float16), "w"),
+        b.add_constant(np.zeros((k,), np.float16), "b"),
+    ]
+    epi: list = []
+    last = ACC
+    if residual:
+        ins.append(b.add_input("r", TensorType(DType.float16, (n, hw, hw, k))))
+        epi.append(EpilogueOp("Add", onnx_attrs_class("Add")(), (last, IN(3))))
+        last = OP(len(epi) - 1)
+    if relu:
+        epi.append(EpilogueOp("Relu", onnx_attrs_class("Relu")(), (last,)))
+        last = OP(len(epi) - 1)
+    fa = FusedAttrs(
+        anchor_op="ConvNHWC",
+        anchor_domain="graphc",
+        anchor_attrs=ConvNHWCAttrs(kernel_shape=(1, 1)),
+        anchor_inputs=3,
+        epilogue=tuple(epi),
+        outputs=(last,),
+    )
+    y = b.add_node("Fused", ins, fa, domain="graphc").outputs[0]
+    b.set_outputs([y])
+    graph = b.build()
+    plan = lower_to_plan(graph)
+    weights = {name: cst.data for name, cst in graph.constants.items()}
+    return plan.context(plan.steps[0], weights, precision="fp16")
+
+
+def candidates(n, hw, c, k, residual, relu) -> tuple[Any, list[tuple[str, Any, list]]]:
+    from graphc.codegen.families import conv_sm90, gemm_sm90
+    from graphc.codegen.kernel import family_for
+
+    ctx = conv_ctx(n, hw, c, k, residual, relu)
+    out = [("tc", None, family_for(ctx).generate(ctx))]
+    prob = conv_sm90.gemm_problem(ctx)
+    if isinstance(prob, str):
+        return ctx, out
+    h = gemm_sm90.heuristic(prob)
+    vs = [None]
+    for bn in (128, 256):
+        if bn != h["BN"] and bn <= prob.N:
+            vs.append({"BN": bn})
+    if h["SPLITS"] == 1:
+        vs.append({"BN": 128, "PINGPONG": 1})
+    for p in vs:
+        try:
+            out.append(("tma" + ("*" if p is None else ""), p, conv_sm90.generate(ctx, p)))
+        except Exception as e:  # noqa: BLE001 - a variant that does not render is reported and skipped
+            print(f"  skip {p}: {e}")
+    return ctx, out
+
+
+def time_graph(torch, cupy, go, iters: int, reps: int = 7) -> float:
+    """Median ms per launch: `iters` launches of go(i) captured in one CUDA graph, replays timed."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), cupy.cuda.ExternalStream(side.cuda_stream):
+        for i in range(3):
+            go(i)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+        for i in range(iters):
+            go(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        graph.replay()
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e) / iters)
+    del graph
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, action="append")
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--cache", type=Path)
+    ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--out", type=Path, default=Path("."))
+    args = ap.parse_args(argv)
+    from graphc.codegen.nvrtc import CompileJob, compile_all
+
+    todo = [(n, *lay, candidates(n, *lay)) for n in (args.batch or [32, 1]) for lay in LAYERS]
+    every = [s for *_, (_, cands) in todo for _, _, ss in cands for s in ss]
+    t0 = time.time()
+    cubins = iter(
+        compile_all(
+            [CompileJob(s.name, s.source, s.params.get("requires_arch", "sm_90")) for s in every], cache_dir=args.cache
+        )
+    )
+    print(f"# compiled {len(every)} kernels in {time.time() - t0:.1f} s", flush=True)
+    if args.compile_only:
+        return 0
+
+    import warnings
+
+    import cupy
+    import torch
+    import torch.nn.functional as F
+
+    from graphc.runtime.cuda import allow_large_shared_memory
+    from graphc.runtime.tensormap import TensorMapTable, is_tmap_arg, spec_from_json, tmap_index
+
+    warnings.filterwarnings("ignore", category=DeprecationWarning)  # cupy's ExternalStream
+    torch.backends.cudnn.benchmark = True
+    props = torch.cuda.get_device_properties(0)
+    cudnn = torch.backends.cudnn.version()
+    print(f"# {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, cuDNN {cudnn}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = (args.out / "conv_sm90.jsonl").open("a")
+    table = []
+    for n, hw, c, k, residual, relu, (ctx, cands) in todo:
+        g = torch.Generator(device="cuda").manual_seed(n * 31 + hw * 7 + c + k)
+        per = n * hw * hw * (c + k * (2 if residual else 1)) * 2
+        sets = max(2, min(16, -(-3 * 60 * 2**20 // per)))
+        cl = torch.channels_last
+        xs = [
+            torch.randn(n, c, hw, hw, device="cuda", generator=g).half().contiguous(memory_format=cl)
+            for _ in range(sets)
+        ]
+        rs = [
+            torch.randn(n, k, hw, hw, device="cuda", generator=g).half().contiguous(memory_format=cl)
+            for _ in range(sets)
+        ]
+        w = (torch.randn(k, c, 1, 1, device="cuda", generator=g) / c**0.5).half().contiguous(memory_format=cl)
+        bias = torch.randn(k, device="cuda", generator=g).half()
+
+        def torch_go(i, xs=xs, rs=rs, w=w, bias=bias, residual=residual, relu=relu):
+            y = F.conv2d(xs[i % len(xs)], w, bias)
+            if residual:
+                y = y + rs[i % len(rs)]
+            return F.relu(y) if relu else y
+
+        ref = torch_go(0).float()
+        for i in range(3):
+            torch_go(i)
+        t_ref = time_graph(torch, cupy, torch_go, args.iters)
+        out = cupy.empty((n, hw, hw, k), dtype=cupy.float16)
+        xv = [cupy.from_dlpack(x.permute(0, 2, 3, 1)) for x in xs]
+        rv = [cupy.from_dlpack(r.permute(0, 2, 3, 1)) for r in rs]
+        wv = cupy.from_dlpack(w.permute(0, 2, 3, 1).contiguous())
+        bv = cupy.from_dlpack(bias)
+        flop = 2.0 * n * hw * hw * c * k
+        rows = []
+        for label, p, ss in cands:
+            cub = [next(cubins) for _ in ss]
+            row = {"N": n, "HW": hw, "C": c, "K": k, "residual": residual, "relu": relu, "kernel": label}
+            row.update({"params": {q: v for q, v in ss[0].params.items() if q != "tmaps"}, "cudnn_ms": t_ref})
+            try:
+                fns = []
+                for s, cb in zip(ss, cub, strict=True):
+                    mod = cupy.cuda.function.Module()
+                    mod.load(cb)
+                    fn = mod.get_function(s.name)
+                    if s.shared_bytes > 48 * 1024:
+                        allow_large_shared_memory(fn, s.shared_bytes)
+                    specs = [spec_from_json(d, s.name) for d in s.params.get("tmaps", [])]
+                    tabs = [
+                        TensorMapTable(cupy, [(sp, {"x": xv[j], "w": wv}[sp.tensor].data.ptr) for sp in specs])
+                        if specs
+                        else None
+                        for j in range(sets)
+                    ]
+                    fns.append((fn, s, mod, tabs))
+                ws = cupy.empty(max(max(s.workspace_bytes for s in ss), 1), dtype=cupy.uint8)
+                fixed = {"w": wv, "b": bv, "@workspace": ws, ctx.step.outputs[0]: out}
+
+                def go(i, fns=fns, sets=sets, xv=xv, rv=rv, fixed=fixed):
+                    j = i % sets
+                    names = {"x": xv[j], "r": rv[j], **fixed}
+                    for fn, s, _, tabs in fns:
+                        a = tuple(tabs[j].arg(tmap_index(x, s.name)) if is_tmap_arg(x) else names[x] for x in s.args)
+                        fn(s.grid, s.block, a, shared_mem=s.shared_bytes)
+
+                out.fill(float("nan"))
+                go(0)
+                cupy.cuda.Device().synchronize()
+                got = torch.from_dlpack(out).permute(0, 3, 1, 2).float()
+                err = float((got - ref).norm() / ref.norm()) if not torch.isnan(got).any() else float("nan")
+                row["err"] = err
+                if not err < 1e-2:
+                    raise RuntimeError(f"wrong result: rel err {err}")
+                row["ms"] = time_graph(torch, cupy, go, args.iters)
+                row["ratio"] = t_ref / row["ms"]
+                row["tflops"] = flop / row["ms"] / 1e9
+            except Exception as e:  # noqa: BLE001 - a failing candidate is infinitely slow
+                row["error"] = str(e)[:300]
+                print(f"  FAIL {n} {hw} {c}->{k} {label} {p}: {row['error']}", flush=True)
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            rows.append(row)
+        ok = {r["kernel"]: r for r in rows if "ms" in r}
+        tma = [r for lb, r in ok.items() if lb.startswith("tma")]
+        best = min(tma, key=lambda r: r["ms"]) if tma else None
+
+        def us(lb, ok=ok):
+            return f"{ok[lb]['ms'] * 1e3:7.1f} us {ok[lb]['ratio']:4.2f}x" if lb in ok else "      -          "
+
+        line = (
+            f"N={n:2} {hw:2}x{hw:2} {c:4}->{k:4} {'res ' if residual else '    '}{'relu' if relu else '    '} "
+            f"M={n * hw * hw:6} cuDNN {t_ref * 1e3:7.1f} us | tc {us('tc')} | tma* {us('tma*')} | "
+            f"tma best {best['ratio'] if best else 0:4.2f}x "
+            f"{best['params'].get('BN') if best else '-'}/{best['params'].get('PINGPONG') if best else '-'}"
+        )
+        print(line, flush=True)
+        table.append(line)
+        xs = rs = xv = rv = []
+        torch.cuda.empty_cache()
+    print("\n".join(["", f"# {props.name}; ratio = cuDNN time / ours", *table]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
