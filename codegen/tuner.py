@@ -31,7 +31,8 @@ from graphc.ir.attrs import attrs_to_json
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+# 2: a record's default is the untuned engine's launches on its GPU (Hopper GEMMs on sm_90), not mma.sync's
+SCHEMA_VERSION = 2
 FAST_CANDIDATES = 6
 
 
