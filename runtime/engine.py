@@ -31,6 +31,20 @@ def _as_array(x: Any, target: str) -> Any:
     return np.asarray(x)
 
 
+def _dtype_or_none(name: str) -> np.dtype | None:
+    """The numpy dtype of a dtype name (ml_dtypes' for bfloat16 and the float8s), None where there
+    is none (such an input is always checked by name, the slow way)."""
+    try:
+        return np.dtype(name)
+    except TypeError:
+        try:
+            import ml_dtypes
+
+            return np.dtype(getattr(ml_dtypes, name))
+        except (ImportError, AttributeError, TypeError):
+            return None
+
+
 @dataclass
 class IOSpec:
     name: str
@@ -50,6 +64,9 @@ class Engine:
     report: dict[str, Any] = field(default_factory=dict)
     build_info: dict[str, Any] = field(default_factory=dict)
     kernels: Any = None  # the CUDA target's KernelSet (sources and cubins)
+    # (name, numpy dtype or None, shape) per input, made on the first run: the per-call check then
+    # compares dtype objects and shape tuples and builds nothing (engine.run's host overhead, issue 11)
+    _feed_checks: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def inputs(self) -> list[IOSpec]:
@@ -64,6 +81,27 @@ class Engine:
         return IOSpec(public, t.dtype, list(t.shape))
 
     def check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        """The feeds as arrays, each checked for name, dtype and shape (and nothing else); an error
+        names the input. Every input present with the right dtype and shape takes the fast path;
+        anything else goes through _check_feeds_slowly, which says what is wrong."""
+        checks = self._feed_checks
+        if checks is None:
+            checks = self._feed_checks = tuple((s.name, _dtype_or_none(s.dtype), tuple(s.shape)) for s in self.inputs)
+        if len(feeds) == len(checks):
+            out = {}
+            for name, dtype, shape in checks:
+                x = feeds.get(name)
+                if x is None:
+                    break
+                x = _as_array(x, self.target)
+                if dtype is None or x.dtype != dtype or x.shape != shape:
+                    break
+                out[name] = x
+            else:
+                return out
+        return self._check_feeds_slowly(feeds)
+
+    def _check_feeds_slowly(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         expected = {s.name: s for s in self.inputs}
         unknown = sorted(set(feeds) - set(expected))
         if unknown:
