@@ -334,7 +334,7 @@ def test_reduce_overhead_b_compiles_default_where_it_did_not_run() -> None:
     assert ro1.b_ms == 0.37 and ro1.b_skipped is None and ro1.extra["b_compile_s"] == 4.0
     assert ro32.b_ms is None and ro32.errors == ["(b): boom"]
     assert failed.b_ms is None and failed.errors == ["RuntimeError: x"]
-    assert len(bench.budget.compiles["default"]["bert"]) == 2 and bench.torch._dynamo.resets == 2
+    assert bench.torch._dynamo.resets == 2  # a fresh dynamo after each compile made for (b)
 
 
 def test_reduce_overhead_b_skipped_with_a_reason_when_the_budget_is_out() -> None:
