@@ -343,7 +343,7 @@ def tune_plan(
     the whole graph: validate_on_gpu does that."""
     import cupy
 
-    from graphc.codegen.build import generate_for_archs
+    from graphc.codegen.build import content_named, generate_for_archs
     from graphc.codegen.tune_search import Budget, Task, budget_seconds, search
     from graphc.runtime.tensormap import is_tmap_arg
 
@@ -391,8 +391,10 @@ def tune_plan(
             out = [KernelChoice.untuned(untuned, first, arch, bench, workspace)]
             for params in space:
                 try:
-                    out.append(KernelChoice.from_sources(params, fam.generate(ctx.with_params(params)), arch, bench,
-                                                         workspace))  # fmt: skip
+                    # named by content, as the engine names them: a winner's cubin is then the kernel
+                    # cache's when the whole-graph check and the final build compile it
+                    made = [content_named(k, ctx.kernel_name()) for k in fam.generate(ctx.with_params(params))]
+                    out.append(KernelChoice.from_sources(params, made, arch, bench, workspace))
                 except Exception as e:  # a candidate that does not render is infinitely slow
                     log.info("tuning %s: candidate %s does not render: %s", first, params, e)
             return out
