@@ -242,8 +242,12 @@ class CUDAContext:
             if out is not None:
                 self._copy_out(out)
                 outs = dict(out)
-            else:
-                outs = {public: view.copy() for public, view, _slot in self._outputs}
+            else:  # new arrays (valid after the next run), each filled by one memcpy, never a copy kernel
+                empty, copy, d2d, stream = cupy.empty, cupy.cuda.runtime.memcpyAsync, self._d2d, self.stream.ptr
+                outs = {}
+                for public, _view, (ptr, nbytes, dtype, shape) in self._outputs:
+                    dst = outs[public] = empty(shape, dtype=dtype)
+                    copy(dst.data.ptr, ptr, nbytes, d2d, stream)
             if to_numpy:
                 return {k: cupy.asnumpy(v, stream=self.stream) for k, v in outs.items()}
             if sync:
