@@ -64,9 +64,6 @@ class Engine:
     report: dict[str, Any] = field(default_factory=dict)
     build_info: dict[str, Any] = field(default_factory=dict)
     kernels: Any = None  # the CUDA target's KernelSet (sources and cubins)
-    # (name, numpy dtype or None, shape) per input, made on the first run: the per-call check then
-    # compares dtype objects and shape tuples and builds nothing (engine.run's host overhead, issue 11)
-    _feed_checks: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def inputs(self) -> list[IOSpec]:
@@ -81,27 +78,10 @@ class Engine:
         return IOSpec(public, t.dtype, list(t.shape))
 
     def check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        """The feeds as arrays, each checked for name, dtype and shape (and nothing else); an error
-        names the input. Every input present with the right dtype and shape takes the fast path;
-        anything else goes through _check_feeds_slowly, which says what is wrong."""
-        checks = self._feed_checks
-        if checks is None:
-            checks = self._feed_checks = tuple((s.name, _dtype_or_none(s.dtype), tuple(s.shape)) for s in self.inputs)
-        if len(feeds) == len(checks):
-            out = {}
-            for name, dtype, shape in checks:
-                x = feeds.get(name)
-                if x is None:
-                    break
-                x = _as_array(x, self.target)
-                if dtype is None or x.dtype != dtype or x.shape != shape:
-                    break
-                out[name] = x
-            else:
-                return out
-        return self._check_feeds_slowly(feeds)
-
-    def _check_feeds_slowly(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        if getattr(self, "dynamic", None) is None:  # a fixed-shape engine: the per-call fast path first
+            fast = self._checked_fast(feeds)
+            if fast is not None:
+                return fast
         expected = {s.name: s for s in self.inputs}
         unknown = sorted(set(feeds) - set(expected))
         if unknown:
@@ -147,6 +127,28 @@ class Engine:
         from graphc.runtime.format import save_engine
 
         save_engine(self, path)
+
+    def _checked_fast(self, feeds: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The feeds as arrays when every input is there with its dtype and shape, else None (then
+        check_feeds' full path says what is wrong). The (name, numpy dtype, shape) of each input is
+        made once: a call compares dtype objects and shape tuples and builds nothing (engine.run's
+        host overhead, issue 11)."""
+        checks = self.__dict__.get("_feed_checks")
+        if checks is None:
+            checks = tuple((s.name, _dtype_or_none(s.dtype), tuple(s.shape)) for s in self.inputs)
+            self.__dict__["_feed_checks"] = checks
+        if len(feeds) != len(checks):
+            return None
+        out = {}
+        for name, dtype, shape in checks:
+            x = feeds.get(name)
+            if x is None:
+                return None
+            x = _as_array(x, self.target)
+            if dtype is None or x.dtype != dtype or x.shape != shape:
+                return None
+            out[name] = x
+        return out
 
     def create_context(self) -> Any:
         """A new execution context (own arena and stream, shared weights) for another thread."""
