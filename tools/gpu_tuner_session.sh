@@ -36,7 +36,7 @@ for w in .whl ../../.whl; do
 done
 python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$log" 2>&1 || { cat "$log"; exit 1; }
 
-step "gpu tests" "$TESTS_S" "$OUT/gpu_tests.log" python3 -m pytest -m gpu -p no:cacheprovider -rfE \
+step "gpu tests" "$TESTS_S" "$OUT/gpu_tests.log" python3 -m pytest -m gpu -p no:cacheprovider -n 4 -rfE \
   tests/codegen/test_tuner_gpu.py tests/runtime/test_cuda_run_path_gpu.py tests/runtime/test_cuda_gpu.py \
   tests/tools/test_bench_torch.py
 step "host overhead bert" "$HOST_S" "$OUT/host_overhead.txt" python3 tools/bench_host_overhead.py --model bert \
