@@ -292,20 +292,33 @@ def build_cuda_engine(
     if opts.tune != "off":
         if local is None:
             raise CompileError("--tune needs a GPU on this machine (tuning times kernels); use --tune off")
-        from graphc.codegen.tuner import tune_plan
+        from graphc.codegen.tune_search import VALIDATION_SHARE, Budget, budget_seconds
+        from graphc.codegen.tuner import tune_plan, validate_on_gpu
 
         with phase("tune"):
             # With a cache_dir of its own (tests, CI) the tuning records live beside the kernels.
             cache_path = Path(opts.cache_dir) / "tuning.sqlite" if opts.cache_dir else None
-            choices = tune_plan(
+            budget = Budget(budget_seconds(opts.tune, getattr(opts, "tune_budget_s", None)))
+            tuned = tune_plan(
                 plan,
                 weights,
                 mode=opts.tune,
                 precision=opts.precision,
                 allow_tf32=opts.allow_tf32,
                 cache_path=cache_path,
+                budget=budget.part(1 - VALIDATION_SHARE),  # the rest is the whole-graph check's
+                progress=opts.progress is not None,
+                cache_dir=opts.cache_dir,
             )
+            # Kept only when the whole graph replays faster than untuned: a tuner that never loses.
+            choices, check = validate_on_gpu(
+                plan, weights, tuned.choices, precision=opts.precision, allow_tf32=opts.allow_tf32,
+                cache_dir=opts.cache_dir,
+            )  # fmt: skip
+            tuned.report["validation"] = check.as_json()
+            tuned.report["tune_s"] = round(budget.spent(), 2)
         report["tuning"] = choices
+        report["tune"] = tuned.report
     archs = list(dict.fromkeys(archs))  # each arch once, in the order given
     with phase("codegen"):
         kernels = generate_for_archs(

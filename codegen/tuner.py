@@ -1,17 +1,22 @@
-"""The auto-tuner: candidate kernels per (family, template, shapes, dtypes, epilogue, GPU), timed on
-the GPU, the fastest correct one kept; decisions persist in SQLite.
+"""The auto-tuner on the GPU: candidate kernels per (family, template, shapes, dtypes, epilogue, GPU),
+timed, the fastest correct one kept; decisions persist in SQLite; the tuned engine is kept only when
+its whole graph replays faster than the untuned one (validate_on_gpu). The search itself, its budget
+and the whole-graph rule are in tune_search.py (tested without a GPU).
 
 Timing follows DESIGN: CUDA events, warm-up, median of many runs, inputs rotated between several
 buffer sets (or L2 flushed when they are large), so repeated runs do not measure the cache. Each
-candidate's output is checked against the heuristic default's before it is accepted; a candidate that
-fails to compile, launch or match is treated as infinitely slow.
+candidate's output is checked against the default's before it is accepted; a candidate that fails to
+compile, launch or match is treated as infinitely slow. The default is what the untuned engine runs
+on this GPU (on sm_90 its Hopper GEMMs): a step the tuner leaves alone keeps exactly that.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import os
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -26,9 +31,9 @@ from graphc.ir.attrs import attrs_to_json
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+# 2: a record's default is the untuned engine's launches on its GPU (Hopper GEMMs on sm_90), not mma.sync's
+SCHEMA_VERSION = 2
 FAST_CANDIDATES = 6
-MARGIN = 0.03  # a candidate replaces the heuristic default only when this much faster
 
 
 @dataclass(frozen=True)
@@ -158,6 +163,7 @@ class StepBench:
                 bufs[n] = cupy.asarray(a)
             self.inputs.append(bufs)
         self.outputs = {n: cupy.empty(max(ctx.tensors[n].nbytes, 1), dtype=cupy.uint8) for n in step.outputs}
+        self.sms = int(cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"])
 
     def run(self, launches, functions, workspace, which: int = 0) -> None:
         bufs = self.inputs[which % self.sets]
@@ -170,7 +176,10 @@ class StepBench:
                     args.append(bufs[a])
                 else:
                     args.append(self.outputs[a])
-            functions[ln.digest]((*ln.grid,), (*ln.block,), tuple(args), shared_mem=ln.shared_bytes)
+            grid = tuple(ln.grid)
+            if ln.params.get("persistent"):  # a CTA per SM at most, as the engine launches it
+                grid = (min(grid[0], self.sms), *grid[1:])
+            functions[ln.digest](grid, (*ln.block,), tuple(args), shared_mem=ln.shared_bytes)
 
     def time(self, launches, functions, workspace, warmup: int = 3, reps: int = 15, inner: int = 10) -> float:
         """Median over `reps` of the mean of `inner` back-to-back runs: a step of a few microseconds
@@ -197,6 +206,124 @@ class StepBench:
         return {n: self.cupy.asnumpy(b) for n, b in self.outputs.items()}
 
 
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What a tuning record is valid for beside the kernel itself: the GPU, its SM and the driver."""
+
+    gpu: str
+    sm: str
+    driver: str
+
+    @classmethod
+    def of(cls, device: int = 0) -> DeviceInfo:
+        import cupy
+
+        props = cupy.cuda.runtime.getDeviceProperties(device)
+        gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        sm = cupy.cuda.Device(device).compute_capability
+        return cls(gpu, sm, str(cupy.cuda.runtime.driverGetVersion()))
+
+
+def tuning_key(ctx: StepContext, family: str, dev: DeviceInfo) -> TuningKey:
+    """The cache key of one step's decision: family, template hash, the step's dtypes, shapes and
+    attrs (step_signature), and the GPU, SM and driver."""
+    return TuningKey(family, template_hash(family), step_signature(ctx), dev.gpu, dev.sm, dev.driver)
+
+
+class _LazyBench:
+    """The StepBench of one task, made on first use in the thread that times (the one that owns the
+    GPU), never in the background thread that renders and compiles candidates."""
+
+    def __init__(self, ctx: StepContext, device: int):
+        self.ctx, self.device, self.bench = ctx, device, None
+
+    def get(self) -> StepBench:
+        if self.bench is None:
+            self.bench = StepBench(self.ctx, self.device)
+        return self.bench
+
+
+class KernelChoice:
+    """One candidate of a step (Inductor's ChoiceCaller): its launches and their sources, NVRTC jobs,
+    loading, one checked run and a benchmark. `params` None: the launches an untuned engine runs."""
+
+    def __init__(
+        self,
+        params: dict[str, Any] | None,
+        launches: list[Any],
+        sources: dict[str, tuple[str, str, str]],  # digest -> (function name, CUDA source, arch)
+        workspace_bytes: int,
+        bench: _LazyBench,
+        workspace: Any,
+    ):
+        self.params, self.launches, self.sources = params, launches, sources
+        self.workspace_bytes, self.bench, self.workspace = workspace_bytes, bench, workspace
+        self.functions: dict[str, Any] = {}
+        self._modules: list[Any] = []
+
+    @classmethod
+    def from_sources(cls, params: dict[str, Any], made: list[Any], arch: str, bench: _LazyBench, workspace: Any):
+        from graphc.runtime.plan import Launch
+
+        launches = [
+            Launch(s.name, s.digest, list(s.grid), list(s.block), list(s.args), s.shared_bytes, s.family,
+                   dict(s.params))
+            for s in made
+        ]  # fmt: skip
+        sources = {s.digest: (s.name, s.source, s.params.get("requires_arch") or arch) for s in made}
+        return cls(params, launches, sources, max((s.workspace_bytes for s in made), default=0), bench, workspace)
+
+    @classmethod
+    def untuned(cls, kernels: Any, step: str, arch: str, bench: _LazyBench, workspace: Any) -> KernelChoice:
+        """The step's launches in the untuned engine for `arch` (the Hopper GEMMs on sm_90 included):
+        the default that every candidate must beat is what would run without tuning."""
+        sk = kernels.step_kernels(arch)[step]
+        sources = {
+            ln.digest: (kernels.names[ln.digest], kernels.sources[ln.digest], kernels.requires.get(ln.digest) or arch)
+            for ln in sk.launches
+        }
+        return cls(None, list(sk.launches), sources, sk.workspace_bytes, bench, workspace)
+
+    def compile_jobs(self) -> list[Any]:
+        from graphc.codegen.nvrtc import CompileJob
+
+        return [CompileJob(name, src, arch) for name, src, arch in self.sources.values()]
+
+    def load(self, cubins: list[bytes]) -> None:
+        import cupy
+
+        from graphc.runtime.cuda import allow_large_shared_memory
+        from graphc.runtime.tensormap import is_tmap_arg
+
+        if self.workspace_bytes > self.workspace.nbytes:
+            raise RuntimeError(f"needs {self.workspace_bytes} bytes of workspace")
+        if any(is_tmap_arg(a) for ln in self.launches for a in ln.args):
+            # the bench has no tensor maps for its own buffers: such a kernel is not timed alone
+            raise RuntimeError("launches with tensor maps (TMA) are not timed on their own")
+        for (digest, (name, _src, _arch)), cubin in zip(self.sources.items(), cubins, strict=True):
+            mod = cupy.cuda.function.Module()
+            mod.load(cubin)
+            self._modules.append(mod)
+            self.functions[digest] = mod.get_function(name)
+        for ln in self.launches:
+            if ln.shared_bytes > 48 * 1024:
+                allow_large_shared_memory(self.functions[ln.digest], ln.shared_bytes)
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        bench = self.bench.get()
+        bench.run(self.launches, self.functions, self.workspace, 0)
+        return bench.output_bytes()
+
+    def benchmark(self) -> float:
+        return self.bench.get().time(self.launches, self.functions, self.workspace)
+
+
+@dataclass
+class TuneResult:
+    choices: dict[str, dict[str, Any]]  # step name -> template parameters, only where not the default
+    report: dict[str, Any]
+
+
 def tune_plan(
     plan: LoweredPlan,
     weights: dict[str, np.ndarray],
@@ -206,100 +333,234 @@ def tune_plan(
     allow_tf32: bool,
     cache_path: str | Path | None = None,
     device: int = 0,
-) -> dict[str, dict[str, Any]]:
-    """Choose template parameters for every step whose family declares a search space."""
+    budget: Any = None,
+    progress: bool = False,
+    cache_dir: str | Path | None = None,
+) -> TuneResult:
+    """Choose template parameters for the steps whose family declares a search space, within
+    `budget` (a tune_search.Budget; default the mode's). Each distinct step (cache key) is tuned once,
+    the most repeated first; decisions persist in the SQLite cache. The result is not yet proved on
+    the whole graph: validate_on_gpu does that."""
     import cupy
 
-    from graphc.codegen.kernel import KernelSource
-    from graphc.codegen.nvrtc import compile_cubin
-    from graphc.runtime.plan import Launch
+    from graphc.codegen.build import content_named, generate_for_archs
+    from graphc.codegen.tune_search import Budget, Task, budget_seconds, search
+    from graphc.runtime.tensormap import is_tmap_arg
 
     if mode == "off":
-        return {}
+        return TuneResult({}, {})
+    budget = budget or Budget(budget_seconds(mode))
+    dev = DeviceInfo.of(device)
+    arch = f"sm_{dev.sm}"
     cache = TuningCache(cache_path or default_tuning_cache())
-    dev = cupy.cuda.Device(device)
-    props = cupy.cuda.runtime.getDeviceProperties(device)
-    gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    sm = dev.compute_capability
-    driver = str(cupy.cuda.runtime.driverGetVersion())
-    arch = f"sm_{sm}"
-    choices: dict[str, dict[str, Any]] = {}
+    # The untuned engine's launches for this GPU: every step's default, Hopper paths included.
+    untuned = generate_for_archs(plan, weights, [arch], precision=precision, allow_tf32=allow_tf32)
     workspace = cupy.empty(256 << 20, dtype=cupy.uint8)
+    by_key: dict[TuningKey, list[str]] = {}
+    contexts: dict[TuningKey, tuple[StepContext, Any, list[dict[str, Any]]]] = {}
     for step in plan.steps:
         if step.alias:
             continue
         ctx = plan.context(step, weights, precision=precision, allow_tf32=allow_tf32)
         fam = family_for(ctx)
-        if fam.search_space is None:
-            continue
-        space = fam.search_space(ctx)
+        space = fam.search_space(ctx) if fam.search_space is not None else []
         if not space:
             continue
-        if mode == "fast":
-            space = space[:FAST_CANDIDATES]
-        key = TuningKey(fam.name, template_hash(fam.name), step_signature(ctx), gpu, sm, driver)
+        key = tuning_key(ctx, fam.name, dev)
+        by_key.setdefault(key, []).append(step.name)
+        contexts.setdefault(key, (ctx, fam, space[:FAST_CANDIDATES] if mode == "fast" else space))
+    choices: dict[str, dict[str, Any]] = {}
+    hits, tasks = 0, []
+    for key, steps in sorted(by_key.items(), key=lambda kv: -len(kv[1])):  # the most repeated first
         hit = cache.get(key)
         if hit is not None:
-            choices[step.name] = hit[0]
+            hits += 1
+            if hit[0]:  # {}: the default won; the step stays as an untuned engine runs it
+                choices.update({s: dict(hit[0]) for s in steps})
             continue
-        bench = StepBench(ctx, device)
-        best: tuple[float, dict[str, Any]] | None = None
-        reference: dict[str, np.ndarray] | None = None
-        default_ms = float("inf")  # stays so if the default itself fails: then the best candidate wins
-        for params in [None, *space]:
-            try:
-                sources: list[KernelSource] = fam.generate(ctx.with_params(params))
-                if any(s.workspace_bytes > workspace.nbytes for s in sources):
-                    continue
-                functions, launches = {}, []
-                for s in sources:
-                    mod = cupy.cuda.function.Module()
-                    mod.load(compile_cubin(s.source, s.name, arch))
-                    fn = mod.get_function(s.name)
-                    if s.shared_bytes > 48 * 1024:
-                        from graphc.runtime.cuda import allow_large_shared_memory
+        ctx, fam, space = contexts[key]
+        default = untuned.step_kernels(arch)[steps[0]].launches
+        if any(is_tmap_arg(a) for ln in default for a in ln.args):
+            # The bench has no tensor maps over its own buffers, so the default (a TMA GEMM) cannot be
+            # timed alone, and no candidate can be proved faster than it: the steps stay untuned.
+            log.info("tuning %s: its default uses tensor maps (TMA) and is not timed alone; left untuned", steps[0])
+            continue
 
-                        allow_large_shared_memory(fn, s.shared_bytes)
-                    functions[s.digest] = (fn, mod)
-                    launches.append(
-                        Launch(
-                            s.name,
-                            s.digest,
-                            list(s.grid),
-                            list(s.block),
-                            list(s.args),
-                            s.shared_bytes,
-                            s.family,
-                            dict(s.params),
-                        )
-                    )
-                fns = {d: f for d, (f, _m) in functions.items()}
-                bench.run(launches, fns, workspace, 0)
-                out = bench.output_bytes()
-                if reference is None:
-                    reference = out
-                elif not _outputs_match(ctx, out, reference):
-                    log.info("tuning %s: candidate %s gives different outputs; rejected", step.name, params)
-                    continue
-                ms = bench.time(launches, fns, workspace)
-            except Exception as e:  # a failing candidate is infinitely slow
-                log.info("tuning %s: candidate %s failed: %s", step.name, params, e)
-                continue
-            # The heuristic default (params None, kept as {}) competes too, with a head start: a
-            # candidate must beat it by MARGIN, since a gain inside the timing noise of a few-
-            # microsecond kernel did not hold in the whole graph (ResNet-50 on an H200 ran 3% slower).
-            if params is None:
-                best, default_ms = (ms, {}), ms
-            elif ms < default_ms * (1 - MARGIN) and (best is None or ms < best[0]):
-                best = (ms, params)
-        if best is not None:
-            choices[step.name] = best[1]
-            cache.put(key, best[1], best[0], len(space))
-            log.info(
-                "tuned %s: %s in %.4f ms (%d candidates)", step.name, best[1] or "the default", best[0], len(space)
-            )
+        def make(ctx=ctx, fam=fam, space=space, first=steps[0]) -> list[Any]:
+            bench = _LazyBench(ctx, device)
+            out = [KernelChoice.untuned(untuned, first, arch, bench, workspace)]
+            for params in space:
+                try:
+                    # named by content, as the engine names them: a winner's cubin is then the kernel
+                    # cache's when the whole-graph check and the final build compile it
+                    made = [content_named(k, ctx.kernel_name()) for k in fam.generate(ctx.with_params(params))]
+                    out.append(KernelChoice.from_sources(params, made, arch, bench, workspace))
+                except Exception as e:  # a candidate that does not render is infinitely slow
+                    log.info("tuning %s: candidate %s does not render: %s", first, params, e)
+            return out
+
+        tasks.append(Task(key, steps, make, label=f"{steps[0]} ({fam.name}, {len(steps)} step(s))"))
+
+    def record(task: Task, pick: Any) -> None:
+        if pick is None:
+            return
+        cache.put(task.key, pick.params or {}, pick.ms, pick.timed)
+        if pick.params:
+            choices.update({s: dict(pick.params) for s in task.steps})
+        log.info("tuned %s: %s in %.4f ms (default %.4f ms)", task.label, pick.params or "the default", pick.ms,
+                 pick.default_ms)  # fmt: skip
+
+    def compile_fn(jobs: list[Any]) -> list[bytes]:
+        return compile_in_threads(jobs, cache_dir)
+
+    with _progress_bar(progress, len(tasks), budget) as advance:
+
+        def on_task(task: Task, pick: Any) -> None:
+            record(task, pick)
+            advance(task.label)
+
+        found = search(tasks, budget=budget, compile_fn=compile_fn, check=_checker(contexts), on_task=on_task)
     cache.close()
-    return choices
+    report = {
+        "mode": mode,
+        "budget_s": round(budget.seconds, 1),
+        "search_s": found.seconds,
+        "distinct_steps": len(by_key),
+        "cache_hits": hits,
+        "timed": found.timed_tasks,
+        "stopped_by_budget": found.stopped_by_budget,
+        "not_reached": found.untouched,
+        "changed_steps": len(choices),
+    }
+    return TuneResult(choices, report)
+
+
+def compile_in_threads(jobs: list[Any], cache_dir: str | Path | None = None, workers: int | None = None) -> list[bytes]:
+    """NVRTC for the tuner's candidates in threads (the compile releases the GIL; NVRTC compiles
+    distinct programs concurrently), through the kernel cache. Threads, not nvrtc.compile_all's
+    worker processes: this runs beside the thread that times kernels, and forking a process whose
+    threads hold CUDA and logging locks is not safe. Identical jobs are compiled once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from graphc.codegen.nvrtc import compile_all, nvrtc_version
+
+    version = nvrtc_version()
+    unique: dict[str, Any] = {}
+    for j in jobs:
+        unique.setdefault(j.key(version), j)
+    keys = list(unique)
+    n = max(1, min(len(keys), workers or os.cpu_count() or 1))
+    chunks = [keys[i::n] for i in range(n)]  # one chunk per thread: no key is written by two threads
+    with ThreadPoolExecutor(max_workers=n, thread_name_prefix="graphc-nvrtc") as pool:
+        outs = list(pool.map(lambda ks: compile_all([unique[k] for k in ks], cache_dir=cache_dir, workers=1), chunks))
+    by_key = {k: cubin for ks, cubins in zip(chunks, outs, strict=True) for k, cubin in zip(ks, cubins, strict=True)}
+    return [by_key[j.key(version)] for j in jobs]
+
+
+def _checker(contexts: dict[TuningKey, tuple[StepContext, Any, Any]]):
+    """An output check for pick_best: outputs compared at the tolerance of the step's dtype (the
+    outputs carry their step's names, which say whose context it is)."""
+    by_output = {n: ctx for ctx, _f, _s in contexts.values() for n in ctx.step.outputs}
+
+    def check(out: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> bool:
+        ctx = by_output[next(iter(out))]
+        return _outputs_match(ctx, out, ref)
+
+    return check
+
+
+@contextlib.contextmanager
+def _progress_bar(show: bool, total: int, budget: Any):
+    """A rich progress bar on stderr (transient) when asked; else nothing."""
+    if not show or total == 0:
+        yield lambda label: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("  tuning"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
+        t = bar.add_task(f"budget {budget.seconds:.0f} s", total=total)
+
+        def advance(label: str) -> None:
+            bar.update(t, advance=1, description=f"{max(0.0, budget.left()):.0f} s left · {label[:40]}")
+
+        yield advance
+
+
+def validate_on_gpu(
+    plan: LoweredPlan,
+    weights: dict[str, np.ndarray],
+    choices: dict[str, dict[str, Any]],
+    *,
+    precision: str,
+    allow_tf32: bool,
+    cache_dir: str | Path | None = None,
+    device: int = 0,
+) -> tuple[dict[str, dict[str, Any]], Any]:
+    """The whole-graph check: the untuned and the tuned engine for this GPU, built as the compiler
+    builds them, their CUDA graphs replayed interleaved; `choices` kept only when faster by the
+    margin (tune_search.validate)."""
+    from graphc.codegen.build import compile_kernels, complete_plan, generate_for_archs
+    from graphc.codegen.memory import plan_memory
+    from graphc.codegen.tune_search import validate
+    from graphc.runtime.cuda import CUDAExecutor
+
+    arch = f"sm_{DeviceInfo.of(device).sm}"
+
+    def build(ch: dict[str, dict[str, Any]]) -> Any:
+        ks = generate_for_archs(plan, weights, [arch], precision=precision, allow_tf32=allow_tf32, choices=ch)
+        final = complete_plan(plan, ks)
+        compile_kernels(ks, [arch], cache_dir=cache_dir)
+        return CUDAExecutor(final.for_arch(arch), plan_memory(final), weights, ks.cubins[arch], ks.names,
+                            device=device, launch_arch=arch)  # fmt: skip
+
+    try:
+        return validate(choices, build, graph_replay_ms)
+    finally:
+        import cupy
+
+        cupy.get_default_memory_pool().free_all_blocks()  # the two engines' arenas and weights
+
+
+def graph_replay_ms(executors: list[Any], rounds: int = 7, calls: int = 20) -> list[float]:
+    """Median GPU time of one replay of each executor's CUDA graph (events around `calls` replays),
+    the executors taking turns round by round so that clock and thermal drift fall on all of them."""
+    import cupy
+
+    rng = np.random.default_rng(0)
+    ctxs = [e.default for e in executors]
+    for c in ctxs:
+        with cupy.cuda.Device(c.device):
+            for name in c.plan.inputs:  # random floats, zero indices: valid for any gather
+                view = c.views[name]
+                dt = np.dtype(view.dtype)
+                host = np.zeros(view.shape, dt)
+                if dt.kind == "f" or dt.name == "bfloat16":
+                    host = rng.standard_normal(view.shape).astype(dt)
+                view.set(host)
+            c.run({n: c.views[n] for n in c.plan.inputs}, sync=True)  # captures the graph
+    times: list[list[float]] = [[] for _ in ctxs]
+    for _ in range(rounds):
+        for k, c in enumerate(ctxs):
+            with cupy.cuda.Device(c.device):
+                for _ in range(2):  # warm-up after the other engine ran
+                    c.graph.launch(stream=c.stream)
+                start, end = cupy.cuda.Event(), cupy.cuda.Event()
+                start.record(c.stream)
+                for _ in range(calls):
+                    c.graph.launch(stream=c.stream)
+                end.record(c.stream)
+                end.synchronize()
+                times[k].append(cupy.cuda.get_elapsed_time(start, end) / calls)
+    return [float(np.median(t)) for t in times]
 
 
 def _outputs_match(ctx: StepContext, out: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> bool:

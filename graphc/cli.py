@@ -262,6 +262,7 @@ def _check_target_flags(args: argparse.Namespace) -> None:
         for flag, on in (
             ("--arch", args.arch),
             ("--tune", args.tune not in (None, "off")),
+            ("--tune-budget-s", args.tune_budget_s is not None),
             ("--allow-tf32", args.allow_tf32),
         )
         if on
@@ -297,6 +298,9 @@ def _add_compile(sub) -> None:
         )
     c.add_argument("--opt-level", type=int, default=2, choices=[0, 1, 2, 3])
     c.add_argument("--tune", choices=["off", "fast", "full"], default=None, help="auto-tune kernels on this GPU")
+    c.add_argument(
+        "--tune-budget-s", type=float, default=None, help="the tuner's wall-clock budget (default fast 60, full 600)"
+    )
     c.add_argument("--allow-tf32", action="store_true", help="let fp32 GEMMs/convolutions use TF32 tensor cores")
     c.add_argument("--report", help="write the compile report (JSON) here")
     c.add_argument("--dump-ir", help="write the IR after every pass into this folder")
@@ -330,6 +334,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
     precision = _resolve_precision(args)
     _check_target_flags(args)
+    if args.tune_budget_s is not None and args.tune in (None, "off"):
+        raise UsageError("--tune-budget-s: only with --tune fast or --tune full")
     shapes = parse_shapes(args.shapes)
     profile_opts = _profile_flags(args)
     model = Path(args.model)
@@ -359,6 +365,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         dump_ir=args.dump_ir,
         arch=parse_arch(args.arch),
         tune=args.tune or "off",
+        tune_budget_s=args.tune_budget_s,
         allow_tf32=args.allow_tf32,
         progress=_progress_printer(console) if not args.quiet else None,
         **profile_opts,

@@ -31,6 +31,7 @@ class CompileOptions:
     verify: verify the IR after every pass (tests always do).
     arch: CUDA architectures to build cubin for (default sm_80, sm_86, sm_89, sm_90).
     tune: "off" | "fast" | "full" auto-tuning of kernel parameters (CUDA target).
+    tune_budget_s: the tuner's wall-clock budget in seconds (default 60 for fast, 600 for full).
     allow_tf32: let fp32 GEMMs and convolutions use TF32 tensor cores.
     calibration_*: precision "int8" (graphc/calibrate.py): the samples (CALIB.npz of [N, *shape]
     per input, a folder of .npz feeds, or an iterable of feed dicts), "minmax" | "entropy" |
@@ -45,6 +46,7 @@ class CompileOptions:
     verify: bool = False
     arch: Sequence[str] | None = None
     tune: str = "off"
+    tune_budget_s: float | None = None
     allow_tf32: bool = False
     cache_dir: str | Path | None = None
     progress: Callable[[str, str], None] | None = None  # (phase, "start" | "done"), for progress bars
@@ -75,6 +77,8 @@ class CompileOptions:
             raise CompileError(f"opt_level must be 0..3, got {self.opt_level}")
         if self.tune not in ("off", "fast", "full"):
             raise CompileError(f"tune must be off, fast or full, got {self.tune!r}")
+        if self.tune_budget_s is not None and not (0 < float(self.tune_budget_s) < float("inf")):
+            raise CompileError(f"tune_budget_s must be a positive number of seconds, got {self.tune_budget_s!r}")
         if self.precision == "int8" and self.target == "cuda":
             raise CompileError(
                 "precision int8: int8 CUDA kernels are not built yet (issue 13); "

@@ -166,6 +166,22 @@ class CUDAContext:
                     self.launches.append((fn, grid, tuple(ln.block), args, ln.shared_bytes, step.name))
         self.graph = None
         self.lock = threading.Lock()
+        self.prepare_io()
+
+    def prepare_io(self) -> None:
+        """Per-call constants of run(), computed once: each input's and output's view, address,
+        bytes, dtype and shape, so that a call allocates nothing and looks nothing up by name twice."""
+        self._inputs = [(n, self.views[n], self._slot(n)) for n in self.plan.inputs]
+        self._outputs = [
+            (public, self.views[n], self._slot(n))
+            for public, n in zip(self.plan.output_names, self.plan.outputs, strict=True)
+        ]
+        self._d2d = int(getattr(self.cupy.cuda.runtime, "memcpyDeviceToDevice", 3))
+        self._slow_logged = False
+
+    def _slot(self, name: str) -> tuple[int, int, Any, tuple[int, ...]]:
+        v = self.views[name]
+        return int(v.data.ptr), int(v.nbytes), v.dtype, tuple(v.shape)
 
     def _tensor_maps(self, plan: KernelPlan, views: dict[str, Any]) -> TensorMapTable | None:
         """Every launch's tensor maps, encoded for this context's addresses (arena and weights) in
@@ -190,15 +206,27 @@ class CUDAContext:
             fn(grid, block, args, shared_mem=smem, stream=self.stream)
 
     def run(
-        self, feeds: Mapping[str, Any], *, use_graph: bool = True, to_numpy: bool = False, sync: bool = True
+        self,
+        feeds: Mapping[str, Any],
+        *,
+        use_graph: bool = True,
+        to_numpy: bool = False,
+        sync: bool = True,
+        out: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
+        """One inference. Inputs are copied into the engine's slots (numpy: host to device; a cupy
+        array of the slot's dtype and shape, C-contiguous, on this device: one device-to-device
+        memcpy on the engine's stream, none when it already is the slot). Outputs are returned as
+        new arrays, or copied into `out` (cupy arrays by output name, of the outputs' dtypes and
+        shapes: no allocation per call). With sync=False the call returns once the work is queued."""
         cupy = self.cupy
         with self.lock, cupy.cuda.Device(self.device), self.stream:
-            for name in self.plan.inputs:
+            for name, view, (ptr, nbytes, dtype, shape) in self._inputs:
                 x = feeds[name]
-                view = self.views[name]
                 if isinstance(x, np.ndarray):
-                    view.set(np.ascontiguousarray(x), stream=self.stream)
+                    view.set(x if x.flags.c_contiguous else np.ascontiguousarray(x), stream=self.stream)
+                elif isinstance(x, cupy.ndarray):
+                    self._copy_in(x, view, ptr, nbytes, dtype, shape, name)
                 else:
                     view[...] = cupy.asarray(x) if hasattr(x, "__cuda_array_interface__") else cupy.from_dlpack(x)
             if use_graph:
@@ -211,15 +239,45 @@ class CUDAContext:
                 self.graph.launch(stream=self.stream)
             else:
                 self.launch_all()
-            outs = {
-                public: self.views[name].copy()
-                for public, name in zip(self.plan.output_names, self.plan.outputs, strict=True)
-            }
+            if out is not None:
+                self._copy_out(out)
+                outs = dict(out)
+            else:  # new arrays (valid after the next run), each filled by one memcpy, never a copy kernel
+                empty, copy, d2d, stream = cupy.empty, cupy.cuda.runtime.memcpyAsync, self._d2d, self.stream.ptr
+                outs = {}
+                for public, _view, (ptr, nbytes, dtype, shape) in self._outputs:
+                    dst = outs[public] = empty(shape, dtype=dtype)
+                    copy(dst.data.ptr, ptr, nbytes, d2d, stream)
             if to_numpy:
                 return {k: cupy.asnumpy(v, stream=self.stream) for k, v in outs.items()}
             if sync:
                 self.stream.synchronize()
             return outs
+
+    def _copy_in(self, x: Any, view: Any, ptr: int, nbytes: int, dtype: Any, shape: tuple, name: str) -> None:
+        src = x.data.ptr
+        if src == ptr and x.shape == shape and x.dtype == dtype:
+            return  # the engine's own slot (a caller writing its input in place): nothing to copy
+        if x.dtype == dtype and x.shape == shape and x.flags.c_contiguous and x.device.id == self.device:
+            self.cupy.cuda.runtime.memcpyAsync(ptr, src, nbytes, self._d2d, self.stream.ptr)
+            return
+        if not self._slow_logged:  # a strided or other-device array: an elementwise copy kernel instead
+            log.info("input '%s': not a C-contiguous array on device %d; copied by a kernel", name, self.device)
+            self._slow_logged = True
+        view[...] = x
+
+    def _copy_out(self, out: Mapping[str, Any]) -> None:
+        if len(out) != len(self._outputs):
+            raise EngineError(f"out= names {sorted(out)}; the engine's outputs are {[o[0] for o in self._outputs]}")
+        for public, _view, (ptr, nbytes, dtype, shape) in self._outputs:
+            dst = out.get(public)
+            if dst is None:
+                raise EngineError(f"out= has no array for output '{public}'")
+            if not isinstance(dst, self.cupy.ndarray) or dst.dtype != dtype or dst.shape != shape:
+                raise EngineError(f"out['{public}'] must be a cupy array of dtype {dtype} and shape {shape}")
+            if not dst.flags.c_contiguous or dst.device.id != self.device:
+                raise EngineError(f"out['{public}'] must be C-contiguous and on device {self.device}")
+            self.cupy.cuda.runtime.memcpyAsync(int(dst.data.ptr), ptr, nbytes, self._d2d, self.stream.ptr)
 
 
 class CUDAExecutor:

@@ -31,6 +31,20 @@ def _as_array(x: Any, target: str) -> Any:
     return np.asarray(x)
 
 
+def _dtype_or_none(name: str) -> np.dtype | None:
+    """The numpy dtype of a dtype name (ml_dtypes' for bfloat16 and the float8s), None where there
+    is none (such an input is always checked by name, the slow way)."""
+    try:
+        return np.dtype(name)
+    except TypeError:
+        try:
+            import ml_dtypes
+
+            return np.dtype(getattr(ml_dtypes, name))
+        except (ImportError, AttributeError, TypeError):
+            return None
+
+
 @dataclass
 class IOSpec:
     name: str
@@ -83,6 +97,10 @@ class Engine:
     def check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         """The feeds as arrays, each checked against its input's dtype and shape (with profiles:
         its rank; the profiles check the dims)."""
+        if getattr(self, "dynamic", None) is None:  # a fixed-shape engine: the per-call fast path first
+            fast = self._checked_fast(feeds)
+            if fast is not None:
+                return fast
         expected = {s.name: s for s in self.inputs}
         unknown = sorted(set(feeds) - set(expected))
         if unknown:
@@ -151,6 +169,28 @@ class Engine:
         from graphc.runtime.format import save_engine
 
         save_engine(self, path)
+
+    def _checked_fast(self, feeds: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The feeds as arrays when every input is there with its dtype and shape, else None (then
+        check_feeds' full path says what is wrong). The (name, numpy dtype, shape) of each input is
+        made once: a call compares dtype objects and shape tuples and builds nothing (engine.run's
+        host overhead, issue 11)."""
+        checks = self.__dict__.get("_feed_checks")
+        if checks is None:
+            checks = tuple((s.name, _dtype_or_none(s.dtype), tuple(s.shape)) for s in self.inputs)
+            self.__dict__["_feed_checks"] = checks
+        if len(feeds) != len(checks):
+            return None
+        out = {}
+        for name, dtype, shape in checks:
+            x = feeds.get(name)
+            if x is None:
+                return None
+            x = _as_array(x, self.target)
+            if dtype is None or x.dtype != dtype or x.shape != shape:
+                return None
+            out[name] = x
+        return out
 
     def create_context(self) -> Any:
         """A new execution context (own arena and stream, shared weights) for another thread."""

@@ -16,13 +16,15 @@ Both sides are timed the same two ways (tools/bench_timing.py): (a) the ordinary
 (`engine.run(feeds)` with device inputs and outputs left on the device, against the module call): 10
 warm-up calls, then 3 x 50 calls with one device sync after each 50, best mean; (b) the GPU time of
 one CUDA-graph replay (graphc's captured graph; torch.cuda.CUDAGraph around the eager or compiled
-module; "reduce-overhead" replays its own graphs and has no (b)). Cosines are each side's worst output
-against PyTorch fp32 eager (TF32 off); kernel counts come from the profiler for both sides; setup time
-is build/compile through the end of the third call, for both sides.
+module; for "reduce-overhead", whose own graphs cannot be timed alone, a torch.cuda.CUDAGraph around
+the module compiled in mode default, the same inductor kernels: what reduce-overhead captures).
+Cosines are each side's worst output against PyTorch fp32 eager (TF32 off); kernel counts come
+from the profiler for both sides; setup time is build/compile through the end of the third call.
 
 --budget-s bounds the run: every model first gets its exports, graphc engines and PyTorch eager;
-the torch.compile modes come after (reduce-overhead, then default, then max-autotune, the last
-time-boxed per model by --autotune-box-s), each compile skipped with a logged reason when its
+the torch.compile modes come after (reduce-overhead, then default, then reduce-overhead's (b),
+which takes default's replay where default ran and compiles mode default for it where not, then
+max-autotune, the last time-boxed per model by --autotune-box-s), each compile skipped with a logged reason when its
 estimated time (the model's own earlier compiles, else the mean of other models', else a prior) does
 not fit in what is left. The Markdown and JSON files are rewritten after every measurement.
 
@@ -63,10 +65,14 @@ log = logging.getLogger("bench_torch")
 
 TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 MODE_ALIASES = {"compile": "default", "compile-cudagraphs": "reduce-overhead"}  # the old names
-COMPILE_ORDER = ("reduce-overhead", "default", "max-autotune-no-cudagraphs")  # the budget's priority
+# The budget's priority. RO_GRAPH is reduce-overhead's (b): a capture of mode default's compile (a
+# compile of its own only where default is not among the modes), after every model's (a) of both.
+RO_GRAPH = "reduce-overhead (b)"
+COMPILE_ORDER = ("reduce-overhead", "default", RO_GRAPH, "max-autotune-no-cudagraphs")
 # Seconds, before anything was measured: one torch.compile of a full-size model on an H200 host
 # (5-60 s were seen for default/reduce-overhead), and one model's exports + engines + eager.
 COMPILE_PRIOR_S = {"default": 30.0, "reduce-overhead": 30.0, "max-autotune-no-cudagraphs": 120.0}
+RO_PENDING = "pending: a CUDA graph of mode default's compile (the same kernels), after the compile modes"
 BASE_PRIOR_S = 15.0
 FULL = {"batch": "1,8,32", "precision": "fp16,bf16", "exporters": "torchscript,dynamo", "modes": ",".join(TORCH_MODES)}
 QUICK_BUDGET_S = 400.0  # with a minute's margin for a compile under way, one 9-minute GPU call
@@ -224,10 +230,13 @@ class Bench:
             log.info("%s done in %.1f s (%d of %d); %.0f s left", name, time.monotonic() - t0, i + 1,
                      len(self.args.models), self.budget.left())  # fmt: skip
         for mode in COMPILE_ORDER:
-            if mode in self.args.modes:
+            if (mode if mode != RO_GRAPH else "reduce-overhead") in self.args.modes:
                 for state in states:
                     try:
-                        self.compile_mode(state, mode)
+                        if mode == RO_GRAPH:
+                            self.reduce_overhead_graph(state)
+                        else:
+                            self.compile_mode(state, mode)
                     except Exception as e:  # each compile records its own errors; this is anything else
                         log.exception("%s %s failed", state.name, mode)
                         self.skip(f"{state.name} {mode} (the rest of it)", short(e))
@@ -346,7 +355,8 @@ class Bench:
         del ref
         return [o.float() for o in outs]
 
-    def torch_mode(self, state: ModelState, mode: str, precision: str, batch: int) -> Measure:
+    def torch_mode(self, state: ModelState, mode: str, precision: str, batch: int, steady: bool = True) -> Measure:
+        """One PyTorch mode at one (precision, batch): (a) unless not `steady`, (b), cosine, kernels."""
         torch = self.torch
         subj = state.subjects[(precision, batch)]
         m = Measure()
@@ -369,7 +379,8 @@ class Bench:
                     self.budget.compiles[mode].setdefault(state.name, []).append(m.setup_s)
                 m.cosine = worst_cosine([o.float() for o in outs], subj.refs)
                 del outs
-                m.a_ms = round(bench_timing.steady_ms(call, self.sync, self.protocol), 4)
+                if steady:
+                    m.a_ms = round(bench_timing.steady_ms(call, self.sync, self.protocol), 4)
             except Exception as e:
                 log.warning("%s %s %s b%d: %s", state.name, mode, precision, batch, short(e))
                 m.errors.append(short(e))
@@ -377,7 +388,7 @@ class Bench:
             if self.device != "cuda":
                 m.b_skipped = "cpu: no CUDA graphs"
             elif mode == "reduce-overhead":
-                m.b_skipped = "replays its own CUDA graphs (its kernels are mode default's)"
+                m.b_skipped = RO_PENDING  # reduce_overhead_graph() fills it in, or says why not
             else:
                 try:
                     graph = bench_timing.torch_capture(call)
@@ -386,7 +397,7 @@ class Bench:
                 except Exception as e:
                     log.warning("%s %s %s b%d (b): %s", state.name, mode, precision, batch, short(e))
                     m.errors.append(f"(b): {short(e)}")
-            if self.device == "cuda":
+            if self.device == "cuda" and steady:
                 try:
                     m.kernels = bench_timing.kernel_count(call)
                 except Exception as e:
@@ -429,6 +440,41 @@ class Bench:
                 self.save()
         if self.device == "cuda":
             self.torch.cuda.empty_cache()
+
+    def reduce_overhead_graph(self, state: ModelState) -> None:
+        """(b) for reduce-overhead: its CUDA graphs are cudagraph trees inside the compiled callable,
+        which cannot be replayed on their own. What they hold is mode default's inductor kernels, so
+        (b) is a torch.cuda.CUDAGraph around the module compiled in mode default, captured after
+        warm-up, as reduce-overhead does internally: default's own (b) where that mode ran, else a
+        compile of mode default for (b) alone (budgeted like any compile)."""
+        for key, measures in state.torch.items():
+            ro = measures.get("reduce-overhead")
+            if ro is None or ro.b_skipped != RO_PENDING:
+                continue  # skipped, failed, or on the CPU: its own reason stands
+            precision, batch = key
+            default = measures.get("default")
+            if default is not None and default.b_ms is not None:
+                ro.b_ms, ro.b_skipped = default.b_ms, None
+                ro.extra["b_of"] = "mode default's CUDA-graph replay (the same kernels)"
+                continue
+            what = f"{state.name} reduce-overhead (b) {precision} batch {batch}"
+            est, basis = self.budget.compile_estimate("default", state.name)
+            if self.budget.left() < est:
+                ro.b_skipped = f"budget: ~{est:.0f} s needed for a mode-default compile ({basis}), " \
+                    f"{self.budget.left():.0f} s left"  # fmt: skip
+                self.skip(what, ro.b_skipped)
+                self.save()
+                continue
+            m = self.torch_mode(state, "default", precision, batch, steady=False)  # records its compile time
+            self.torch._dynamo.reset()
+            ro.b_skipped = None
+            ro.b_ms = m.b_ms
+            ro.extra["b_of"] = "torch.cuda.CUDAGraph around torch.compile(mode=default), compiled for (b) alone"
+            ro.extra["b_compile_s"] = m.setup_s
+            ro.errors += [e if e.startswith("(b)") else f"(b): {e}" for e in m.errors]
+            if m.b_ms is None and not m.errors:
+                ro.errors.append("(b): no replay time")
+            self.save()
 
     # ---- graphc's side
     def graphc(self, state: ModelState, exporter: str, precision: str, batch: int) -> Measure:

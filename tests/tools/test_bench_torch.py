@@ -253,5 +253,100 @@ def test_cuda_tiny_run_times_both_sides_both_ways(tmp_path: Path) -> None:
         t = r["torch"][mode]
         assert t["a_ms"] > 0 and t["b_ms"] > 0 and t["cosine"] > 0.999 and t["kernels"] > 0, (mode, t)
     ro = r["torch"]["reduce-overhead"]
-    assert ro["a_ms"] > 0 and ro["b_ms"] is None and ro["b_skipped"] and ro["cosine"] > 0.999, ro
+    # (b) of reduce-overhead: mode default's replay (the same kernels), taken, not compiled again
+    assert ro["a_ms"] > 0 and ro["b_ms"] == r["torch"]["default"]["b_ms"] and not ro["b_skipped"], ro
+    assert ro["cosine"] > 0.999 and "mode default's" in ro["extra"]["b_of"], ro
     assert r["ratio"]["a"] and r["ratio"]["b"] and r["complete"]
+
+
+@needs_torch
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_cuda_reduce_overhead_alone_gets_b_from_a_default_compile(tmp_path: Path) -> None:
+    """--quick's PyTorch set (eager, reduce-overhead) has no mode default: reduce-overhead's (b) is a
+    torch.cuda.CUDAGraph around a mode-default compile made for it, and the row's ratio (b) counts it."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    js = tmp_path / "r.json"
+    rc = B.main(
+        ["--tiny", "--models", "bert", "--exporters", "torchscript", "--batch", "2", "--precision", "fp16",
+         "--modes", "reduce-overhead", "--calls", "5", "--json", str(js)]
+    )  # fmt: skip
+    (r,) = json.loads(js.read_text())["rows"]
+    assert rc == 0, r
+    ro = r["torch"]["reduce-overhead"]
+    assert ro["a_ms"] > 0 and ro["b_ms"] > 0 and not ro["b_skipped"] and not ro["errors"], ro
+    assert "compiled for (b) alone" in ro["extra"]["b_of"] and ro["extra"]["b_compile_s"] > 0, ro
+    assert r["ratio"]["b"] == pytest.approx(r["graphc"]["b_ms"] / ro["b_ms"], rel=1e-3)
+
+
+class FakeDynamo:
+    def __init__(self) -> None:
+        self.resets = 0
+
+    def reset(self) -> None:
+        self.resets += 1
+
+
+def fake_bench(budget_s: float | None, modes: list[str]) -> B.Bench:
+    """A Bench without torch: its reduce-overhead (b) phase, with torch_mode replaced."""
+    bench = object.__new__(B.Bench)
+    bench.args = B.parse(["--modes", ",".join(modes)])
+    bench.budget = B.Budget(budget_s)
+    bench.skipped, bench.rows = [], []
+    bench.torch = type("T", (), {"_dynamo": FakeDynamo()})()
+    bench.save = lambda: None
+    return bench
+
+
+def state_with(measures: dict[tuple[str, int], dict[str, R.Measure]]) -> B.ModelState:
+    st = B.ModelState("bert", B.export_torch.CASES["bert"], master=None)
+    st.torch = measures
+    return st
+
+
+def test_reduce_overhead_b_takes_defaults_replay_without_compiling() -> None:
+    bench = fake_bench(None, ["eager", "default", "reduce-overhead"])
+    bench.torch_mode = lambda *a, **k: pytest.fail("compiled although mode default's replay was there")
+    ro = R.Measure(a_ms=0.5, b_skipped=B.RO_PENDING)
+    st = state_with({("fp16", 1): {"default": R.Measure(a_ms=0.9, b_ms=0.41), "reduce-overhead": ro}})
+    bench.reduce_overhead_graph(st)
+    assert ro.b_ms == 0.41 and ro.b_skipped is None and "mode default's" in ro.extra["b_of"]
+
+
+def test_reduce_overhead_b_compiles_default_where_it_did_not_run() -> None:
+    bench = fake_bench(None, ["eager", "reduce-overhead"])
+    calls = []
+
+    def torch_mode(state, mode, precision, batch, steady=True):
+        calls.append((mode, precision, batch, steady))
+        return R.Measure(b_ms=0.37 if batch == 1 else None, setup_s=4.0, errors=[] if batch == 1 else ["(b): boom"])
+
+    bench.torch_mode = torch_mode
+    ro1, ro32 = R.Measure(a_ms=0.5, b_skipped=B.RO_PENDING), R.Measure(a_ms=2.0, b_skipped=B.RO_PENDING)
+    failed = R.Measure(errors=["RuntimeError: x"])  # (a) failed: nothing to pair, nothing compiled
+    st = state_with({("fp16", 1): {"reduce-overhead": ro1}, ("fp16", 32): {"reduce-overhead": ro32},
+                     ("bf16", 1): {"reduce-overhead": failed}})  # fmt: skip
+    bench.reduce_overhead_graph(st)
+    assert calls == [("default", "fp16", 1, False), ("default", "fp16", 32, False)]  # (b) only: no (a) timed
+    assert ro1.b_ms == 0.37 and ro1.b_skipped is None and ro1.extra["b_compile_s"] == 4.0
+    assert ro32.b_ms is None and ro32.errors == ["(b): boom"]
+    assert failed.b_ms is None and failed.errors == ["RuntimeError: x"]
+    assert bench.torch._dynamo.resets == 2  # a fresh dynamo after each compile made for (b)
+
+
+def test_reduce_overhead_b_skipped_with_a_reason_when_the_budget_is_out() -> None:
+    bench = fake_bench(5.0, ["eager", "reduce-overhead"])  # below the 30 s prior of a default compile
+    bench.torch_mode = lambda *a, **k: pytest.fail("compiled over the budget")
+    ro = R.Measure(a_ms=0.5, b_skipped=B.RO_PENDING)
+    bench.reduce_overhead_graph(state_with({("fp16", 1): {"reduce-overhead": ro}}))
+    assert ro.b_ms is None and ro.b_skipped.startswith("budget: ~30 s needed for a mode-default compile (prior)")
+    assert bench.skipped == [f"bert reduce-overhead (b) fp16 batch 1: {ro.b_skipped}"]
+
+
+def test_selectable_batch_8_bf16_dynamo_with_quick() -> None:
+    a = B.parse(["--quick", "--batch", "1,8,32", "--precision", "fp16,bf16", "--exporters", "dynamo"])
+    assert (a.batch, a.precision, a.exporters, a.budget_s) == ([1, 8, 32], ["fp16", "bf16"], ["dynamo"], 400.0)
+    assert B.COMPILE_ORDER.index(B.RO_GRAPH) > B.COMPILE_ORDER.index("default")

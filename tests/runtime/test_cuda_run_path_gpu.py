@@ -1,0 +1,81 @@
+"""engine.run's CUDA path on a GPU: cupy inputs by device-to-device memcpy, strided ones by a kernel,
+the engine's own slots as inputs, out= buffers, all giving the numpy path's outputs; and the host
+overhead tool's GPU mode end to end."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import graphc
+import models
+
+pytestmark = pytest.mark.gpu
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+
+
+@pytest.fixture(scope="module")
+def bert():
+    m = models.build("bert", size="tiny")
+    feeds = models.sample_inputs("bert", m)
+    eng = graphc.compile(m, target="cuda", precision="fp16", shapes={k: v.shape for k, v in feeds.items()})
+    feeds = {s.name: feeds[s.name].astype(s.dtype) for s in eng.inputs}
+    return eng, feeds, eng.run(feeds, to_numpy=True)
+
+
+def test_every_input_form_gives_the_same_outputs(bert):
+    import cupy
+
+    eng, feeds, ref = bert
+    dev = {k: cupy.asarray(v) for k, v in feeds.items()}
+    for k, v in eng.run(dev, to_numpy=True).items():
+        np.testing.assert_array_equal(v, ref[k])
+    strided = {}
+    for k, v in feeds.items():  # the same values, every other column of an array twice as wide
+        wide = cupy.zeros((*v.shape[:-1], 2 * v.shape[-1]), dtype=v.dtype)
+        wide[..., ::2] = cupy.asarray(v)
+        strided[k] = wide[..., ::2]
+        assert not strided[k].flags.c_contiguous
+    for k, v in eng.run(strided, to_numpy=True).items():
+        np.testing.assert_array_equal(v, ref[k])
+    ctx = eng.executor.default
+    for name in ctx.plan.inputs:  # the caller writes into the engine's own slots
+        ctx.views[name][...] = dev[name]
+    own = {n: ctx.views[n] for n in ctx.plan.inputs}
+    for k, v in eng.run(own, to_numpy=True).items():
+        np.testing.assert_array_equal(v, ref[k])
+
+
+def test_out_buffers_hold_the_outputs_and_stay_valid(bert):
+    import cupy
+
+    eng, feeds, ref = bert
+    dev = {k: cupy.asarray(v) for k, v in feeds.items()}
+    ctx = eng.executor.default
+    out = {
+        s.name: cupy.full(tuple(s.shape), 7, dtype=ctx.views[n].dtype)
+        for s, n in zip(eng.outputs, ctx.plan.outputs, strict=True)
+    }
+    got = eng.run(dev, out=out)
+    assert all(got[k] is out[k] for k in out)
+    for k in ref:
+        np.testing.assert_array_equal(cupy.asnumpy(out[k]), ref[k])
+    first = {k: v.copy() for k, v in eng.run(dev).items()}  # a run without out= returns new arrays
+    eng.run({k: cupy.zeros_like(v) for k, v in dev.items()})
+    for k in ref:
+        np.testing.assert_array_equal(cupy.asnumpy(first[k]), ref[k])
+
+
+def test_host_overhead_tool_on_the_gpu(tmp_path):
+    import bench_host_overhead as H
+
+    js = tmp_path / "h.json"
+    assert H.main(["--model", "bert", "--calls", "200", "--rounds", "3", "--json", str(js)]) == 0
+    r = json.loads(js.read_text())
+    assert r["outputs_finite"] and r["launch"] > 0 and r["run"] > r["launch"] * 0.5, r
+    for k in ("run_out", "run_numpy", "run_sync", "launch_sync", "run_noop_launch", "replay_gpu"):
+        assert r[k] > 0, (k, r)

@@ -1,0 +1,163 @@
+"""Host overhead of `engine.run` on the CUDA path (issue 11 item 5: at most 10 us at batch 1).
+
+    python tools/bench_host_overhead.py                 # on a GPU: a zoo model at batch 1, the real call
+    python tools/bench_host_overhead.py --fake          # anywhere: graphc's Python work, cupy faked
+
+GPU mode compiles a zoo model (fp16, batch 1, tiny by default: the host's work does not depend on
+the model's size, only on its inputs and outputs) and reports, as medians over rounds of back-to-back
+calls (microseconds per call):
+- `run`: engine.run(cupy feeds, sync=False), the ordinary call with device inputs;
+- `launch`: the engine's CUDA graph launched alone (cudaGraphLaunch's own host cost);
+- `overhead` = run - launch: what engine.run adds to a replay (the issue's number);
+- `run_noop_launch`: engine.run with the graph launch replaced by a no-op (the same, measured directly);
+- `run_out`: engine.run(..., out=preallocated) (no allocation per call);
+- `run_numpy`: engine.run with numpy feeds (a host-to-device copy per input);
+- `run_sync` - `launch_sync`: the end-to-end call against a replay and a stream sync.
+
+--fake replaces cupy by no-op fakes (tools/fake_cupy.py) and times engine.run's own Python on a
+hand-made plan of the same inputs and outputs: the part of the overhead that is graphc's code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+TARGET_US = 10.0
+
+
+def per_call_us(call: Callable[[], Any], calls: int, rounds: int, after: Callable[[], Any] = lambda: None) -> float:
+    """Median over `rounds` of the mean host time of `calls` back-to-back calls (then `after`, a
+    sync, outside the timed part)."""
+    for _ in range(min(calls, 20)):
+        call()
+    after()
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            call()
+        times.append((time.perf_counter() - t0) * 1e6 / calls)
+        after()
+    return statistics.median(times)
+
+
+class NoopGraph:
+    """Stands for a captured CUDA graph whose launch does nothing."""
+
+    def launch(self, stream: Any = None) -> None:
+        return None
+
+
+def gpu(model: str, size: str, calls: int, rounds: int) -> dict[str, Any]:
+    import cupy
+    import numpy as np
+
+    import graphc
+    import models
+
+    m = models.build(model, size=size, batch=1)
+    feeds = models.sample_inputs(model, m)
+    engine = graphc.compile(m, target="cuda", precision="fp16", shapes={k: v.shape for k, v in feeds.items()})
+    dev = {k: cupy.asarray(v.astype(s.dtype)) for s in engine.inputs for k, v in feeds.items() if k == s.name}
+    host = {k: cupy.asnumpy(v) for k, v in dev.items()}
+    engine.run(dev)  # captures the graph
+    ctx = engine.executor.default
+    stream, graph = ctx.stream, ctx.graph
+    out = {
+        s.name: cupy.empty(tuple(s.shape), dtype=ctx.views[n].dtype)
+        for s, n in zip(engine.outputs, ctx.plan.outputs, strict=True)
+    }
+    sync = stream.synchronize
+    r: dict[str, Any] = {"model": model, "size": size, "batch": 1, "inputs": len(dev), "outputs": len(out)}
+    r["launch"] = per_call_us(lambda: graph.launch(stream=stream), calls, rounds, sync)
+    r["run"] = per_call_us(lambda: engine.run(dev, sync=False), calls, rounds, sync)
+    r["run_out"] = per_call_us(lambda: engine.run(dev, sync=False, out=out), calls, rounds, sync)
+    r["run_numpy"] = per_call_us(lambda: engine.run(host, sync=False), calls, rounds, sync)
+    r["launch_sync"] = per_call_us(lambda: (graph.launch(stream=stream), sync()), calls, rounds)
+    r["run_sync"] = per_call_us(lambda: engine.run(dev), calls, rounds)
+    # the replay's GPU time, for scale (CUDA events around `calls` replays)
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record(stream)
+    for _ in range(calls):
+        graph.launch(stream=stream)
+    end.record(stream)
+    end.synchronize()
+    r["replay_gpu"] = cupy.cuda.get_elapsed_time(start, end) * 1000 / calls
+    ctx.graph = NoopGraph()
+    try:
+        r["run_noop_launch"] = per_call_us(lambda: engine.run(dev, sync=False), calls, rounds, sync)
+    finally:
+        ctx.graph = graph
+    r["overhead"] = r["run"] - r["launch"]
+    r["overhead_out"] = r["run_out"] - r["launch"]
+    r["overhead_sync"] = r["run_sync"] - r["launch_sync"]
+    got = engine.run(dev, to_numpy=True)
+    r["outputs_finite"] = bool(all(np.isfinite(np.asarray(v, dtype=np.float32)).all() for v in got.values()))
+    name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+    r["gpu"] = name.decode() if isinstance(name, bytes) else str(name)
+    return r
+
+
+def fake(calls: int, rounds: int, inputs: int = 2, outputs: int = 1) -> dict[str, Any]:
+    import fake_cupy
+
+    engine, ctx, feeds = fake_cupy.fake_engine(inputs, outputs)
+    fake_cupy.MOVE[0] = False  # the fake's calls then cost next to nothing: graphc's Python is what is left
+    out = {o.name: fake_cupy.FakeArray(tuple(o.shape), o.dtype) for o in engine.outputs}
+    r: dict[str, Any] = {"mode": "fake cupy", "inputs": inputs, "outputs": outputs}
+    r["run"] = per_call_us(lambda: engine.run(feeds, sync=False), calls, rounds)
+    r["run_sync"] = per_call_us(lambda: engine.run(feeds), calls, rounds)
+    try:
+        engine.run(feeds, sync=False, out=out)
+        r["run_out"] = per_call_us(lambda: engine.run(feeds, sync=False, out=out), calls, rounds)
+    except TypeError:  # a runtime without out=
+        r["run_out"] = None
+    r["check_feeds"] = per_call_us(lambda: engine.check_feeds(feeds), calls, rounds)
+    r["counts_per_call"] = fake_cupy.counts_per_call(lambda: engine.run(feeds, sync=False))
+    return r
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--fake", action="store_true", help="no GPU: cupy faked, graphc's Python work alone")
+    p.add_argument("--model", default="bert", help="zoo model (GPU mode; default bert)")
+    p.add_argument("--size", default="tiny", help="zoo size (GPU mode; default tiny)")
+    p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--json", help="write the figures here")
+    a = p.parse_args(argv)
+    if a.calls < 1 or a.rounds < 1:
+        p.error("--calls and --rounds must be at least 1")
+    if a.fake:
+        r = fake(a.calls, a.rounds)
+    else:
+        try:
+            import cupy
+
+            if cupy.cuda.runtime.getDeviceCount() == 0:
+                raise RuntimeError("no CUDA device")
+        except Exception as e:
+            print(f"bench_host_overhead: no GPU here ({e}); --fake times graphc's Python work alone", file=sys.stderr)
+            return 2
+        r = gpu(a.model, a.size, a.calls, a.rounds)
+    for k, v in r.items():
+        print(f"{k:>16}: {v:.2f} us" if isinstance(v, float) else f"{k:>16}: {v}")
+    if "overhead" in r:
+        print(f"engine.run overhead {r['overhead']:.2f} us (target <= {TARGET_US:.0f} us)")
+    if a.json:
+        Path(a.json).write_text(json.dumps(r, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
