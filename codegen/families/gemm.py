@@ -335,7 +335,8 @@ def valid(prob: Problem, p: dict[str, Any]) -> bool:
             return False
         if threads_of(p) > 1024:
             return False
-    return shared_bytes(prob, p) <= SMEM_PER_BLOCK
+    # split-K's arrival flag takes a few bytes of static shared memory beside the dynamic tiles
+    return shared_bytes(prob, p) + (16 if s > 1 else 0) <= SMEM_PER_BLOCK
 
 
 def _blocks_per_sm(prob: Problem, p: dict[str, Any]) -> int:
@@ -549,7 +550,15 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
     st = ct.storage
     ab = [f"const {st}* __restrict__ A", f"const {st}* __restrict__ B"]
     ab_names = [step.inputs[0], step.inputs[1]]
-    if splits > 1:
+    # Split-K sums its fp32 partials in the same launch (the last block of a tile to finish does it:
+    # templates' split_finish), unless SERIAL is 0, which keeps the second kernel (gemm_reduce).
+    serial = splits > 1 and bool(p.get("SERIAL", 1))
+    if serial:
+        p["SERIAL"] = 1
+        kparams = [*ab, *out_decls, "float* __restrict__ ws"]
+        kargs = [*ab_names, *out_names, "@workspace"]
+    elif splits > 1:
+        p["SERIAL"] = 0
         kparams = [*ab, "float* __restrict__ ws"]
         kargs = [*ab_names, "@workspace"]
     else:
@@ -572,6 +581,8 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         BK=p["BK"],
         threads=threads,
         splits=splits,
+        serial=serial,
+        tiles=tiles,
         kt_per_split=kt_per_split,
         batch=prob.batch,
         group_m=8,
@@ -649,7 +660,7 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
     kernels = [
         KernelSource("gemm", name, source, grid, (threads, 1, 1), kargs, smem, params=p, workspace_bytes=ws_bytes)
     ]
-    if splits > 1:
+    if splits > 1 and not serial:
         rname = f"{name}_reduce"
         rsrc = render(
             "gemm_reduce.cu.j2",
