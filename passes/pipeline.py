@@ -34,6 +34,8 @@ Ordering rules (why the list is in this order; each is repeated beside the passe
     (constant folding) runs right after.
  7. Attention fusion before epilogue fusion: the QK^T and PV MatMuls must not be taken as anchors
     first.
+ 7a. Horizontal GEMM fusion (CUDA) after attention fusion, which matches the Q, K, V projections
+    one by one, and before epilogue fusion, which takes the stacked bias into the fused GEMM.
  8. Epilogue fusion (anchor + elementwise) before plain elementwise fusion, so that activations
     join their conv/matmul rather than a standalone elementwise kernel.
  9. Channels-last layout (CUDA) after fusion: epilogue fusion anchors on the ONNX Conv, not on
@@ -68,6 +70,7 @@ from graphc.passes.fuse_attention import fuse_attention
 from graphc.passes.fuse_elementwise import fuse_elementwise
 from graphc.passes.fuse_epilogue import fuse_epilogues
 from graphc.passes.fuse_gelu import fuse_gelu
+from graphc.passes.fuse_horizontal import fuse_horizontal
 from graphc.passes.fuse_layernorm import fuse_layernorm
 from graphc.passes.gemm_weight_layout import k_major_gemm_weights
 from graphc.passes.layout import to_channels_last
@@ -154,6 +157,10 @@ def stages() -> list[Stage]:
         ),
         Pass("fuse_attention", fuse_attention, min_level=2),  # rule 7
         cleanup(),
+        # Rule 7a (CUDA): MatMuls sharing an input (Q, K, V) as one batched GEMM whose slabs are views,
+        # after attention fusion (its matcher reads the separate projections) and before epilogue
+        # fusion (which takes the stacked bias Add into that GEMM).
+        Pass("fuse_horizontal", fuse_horizontal, min_level=2, when=for_cuda),
         # ---- int8 (issue 13), part 2 of 2: the remaining float Conv/MatMul/Gemm with constant
         # weights, calibrated on this graph (target.calibrator): after folding (final weights) and
         # attention fusion (its activation x activation MatMuls stay float), before epilogue

@@ -13,6 +13,7 @@ other code.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -20,7 +21,7 @@ import numpy as np
 
 from graphc.runtime.attrs import SCHEMA_VERSION, AttrsError, decode_attrs
 from graphc.runtime.errors import EngineError
-from graphc.runtime.plan import ALIAS, ARENA, INPUT, WEIGHT, KernelPlan, MemoryPlan, Step
+from graphc.runtime.plan import ALIAS, ARENA, INPUT, WEIGHT, KernelPlan, MemoryPlan, Step, alias_byte_offset
 
 StepFn = Callable[[list[Any]], list[Any]]
 KernelFactory = Callable[[Step], StepFn]
@@ -29,9 +30,7 @@ KernelFactory = Callable[[Step], StepFn]
 def check_attrs_schema(version: Any, path: Any = "engine") -> None:
     """Refuse an engine whose attrs were written against another version of the attrs table."""
     if version is None:
-        raise EngineError(
-            f"{path}: it records no attrs table version (written by an older graphc): rebuild the engine"
-        )
+        raise EngineError(f"{path}: it records no attrs table version (written by an older graphc): rebuild the engine")
     if version != SCHEMA_VERSION:
         raise EngineError(
             f"{path}: its step attrs follow attrs table version {version!r}, this runtime reads version "
@@ -103,14 +102,17 @@ class CPUExecutor:
             if t.kind != ALIAS:
                 continue
             root = memory.aliases[name]
+            skip = alias_byte_offset(plan.tensors, name)  # a slab view starts inside its root
             if plan.tensors[root].kind == WEIGHT:
-                self.views[name] = self.views[root].reshape(t.shape)
+                flat = self.views[root].reshape(-1)
+                start = skip // flat.dtype.itemsize
+                self.views[name] = flat[start : start + math.prod(t.shape)].reshape(t.shape)
             else:
                 self.views[name] = np.ndarray(
                     tuple(t.shape),
                     dtype=numpy_dtype(t.dtype),
                     buffer=self.arena,
-                    offset=memory.placements[root].offset,
+                    offset=memory.placements[root].offset + skip,
                 )
         self.kernels: list[StepFn | None] = [None if s.alias else kernel_factory(s) for s in plan.steps]
 
