@@ -411,7 +411,6 @@ def _unique_compute(ins, attrs, n):
     outs = [y, first.astype(np.int64), inverse.astype(np.int64), counts.astype(np.int64)]
     return outs[: max(n, 1)]
 
-
 register_kernel("Transpose", _transpose_compute)
 register_kernel("Tile", _tile_compute)
 register_kernel("Concat", _concat_compute)
