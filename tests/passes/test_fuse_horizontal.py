@@ -193,3 +193,64 @@ def test_validator_rejects_a_view_past_its_root(tmp_path):
     eng.save(path)
     with pytest.raises(EngineError, match="is not a view inside"):
         read_engine(path)
+
+
+def _c_attn_model(batch: int = 2, seq: int = 16, k: int = 64, n: int = 64, *, trans_b: int = 0) -> onnx.ModelProto:
+    """GPT-2's form: Gemm(x2d, W [K, 3N], b [3N]) -> Reshape [B, S, 3N] -> Split(axis=2) -> q * k + v."""
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((k, 3 * n)) / np.sqrt(k)).astype(np.float32)
+    inits = [
+        numpy_helper.from_array(w.T.copy() if trans_b else w, "W"),
+        numpy_helper.from_array(rng.standard_normal(3 * n).astype(np.float32), "b"),
+        numpy_helper.from_array(np.array([batch * seq, k], dtype=np.int64), "s2"),
+        numpy_helper.from_array(np.array([batch, seq, 3 * n], dtype=np.int64), "s3"),
+        numpy_helper.from_array(np.array([n, n, n], dtype=np.int64), "parts"),
+    ]
+    nodes = [
+        helper.make_node("Reshape", ["x", "s2"], ["x2"]),
+        helper.make_node("Gemm", ["x2", "W", "b"], ["g"], transB=trans_b),
+        helper.make_node("Reshape", ["g", "s3"], ["g3"]),
+        helper.make_node("Split", ["g3", "parts"], ["q", "k", "v"], axis=2),
+        helper.make_node("Mul", ["q", "k"], ["qk"]),
+        helper.make_node("Add", ["qk", "v"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "c_attn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, seq, n])],
+        inits,
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_split_gemm_output_becomes_batched_views(trans_b):
+    model = _c_attn_model(trans_b=trans_b)
+    g = _cuda_graph(model).graph
+    assert not any(n.op == "Split" for n in g.nodes) and _gemms(g) == 1
+    feeds = {"x": rand((2, 16, 64), seed=6)}
+    got, plan = _run_cpu(g, feeds)
+    assert sorted(t.alias_offset for t in plan.tensors.values() if t.kind == ALIAS and t.alias_offset) == [
+        32 * 64 * 4,
+        2 * 32 * 64 * 4,
+    ]
+    assert_close(got["y"], run_ort(model, feeds)["y"], rtol=1e-5, atol=1e-5)
+    # one GEMM (bias in its epilogue) and q * k + v; the Split's three copies are gone
+    assert _launches(g) == 2
+
+
+def test_unequal_split_is_left_alone():
+    model = _c_attn_model()
+    parts = next(i for i in model.graph.initializer if i.name == "parts")
+    parts.CopyFrom(numpy_helper.from_array(np.array([32, 96, 64], dtype=np.int64), "parts"))
+    model.graph.output[0].type.tensor_type.shape.dim[2].dim_value = 32
+    for node in model.graph.node:
+        if node.op_type == "Mul":
+            node.input[:] = ["q", "q"]
+        if node.op_type == "Add" and node.input[0] == "qk":
+            node.input[:] = ["qk", "q"]
+    g = _cuda_graph(model).graph
+    assert any(n.op == "Split" for n in g.nodes)
