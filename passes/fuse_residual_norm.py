@@ -19,6 +19,8 @@ from __future__ import annotations
 import logging
 import math
 
+import numpy as np
+
 from graphc.ir.fused import FUSED_DOMAIN, IN, OP, EpilogueOp, FusedAttrs
 from graphc.ir.graph import Graph, Node
 from graphc.ir.types import TensorType
@@ -32,8 +34,9 @@ MAX_N = 1024  # = codegen's ROWNORM_MAX_N
 MAX_ROWS = 2048
 
 
-def _norm_after(graph: Graph, node: Node) -> Node | None:
-    """The row norm that reads `node`'s output, where the pair can become one kernel."""
+def _norm_after(graph: Graph, node: Node) -> tuple[Node, Node | None] | None:
+    """The row norm that reads `node`'s output (directly or through a Reshape that keeps the last
+    dim, as GPT-2's Conv1D leaves it), and that Reshape, where the pair can become one kernel."""
     if node.op != "Fused" or node.domain != FUSED_DOMAIN or len(node.outputs) != 1:
         return None
     a: FusedAttrs = node.attrs
@@ -47,11 +50,17 @@ def _norm_after(graph: Graph, node: Node) -> Node | None:
     n, rows = shape[-1], math.prod(shape[:-1])
     if n > MAX_N or rows > MAX_ROWS or not t.dtype.is_float:
         return None
-    norms = [u for u in graph.users(h.name) if u.op in NORMS and u.domain == "" and u.inputs[0].name == h.name]
-    if len(norms) != 1:
+    found = []
+    for u in graph.users(h.name):
+        if u.op in NORMS and u.domain == "" and u.inputs[0].name == h.name:
+            found.append((u, None))
+        elif u.op == "Reshape" and u.domain == "" and _keeps_last(u, n):
+            found += [(w, u) for w in graph.users(u.outputs[0].name) if w.op in NORMS and w.domain == ""]
+    if len(found) != 1:
         return None
-    norm = norms[0]
-    if norm.attrs.axis not in (-1, len(shape) - 1) or any(
+    norm, view = found[0]
+    rank = len(norm.outputs[0].type.static_shape) if norm.outputs[0].type.is_static else 0
+    if norm.attrs.axis not in (-1, rank - 1) or any(
         graph.users(o.name) or graph.is_output(o.name) for o in norm.outputs[1:]
     ):
         return None  # another axis, or its Mean / InvStdDev are used
@@ -60,19 +69,25 @@ def _norm_after(graph: Graph, node: Node) -> Node | None:
         return None  # scale (and bias) must be constants of one value per column
     if norm.outputs[0].type.dtype != t.dtype:
         return None
-    return norm
+    return norm, view
+
+
+def _keeps_last(reshape: Node, n: int) -> bool:
+    t = reshape.outputs[0].type
+    return isinstance(t, TensorType) and t.is_static and len(t.static_shape) >= 2 and t.static_shape[-1] == n
 
 
 def fuse_residual_norm(graph: Graph) -> Graph:
     """Fused GEMM + its rows' LayerNorm/RMSNorm -> one fused node with outputs (h, norm(h))."""
-    pairs = {n.name: norm for n in graph.nodes if (norm := _norm_after(graph, n)) is not None}
+    pairs = {n.name: found for n in graph.nodes if (found := _norm_after(graph, n)) is not None}
     if not pairs:
         return graph
     made = {}
 
     def visit(node: Node, ctx: RewriteContext):
-        norm = pairs.get(node.name)
-        if norm is not None:
+        found = pairs.get(node.name)
+        if found is not None:
+            norm, view = found
             a: FusedAttrs = node.attrs
             ins = [ctx.new(v) for v in node.inputs]
             k = len(ins)
@@ -94,11 +109,15 @@ def fuse_residual_norm(graph: Graph) -> Graph:
                 [*ins, *(ctx.new(v) for v in params)],
                 attrs,
                 name=node.name,
-                outputs=[node.outputs[0].name, norm.outputs[0].name],
+                outputs=[node.outputs[0].name, norm.outputs[0].name if view is None else f"{node.name}/norm"],
                 domain=FUSED_DOMAIN,
                 keep_name=True,
             )
-            made[norm.name] = fused.outputs[1]
+            y = fused.outputs[1]
+            if view is not None:  # the norm read a view of h: the same view of norm(h)
+                dims = ctx.b.add_constant(np.array(norm.outputs[0].type.static_shape, dtype=np.int64))
+                y = ctx.b.op("Reshape", [y, dims], name=f"{node.name}/norm_view")
+            made[norm.name] = y
             return Rewritten([fused.outputs[0]], [node, norm])
         if node.name in made:
             return Rewritten([made[node.name]], None)

@@ -166,3 +166,56 @@ def test_rownorm_kernel_compiles(precision, k, splits):
     assert set(step.outputs) <= set(ln.args) and len(ln.args) == len(set(ln.args))
     for arch in ("sm_80", "sm_90"):
         assert len(compile_cubin(src, ln.kernel, arch)) > 1000
+
+
+def _conv1d_model(batch: int = 2, seq: int = 16, k: int = 64, n: int = 64) -> onnx.ModelProto:
+    """GPT-2's form: Gemm on [B*S, K], Reshape to [B, S, N], + residual, LayerNorm; h read again."""
+    rng = np.random.default_rng(3)
+    inits = [
+        numpy_helper.from_array((rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32), "W"),
+        numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "b"),
+        numpy_helper.from_array((1 + 0.1 * rng.standard_normal(n)).astype(np.float32), "g"),
+        numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "beta"),
+        numpy_helper.from_array(np.array([batch * seq, k], dtype=np.int64), "s2"),
+        numpy_helper.from_array(np.array([batch, seq, n], dtype=np.int64), "s3"),
+        numpy_helper.from_array(np.float32(2.0), "two"),
+    ]
+    nodes = [
+        helper.make_node("Reshape", ["x", "s2"], ["x2"]),
+        helper.make_node("Gemm", ["x2", "W", "b"], ["m"]),
+        helper.make_node("Reshape", ["m", "s3"], ["m3"]),
+        helper.make_node("Add", ["r", "m3"], ["h"]),
+        helper.make_node("LayerNormalization", ["h", "g", "beta"], ["y"], axis=-1, epsilon=1e-5),
+        helper.make_node("Mul", ["h", "two"], ["z"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "conv1d",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, k]),
+            helper.make_tensor_value_info("r", TensorProto.FLOAT, [batch, seq, n]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, seq, n]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, [batch, seq, n]),
+        ],
+        inits,
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def test_norm_of_a_view_of_the_gemm_output_joins():
+    model = _conv1d_model()
+    g = _cuda_graph(model).graph
+    assert not any(n.op == "LayerNormalization" for n in g.nodes)
+    (fused,) = [n for n in g.nodes if n.op == "Fused" and n.attrs.anchor_op == "Gemm"]
+    assert fused.attrs.epilogue[-1].op == "LayerNormalization" and len(fused.outputs) == 2
+    feeds = _feeds()
+    expected = run_ort(model, feeds)
+    got = _run_cpu(g, feeds)
+    for name in expected:
+        assert_close(got[name], expected[name], rtol=1e-5, atol=1e-5, what=name)
+    final, _ = _kernels(g)
+    assert sum(len(s.launches_for("sm_90")) for s in final.steps) == 2  # the GEMM kernel and z = h * 2

@@ -35,3 +35,19 @@ def test_rownorm_engine_matches_ort(batch, seq, k, n, pre_ln, precision):
         for name, ref in expected.items():
             err = np.linalg.norm(got[name].astype(np.float64) - ref) / np.linalg.norm(ref)
             assert err < tol, f"run {seed}, {name}: relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+def test_gpt2_form_engine_matches_ort(precision):
+    import graphc
+    from tests.passes.test_fuse_residual_norm import _conv1d_model
+
+    model = _conv1d_model(1, 128, 768, 768)
+    eng = graphc.compile(model, target="cuda", precision=precision)
+    feeds = {"x": rand((1, 128, 768), seed=1, low=-1, high=1), "r": rand((1, 128, 768), seed=2)}
+    expected = run_ort(model, feeds)
+    for _ in range(2):
+        got = eng.run(feeds)
+        for name, ref in expected.items():
+            err = np.linalg.norm(got[name].astype(np.float64) - ref) / np.linalg.norm(ref)
+            assert err < (3e-3 if precision == "fp16" else 1e-5), f"{name}: relative error {err:.3g}"
