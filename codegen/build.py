@@ -94,7 +94,11 @@ def generate_kernels(
         try:
             fam = family_for(ctx)
             sources: list[KernelSource] = []
-            if hopper and fam.name == "gemm" and ctx.params is None:
+            from graphc.codegen.families.gemm import has_rownorm
+
+            # a row-norm epilogue (passes/fuse_residual_norm.py) exists on the mma.sync kernels only
+            hopper_gemm = hopper and fam.name == "gemm" and ctx.params is None and not has_rownorm(ctx)
+            if hopper_gemm:
                 from graphc.codegen.families.gemm_sm90 import select
 
                 sources = select(ctx)  # the TMA GEMM where the measured rules say it wins, else []
@@ -102,7 +106,7 @@ def generate_kernels(
                 from graphc.codegen.families.conv_sm90 import select as select_conv
 
                 sources = select_conv(ctx)  # a 1x1 conv as the TMA GEMM where the rules say so, else []
-            if not sources and hopper and fam.name == "gemm" and ctx.params is None and _large_gemm(ctx):
+            if not sources and hopper_gemm and _large_gemm(ctx):
                 # An engine for Hopper alone: the sm_90a wgmma GEMM for large problems (on an H200,
                 # 0.67x cuBLAS at 4096^3 against 0.36x for mma.sync, 0.86x against 0.52x at
                 # 2048x3072x768). Small ones stay on mma.sync: at M = 128 (BERT-base, batch 1) the

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from graphc.codegen.views import slab_offset
 from graphc.errors import CompileError
 from graphc.ir.attrs import attrs_to_json
 from graphc.ir.graph import Graph, Node
@@ -62,12 +63,12 @@ class LoweredPlan(KernelPlan):
 ALIAS_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 
 
-def _spec(name: str, t, kind: str, alias_of: str | None = None) -> TensorSpec:
+def _spec(name: str, t, kind: str, alias_of: str | None = None, alias_offset: int = 0) -> TensorSpec:
     if not isinstance(t, TensorType):
         raise CompileError(f"value '{name}' is a sequence ({t}); graphc compiles tensor graphs only")
     if not t.is_static:
         raise CompileError(f"value '{name}' has shape {t}, which is not concrete: bind the input shapes")
-    return TensorSpec(name, t.dtype.numpy.name, list(t.static_shape), t.nbytes, kind, alias_of)
+    return TensorSpec(name, t.dtype.numpy.name, list(t.static_shape), t.nbytes, kind, alias_of, alias_offset)
 
 
 def _is_alias(node: Node) -> bool:
@@ -181,9 +182,12 @@ def build_plan(graph: Graph, order: list[Node], host_ifs: Mapping[str, dict[str,
         if node.name not in host_ifs:
             _refuse_control_flow(node)
         alias = _is_alias(node)
+        offset = 0 if alias else slab_offset(graph, node)  # x[i] of a contiguous x: a view at an offset
+        if offset is not None:
+            alias = True
         for v in node.outputs:
             if alias:
-                tensors[v.name] = _spec(v.name, v.type, ALIAS, node.inputs[0].name)
+                tensors[v.name] = _spec(v.name, v.type, ALIAS, node.inputs[0].name, offset or 0)
             else:
                 tensors[v.name] = _spec(v.name, v.type, ARENA)
         steps.append(

@@ -84,6 +84,10 @@ def _frame_input(t: object, frame: Shape, shape: Shape) -> tuple[int, ...] | Non
     where the frame has more dims), or None when it varies along dims the reshape does not keep."""
     if not broadcasts_into(t, frame):
         return None
+    if tuple(t.shape) == tuple(frame) and known_shape(frame):
+        # All of the frame (a residual of the view's shape): the same elements in the same order
+        # as the anchor output, so it is read through a view in the anchor's shape
+        return tuple(shape)
     k = _common_suffix(frame, shape)
     dims = tuple(t.shape)
     if any(d != 1 for d in dims[: max(0, len(dims) - k)]):

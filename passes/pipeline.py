@@ -34,8 +34,12 @@ Ordering rules (why the list is in this order; each is repeated beside the passe
     (constant folding) runs right after.
  7. Attention fusion before epilogue fusion: the QK^T and PV MatMuls must not be taken as anchors
     first.
+ 7a. Horizontal GEMM fusion (CUDA) after attention fusion, which matches the Q, K, V projections
+    one by one, and before epilogue fusion, which takes the stacked bias into the fused GEMM.
  8. Epilogue fusion (anchor + elementwise) before plain elementwise fusion, so that activations
     join their conv/matmul rather than a standalone elementwise kernel.
+ 8a. Row-norm epilogues (CUDA) after epilogue fusion: the GEMM's epilogue must hold its bias and
+    residual before the normalization of its rows joins it.
  9. Channels-last layout (CUDA) after fusion: epilogue fusion anchors on the ONNX Conv, not on
     graphc.ConvNHWC, so the Fused[Conv] nodes must exist before they are converted.
 10. Precision after layout and before the GEMM weight layout: it retypes everything layout made
@@ -68,7 +72,9 @@ from graphc.passes.fuse_attention import fuse_attention
 from graphc.passes.fuse_elementwise import fuse_elementwise
 from graphc.passes.fuse_epilogue import fuse_epilogues
 from graphc.passes.fuse_gelu import fuse_gelu
+from graphc.passes.fuse_horizontal import fuse_horizontal
 from graphc.passes.fuse_layernorm import fuse_layernorm
+from graphc.passes.fuse_residual_norm import fuse_residual_norm
 from graphc.passes.gemm_weight_layout import k_major_gemm_weights
 from graphc.passes.layout import to_channels_last
 from graphc.passes.lower_sequences import lower_sequences
@@ -154,6 +160,10 @@ def stages() -> list[Stage]:
         ),
         Pass("fuse_attention", fuse_attention, min_level=2),  # rule 7
         cleanup(),
+        # Rule 7a (CUDA): MatMuls sharing an input (Q, K, V) as one batched GEMM whose slabs are views,
+        # after attention fusion (its matcher reads the separate projections) and before epilogue
+        # fusion (which takes the stacked bias Add into that GEMM).
+        Pass("fuse_horizontal", fuse_horizontal, min_level=2, when=for_cuda),
         # ---- int8 (issue 13), part 2 of 2: the remaining float Conv/MatMul/Gemm with constant
         # weights, calibrated on this graph (target.calibrator): after folding (final weights) and
         # attention fusion (its activation x activation MatMuls stay float), before epilogue
@@ -162,6 +172,9 @@ def stages() -> list[Stage]:
         # Both ask the target what its fused kernels can hold (target.capabilities).
         Pass("fuse_epilogues", _with_capabilities(fuse_epilogues), min_level=2, takes_target=True),  # rule 8
         Pass("fuse_elementwise", _with_capabilities(fuse_elementwise), min_level=2, takes_target=True),  # rule 8
+        # Rule 8a (CUDA): a fused GEMM and the LayerNorm/RMSNorm of its rows as one kernel, once the
+        # GEMM's epilogue (bias, residual) is complete.
+        Pass("fuse_residual_norm", fuse_residual_norm, min_level=2, when=for_cuda),
         # Fusion can leave Reshape(Reshape(x)) where it looked through a reshape: collapse them.
         Pass("simplify", simplify),
         Pass("dce", eliminate_dead_code),

@@ -13,6 +13,7 @@ other code.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -20,7 +21,7 @@ import numpy as np
 
 from graphc.runtime.attrs import SCHEMA_VERSION, AttrsError, decode_attrs
 from graphc.runtime.errors import EngineError
-from graphc.runtime.plan import ALIAS, ARENA, INPUT, WEIGHT, KernelPlan, MemoryPlan, Step
+from graphc.runtime.plan import ALIAS, ARENA, INPUT, WEIGHT, KernelPlan, MemoryPlan, Step, alias_byte_offset
 
 StepFn = Callable[[list[Any]], list[Any]]
 KernelFactory = Callable[[Step], StepFn]
@@ -160,14 +161,17 @@ class CPUExecutor:
             if t.kind != ALIAS:
                 continue
             root = memory.aliases[name]
+            skip = alias_byte_offset(plan.tensors, name)  # a slab view starts inside its root
             if plan.tensors[root].kind == WEIGHT or numpy_dtype(t.dtype).hasobject:
-                self.views[name] = self.views[root].reshape(t.shape)
+                flat = self.views[root].reshape(-1)
+                start = skip // flat.dtype.itemsize
+                self.views[name] = flat[start : start + math.prod(t.shape)].reshape(t.shape)
             else:
                 self.views[name] = np.ndarray(
                     tuple(t.shape),
                     dtype=numpy_dtype(t.dtype),
                     buffer=self.arena,
-                    offset=memory.placements[root].offset,
+                    offset=memory.placements[root].offset + skip,
                 )
         self.kernels: list[StepFn | None] = [
             None

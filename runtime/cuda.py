@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from graphc.runtime.errors import EngineError
-from graphc.runtime.plan import ALIAS, ARENA, INPUT, WEIGHT, KernelPlan, MemoryPlan
+from graphc.runtime.plan import ALIAS, ARENA, INPUT, WEIGHT, KernelPlan, MemoryPlan, alias_byte_offset
 from graphc.runtime.tensormap import TensorMapTable, is_tmap_arg, tmap_index, validate_launch
 
 log = logging.getLogger(__name__)
@@ -145,7 +145,8 @@ class CUDAContext:
                 if t.kind == ALIAS:
                     root = memory.aliases[name]
                     src = views[root]
-                    views[name] = cupy.ndarray(tuple(t.shape), dtype=_numpy_dtype(t.dtype), memptr=src.data)
+                    skip = alias_byte_offset(plan.tensors, name)  # a slab view starts inside its root
+                    views[name] = cupy.ndarray(tuple(t.shape), dtype=_numpy_dtype(t.dtype), memptr=src.data + skip)
             self.views = views
             self.tensormaps = self._tensor_maps(plan, views)
             self.launches = []

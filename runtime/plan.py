@@ -41,6 +41,21 @@ class TensorSpec:
     nbytes: int
     kind: str = ARENA  # INPUT | ARENA | WEIGHT | ALIAS
     alias_of: str | None = None  # for ALIAS: the tensor whose bytes this one views
+    # for ALIAS: where in alias_of's bytes the view starts (a slab such as x[i] of a contiguous x;
+    # a multiple of ALIGNMENT, so kernels keep their aligned vector loads); 0 for reshapes
+    alias_offset: int = 0
+
+
+def alias_byte_offset(tensors: dict[str, TensorSpec], name: str) -> int:
+    """Where `name`'s bytes start within the tensor its chain of views ends at (0 for a non-view)."""
+    off = 0
+    seen = set()
+    t = tensors[name]
+    while t.kind == ALIAS and t.alias_of is not None and t.name not in seen:
+        seen.add(t.name)
+        off += t.alias_offset
+        t = tensors[t.alias_of]
+    return off
 
 
 @dataclass

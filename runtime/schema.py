@@ -73,6 +73,7 @@ class TensorDoc(_Strict):
     nbytes: Size
     kind: Literal["input", "arena", "weight", "alias"] = "arena"
     alias_of: Name | None = None
+    alias_offset: Size = 0
 
 
 class LaunchDoc(_Strict):

@@ -75,7 +75,8 @@ def plan_from_doc(m: ManifestDoc) -> tuple[KernelPlan, MemoryPlan]:
     """The runtime's plan dataclasses from the typed manifest (no further checks here)."""
     p = m.plan
     tensors = {
-        k: TensorSpec(t.name, t.dtype, list(t.shape), t.nbytes, t.kind, t.alias_of) for k, t in p.tensors.items()
+        k: TensorSpec(t.name, t.dtype, list(t.shape), t.nbytes, t.kind, t.alias_of, t.alias_offset)
+        for k, t in p.tensors.items()
     }
     steps = [
         Step(
@@ -175,6 +176,7 @@ def validate_plan(m: ManifestDoc, plan: KernelPlan, memory: MemoryPlan, limits: 
 def _resolve_aliases(plan: KernelPlan, memory: MemoryPlan, c: _Checker) -> dict[str, str]:
     T = plan.tensors
     roots: dict[str, str] = {}
+    view_ops = {o: s.op for s in plan.steps if s.alias and s.domain == "" for o in s.outputs}
     for name, t in T.items():
         if t.kind != ALIAS:
             continue
@@ -191,9 +193,17 @@ def _resolve_aliases(plan: KernelPlan, memory: MemoryPlan, c: _Checker) -> dict[
         root = cur.name
         if memory.aliases.get(name) != root:
             raise c.fail(f"alias '{name}' views '{root}', the memory plan says {memory.aliases.get(name)!r}")
-        if T[root].nbytes != t.nbytes or T[root].dtype != t.dtype:
+        if t.alias_offset % ALIGNMENT:
+            raise c.fail(f"tensor '{name}' has alias_offset {t.alias_offset}, not a multiple of {ALIGNMENT}")
+        src = T[t.alias_of]
+        # A reshape views all of its source; a slab (Gather of one index, codegen/views.py) a part
+        # of it, at its offset
+        whole = src.nbytes == t.nbytes and t.alias_offset == 0
+        slab = view_ops.get(name) == "Gather" and t.alias_offset + t.nbytes <= src.nbytes
+        if T[root].dtype != t.dtype or not (whole or slab):
             raise c.fail(
-                f"alias '{name}' ({t.dtype}{t.shape}) is not a view of all of '{root}' ({T[root].dtype}{T[root].shape})"
+                f"alias '{name}' ({t.dtype}{t.shape} at byte {t.alias_offset}) is not a view inside "
+                f"'{src.name}' ({src.dtype}{src.shape})"
             )
         roots[name] = root
     if set(memory.aliases) != set(roots):

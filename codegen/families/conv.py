@@ -314,13 +314,20 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
 
 
 def _split_k_sources(ctx, g, common, ctx_vars, grid, block, shared, params, rendered) -> list[KernelSource]:
-    """Two launches: the split GEMM (partial sums into the workspace), then the reduction that
-    adds them, the bias and the epilogue."""
+    """One launch whose last block per tile sums the partials and runs the epilogue (serial
+    split-K, the default); with params["serial"] = 0, two: the split GEMM (partial sums into the
+    workspace), then the reduction that adds them, the bias and the epilogue."""
     step = ctx.step
     name = common["name"]
     splits = params["splits"]
-    partial = render("conv.cu.j2", **common, **ctx_vars)
     ws_bytes = splits * g.m * g.k * 4
+    if params.setdefault("serial", 1):
+        tiles = grid[0] * grid[1] * g.group
+        source = render("conv.cu.j2", **common, **{**ctx_vars, "serial": True, "tiles": tiles})
+        args = [step.inputs[0], step.inputs[1]] + ([step.inputs[2]] if common["has_bias"] else [])
+        args += [step.inputs[i] for i in rendered.inputs] + list(step.outputs) + ["@workspace"]
+        return [KernelSource("conv", name, source, grid, block, args, shared, params, ws_bytes)]
+    partial = render("conv.cu.j2", **common, **{**ctx_vars, "serial": False})
     first = KernelSource(
         "conv", name, partial, grid, block, [step.inputs[0], step.inputs[1], "@workspace"], shared, params, ws_bytes
     )

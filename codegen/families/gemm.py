@@ -30,7 +30,7 @@ from graphc.codegen.epilogue import Operand, RenderedEpilogue, broadcast_index, 
 from graphc.codegen.expr import lit
 from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, grid_1d, register_family, render
 from graphc.ir.types import DType
-from graphc.ops.fused import ACC, FusedAttrs
+from graphc.ops.fused import ACC, FusedAttrs, Ref
 from graphc.ops.registry import Category, get_op
 
 # The machine the heuristic aims to fill (an H200: 132 SMs, 228 KB shared memory per SM).
@@ -335,7 +335,8 @@ def valid(prob: Problem, p: dict[str, Any]) -> bool:
             return False
         if threads_of(p) > 1024:
             return False
-    return shared_bytes(prob, p) <= SMEM_PER_BLOCK
+    # split-K's arrival flag takes a few bytes of static shared memory beside the dynamic tiles
+    return shared_bytes(prob, p) + (16 if s > 1 else 0) <= SMEM_PER_BLOCK
 
 
 def _blocks_per_sm(prob: Problem, p: dict[str, Any]) -> int:
@@ -472,6 +473,66 @@ def _c_expr(ctx: StepContext, prob: Problem, ops: dict[int, Operand]) -> tuple[s
     return (load if prob.beta == 1.0 else f"{lit(prob.beta, ct.compute)} * {load}"), True
 
 
+NORM_OPS = ("LayerNormalization", "RMSNormalization")
+ROWNORM_MAX_N = 1024  # a row in registers: N / 32 values a lane
+
+
+def rownorm_split(epilogue: tuple, outputs: tuple) -> tuple[tuple, Any, Any] | None:
+    """(the epilogue before the norm, the ref of h, the norm op) where the epilogue ends in a row
+    norm of h with outputs (h, norm(h)) (passes/fuse_residual_norm.py makes these); else None."""
+    if not epilogue or epilogue[-1].op not in NORM_OPS or len(outputs) != 2:
+        return None
+    norm = epilogue[-1]
+    if outputs[1] != Ref("op", len(epilogue) - 1) or outputs[0] != norm.args[0]:
+        return None
+    return epilogue[:-1], outputs[0], norm
+
+
+def has_rownorm(ctx: StepContext) -> bool:
+    """Whether the step is a GEMM with a row-norm epilogue (mma.sync / SIMT kernels only: the
+    Hopper TMA and wgmma kernels have no such epilogue)."""
+    a = ctx.node.attrs
+    return isinstance(a, FusedAttrs) and rownorm_split(a.epilogue, a.outputs) is not None
+
+
+def _rownorm(ctx: StepContext, prob: Problem, norm: Any) -> tuple[dict[str, Any], list[str], list[str]]:
+    """The row-norm template context, its kernel parameters and their tensor names."""
+    rank = len(prob.out_shape)
+    if norm.attrs.axis not in (-1, rank - 1):
+        raise ctx.fail(f"a {norm.op} epilogue over axis {norm.attrs.axis} (only the last axis is fused)")
+    if prob.N > ROWNORM_MAX_N:
+        raise ctx.fail(f"a {norm.op} epilogue over {prob.N} columns (at most {ROWNORM_MAX_N})")
+    out = ctx.tensors[ctx.step.outputs[1]]
+    oct_ = cuda_type(dtype_from_numpy_name(out.dtype))
+    hct = cuda_type(prob.dtype)
+    refs = [r for r in norm.args[1:] if r.kind == "in" and r.index < len(ctx.step.inputs) and ctx.step.inputs[r.index]]
+    names = [ctx.step.outputs[1]]
+    decls = [f"{oct_.storage}* __restrict__ gc_norm_out"]
+    loads = {}
+    for what, r in zip(("scale", "bias"), refs, strict=False):
+        spec = ctx.tensors[ctx.step.inputs[r.index]]
+        if math.prod(spec.shape) != prob.N:
+            raise ctx.fail(f"{norm.op} {what} of shape {spec.shape} for {prob.N} columns")
+        ct = cuda_type(dtype_from_numpy_name(spec.dtype))
+        names.append(ctx.step.inputs[r.index])
+        decls.append(f"const {ct.storage}* __restrict__ gc_norm_{what}")
+        loads[what] = ct.to_compute(f"gc_norm_{what}[c]")
+    if "scale" not in loads:
+        raise ctx.fail(f"a {norm.op} epilogue without its scale")
+    h_load = "__ldcg(out0 + row + c)"  # L2: the band's other tiles were stored by other blocks
+    info = {
+        "op": norm.op,
+        "eps": lit(float(norm.attrs.epsilon), "float"),
+        "vals": ceil_div(prob.N, 32),
+        "load_h": hct.to_compute(h_load),
+        "load_scale": loads["scale"],
+        "load_bias": loads.get("bias", ""),
+        "has_bias": "bias" in loads and norm.op == "LayerNormalization",
+        "store_y": oct_.to_storage("y"),
+    }
+    return info, decls, names
+
+
 def _kernel_args(
     ctx: StepContext, prob: Problem, rendered: RenderedEpilogue, c_ptr: bool
 ) -> tuple[list[str], list[str]]:
@@ -482,7 +543,7 @@ def _kernel_args(
     if c_ptr:
         names.append(ctx.step.inputs[prob.c_index])
         decls.append(f"const {st}* __restrict__ Cm")
-    names += [ctx.step.inputs[i] for i in rendered.inputs] + list(ctx.step.outputs)
+    names += [ctx.step.inputs[i] for i in rendered.inputs] + list(ctx.step.outputs[: len(rendered.outputs)])
     decls += list(rendered.params)
     return names, decls
 
@@ -523,9 +584,20 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
     ops = step_operands(ctx)
     name = ctx.kernel_name()
     out_specs = [ctx.tensors[o] for o in step.outputs]
-    rendered = render_epilogue(
-        prob.epilogue, prob.outputs, ops, out_specs, prob.out_shape, prob.dtype, where=where, name=f"{name}_epi"
-    )
+    split_norm = rownorm_split(prob.epilogue, prob.outputs)
+    rownorm, norm_decls, norm_names = None, [], []
+    if split_norm is not None:  # the epilogue stores h; the last block of each row band normalizes it
+        pre, h_ref, norm = split_norm
+        if path == "wgmma":
+            raise ctx.fail(f"a {norm.op} epilogue on the wgmma path (mma.sync or SIMT only)")
+        rownorm, norm_decls, norm_names = _rownorm(ctx, prob, norm)
+        rendered = render_epilogue(
+            pre, (h_ref,), ops, out_specs[:1], prob.out_shape, prob.dtype, where=where, name=f"{name}_epi"
+        )
+    else:
+        rendered = render_epilogue(
+            prob.epilogue, prob.outputs, ops, out_specs, prob.out_shape, prob.dtype, where=where, name=f"{name}_epi"
+        )
     c_expr, c_ptr = _c_expr(ctx, prob, ops)
     out_names, out_decls = _kernel_args(ctx, prob, rendered, c_ptr)
     out_args = (["Cm"] if c_ptr else []) + list(rendered.args)
@@ -549,12 +621,22 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
     st = ct.storage
     ab = [f"const {st}* __restrict__ A", f"const {st}* __restrict__ B"]
     ab_names = [step.inputs[0], step.inputs[1]]
-    if splits > 1:
+    # Split-K sums its fp32 partials in the same launch (the last block of a tile to finish does it:
+    # templates' split_finish), unless SERIAL is 0, which keeps the second kernel (gemm_reduce).
+    serial = splits > 1 and bool(p.get("SERIAL", 1))
+    if rownorm is not None and splits > 1 and not serial:
+        raise ctx.fail("a row-norm epilogue needs split-K in one launch (SERIAL 1)")
+    if serial:
+        p["SERIAL"] = 1
+        kparams = [*ab, *out_decls, *norm_decls, "float* __restrict__ ws"]
+        kargs = [*ab_names, *out_names, *norm_names, "@workspace"]
+    elif splits > 1:
+        p["SERIAL"] = 0
         kparams = [*ab, "float* __restrict__ ws"]
         kargs = [*ab_names, "@workspace"]
     else:
-        kparams = ab + out_decls
-        kargs = ab_names + out_names
+        kparams = ab + out_decls + norm_decls
+        kargs = ab_names + out_names + norm_names
     tiles = ceil_div(prob.M, p["BM"]) * ceil_div(prob.N, p["BN"])
     grid = (tiles, 1, prob.batch * splits)
     threads = threads_of(p)
@@ -572,6 +654,10 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         BK=p["BK"],
         threads=threads,
         splits=splits,
+        serial=serial,
+        tiles=tiles,
+        rownorm=rownorm,
+        tiles_m=ceil_div(prob.M, p["BM"]),
         kt_per_split=kt_per_split,
         batch=prob.batch,
         group_m=8,
@@ -649,7 +735,7 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
     kernels = [
         KernelSource("gemm", name, source, grid, (threads, 1, 1), kargs, smem, params=p, workspace_bytes=ws_bytes)
     ]
-    if splits > 1:
+    if splits > 1 and not serial:
         rname = f"{name}_reduce"
         rsrc = render(
             "gemm_reduce.cu.j2",

@@ -136,11 +136,32 @@ def test_heuristic_prefers_small_tiles_for_small_problems(m, k, expect_bm):
     assert p["bm"] == expect_bm
 
 
-def test_split_k_for_small_deep_convs():
-    """ResNet-50's last 3x3 stage at batch 1: 8 output tiles for 132 SMs, 72 k-tiles: split-K,
-    two launches sharing the workspace, the epilogue in the second."""
+def test_split_k_for_small_deep_convs_in_one_launch():
+    """ResNet-50's last 3x3 stage at batch 1: 8 output tiles for 132 SMs, 72 k-tiles: split-K in
+    one launch; the last block of each tile sums the partials (in split order) and runs the bias
+    and the epilogue."""
     g = conv_graph(np.float16, (1, 7, 7, 512), (512, 3, 3, 512), pad=1)
-    _, _, srcs = generate(g)
+    _, _, (src,) = generate(g)
+    splits = src.params["splits"]
+    assert splits > 1 and src.params["serial"] == 1 and src.grid[2] == splits
+    assert src.args[:2] == ["x", "w"] and src.args[-1] == "@workspace" and len(src.args) > 3
+    assert src.workspace_bytes == splits * 49 * 512 * 4
+    tiles = src.grid[0] * src.grid[1]
+    assert f"__device__ unsigned int {src.name}_arrived[{tiles}];" in src.source
+    body = src.source[src.source.index('extern "C"') :]
+    assert "atomicAdd(&" in body and f"{src.name}_epi(v, o" in body and "gc_ws[((long long)split * M" in body
+    for arch in ARCHS:
+        compile_cubin(src.source, src.name, arch)
+
+
+def test_split_k_for_small_deep_convs():
+    """The same with params serial = 0: two launches sharing the workspace, the epilogue in the
+    second."""
+    g = conv_graph(np.float16, (1, 7, 7, 512), (512, 3, 3, 512), pad=1)
+    _, _, (serial,) = generate(g)
+    _, _, srcs = generate(
+        g, params={**{k: serial.params[k] for k in ("bm", "bn", "wm", "wn", "bkc", "stages", "splits")}, "serial": 0}
+    )
     assert len(srcs) == 2
     partial, reduce = srcs
     splits = partial.params["splits"]

@@ -211,6 +211,29 @@ def test_kernel_args_and_geometry():
     assert f"{k.name}_out(v, " in store and f"{k.name}_epi(v, idx" in k.source
 
 
+def test_split_k_sums_and_runs_the_epilogue_in_the_same_launch():
+    # serial split-K (the default): one kernel; the last block of each tile sums the 5 partials in
+    # split order and runs the store hook, so the epilogue still sees each element once
+    _, ks = gen(
+        "Gemm",
+        [(50, 3000), (3000, 70), (50, 70), (70,), (50, 70)],
+        F16,
+        attrs={"alpha": 2.0, "beta": -1.0},
+        **bias_gelu_residual(3),
+        params={"BM": 64, "BN": 64, "BK": 32, "WM": 2, "WN": 2, "STAGES": 3, "SPLITS": 5},
+    )
+    (main,) = ks
+    assert main.params["SERIAL"] == 1 and main.grid == (2, 1, 5)
+    assert main.args == ["x0", "x1", "x2", "x3", "x4", "y0", "@workspace"]
+    assert main.workspace_bytes == 5 * 50 * 70 * 4
+    body = main.source[main.source.index('extern "C" __global__') :]
+    assert "ws[" in body and "atomicAdd(&" in body and "__ldcg(ws + p * 3500ll + o)" in body
+    assert f"{main.name}_out(s, " in body  # the store hook after the sum, once per element
+    # one arrival counter per (batch, tile), a module global the last block resets
+    assert f"__device__ unsigned int {main.name}_arrived[2];" in main.source
+    assert "v = v * 2.0f" in main.source and "-1.0f * gc_h2f(Cm[" in main.source
+
+
 def test_split_k_runs_the_epilogue_once_in_the_reduce_kernel():
     ctx, ks = gen(
         "Gemm",
@@ -218,7 +241,7 @@ def test_split_k_runs_the_epilogue_once_in_the_reduce_kernel():
         F16,
         attrs={"alpha": 2.0, "beta": -1.0},
         **bias_gelu_residual(3),
-        params={"BM": 64, "BN": 64, "BK": 32, "WM": 2, "WN": 2, "STAGES": 3, "SPLITS": 5},
+        params={"BM": 64, "BN": 64, "BK": 32, "WM": 2, "WN": 2, "STAGES": 3, "SPLITS": 5, "SERIAL": 0},
     )
     main, red = ks
     assert main.args == ["x0", "x1", "@workspace"] and main.grid[2] == 5
@@ -259,6 +282,23 @@ VARIANTS = {
         dtype=BF16,
         attrs={"transA": 1, "transB": 1, "alpha": 0.5},
         kw=dict(params={"BM": 64, "BN": 64, "BK": 64, "WM": 2, "WN": 2, "STAGES": 2, "SPLITS": 4}),
+    ),
+    # the same with the two-kernel split-K (partials, then the gemm_reduce kernel)
+    "bf16-mma-trans-split-reduce": dict(
+        op="Gemm",
+        shapes=[(1001, 36), (72, 1001), (72,)],
+        dtype=BF16,
+        attrs={"transA": 1, "transB": 1, "alpha": 0.5},
+        kw=dict(params={"BM": 64, "BN": 64, "BK": 64, "WM": 2, "WN": 2, "STAGES": 2, "SPLITS": 4, "SERIAL": 0}),
+    ),
+    # fp32 SIMT with serial split-K and the epilogue
+    "fp32-simt-split": dict(
+        op="MatMul",
+        shapes=[(40, 2048), (2048, 72), (72,), (40, 72)],
+        dtype=F32,
+        kw=dict(
+            bias_gelu_residual(), params={"path": "simt", "BM": 32, "BN": 32, "BK": 8, "TM": 4, "TN": 4, "SPLITS": 4}
+        ),
     ),
     # TF32 tensor cores, batched attention-like Q @ K^T
     "tf32-batched": dict(
@@ -366,3 +406,19 @@ def test_partial_params_complete_from_the_heuristic():
     ctx = standalone_context("MatMul", [(8, 8), (8, 8)], F32, params={"path": "mma"})
     with pytest.raises(CompileError, match="does not fit"):
         family_for(ctx).generate(ctx)
+
+
+@needs_nvrtc
+def test_wgmma_serial_split_k_compiles_for_sm90a():
+    from graphc.codegen.nvrtc import compile_cubin
+
+    _, ks = gen(
+        "MatMul",
+        [(256, 4096), (4096, 256), (256,), (256, 256)],
+        F16,
+        **bias_gelu_residual(),
+        params={"path": "wgmma", "BM": 128, "BN": 128, "BK": 64, "STAGES": 4, "SPLITS": 4},
+    )
+    (k,) = ks  # no reduce kernel
+    assert k.params["SERIAL"] == 1 and k.params["requires_arch"] == "sm_90a"
+    assert len(compile_cubin(k.source, k.name, "sm_90a")) > 1000

@@ -19,7 +19,8 @@ from graphc.ir.builder import GraphBuilder
 from graphc.ir.types import DType, TensorType
 from graphc.runtime.plan import align
 
-SPLIT_K = {"BM": 64, "BN": 64, "BK": 32, "WM": 2, "WN": 2, "STAGES": 3, "SPLITS": 5}
+# the two-kernel split-K (partials, then gemm_reduce), not the one-launch default
+SPLIT_K = {"BM": 64, "BN": 64, "BK": 32, "WM": 2, "WN": 2, "STAGES": 3, "SPLITS": 5, "SERIAL": 0}
 
 
 def _graph():

@@ -111,7 +111,7 @@ def test_cpu_target_runs_none_of_the_cuda_passes(tmp_path):
     eng = graphc.compile(_every_cuda_form(), target="cpu", dump_ir=tmp_path)
     names = set(_dumped(tmp_path))
     assert not names & {"decompose_conv_transpose", "decompose_einsum", "decompose_window_ops", "to_channels_last"}
-    assert not names & {"convert_precision", "k_major_gemm_weights"}
+    assert not names & {"convert_precision", "k_major_gemm_weights", "fuse_horizontal", "fuse_residual_norm"}
     # The CPU engine keeps the reference ops the CUDA target decomposes.
     assert {"ConvTranspose", "Einsum", "LRN"} <= {s.op for s in eng.plan.steps}
 
@@ -127,6 +127,13 @@ def test_pass_gating_by_target_and_level():
     assert by_name["convert_precision"].active(0, Target("cpu", "bf16")) and not by_name["convert_precision"].active(
         2, Target("cuda")
     )
+    # horizontal GEMM fusion: CUDA only (its slab views are a CUDA-plan layout choice), level 2
+    assert by_name["fuse_horizontal"].active(2, cuda_fp16) and not by_name["fuse_horizontal"].active(1, cuda_fp16)
+    assert not by_name["fuse_horizontal"].active(2, Target())
+    assert by_name["fuse_residual_norm"].active(2, cuda_fp16) and not by_name["fuse_residual_norm"].active(2, Target())
+    names = list(by_name)
+    assert names.index("fuse_attention") < names.index("fuse_horizontal") < names.index("fuse_epilogues")
+    assert names.index("fuse_elementwise") < names.index("fuse_residual_norm") < names.index("to_channels_last")
     with pytest.raises(ValueError, match="target must be"):
         Target("tpu")
 
