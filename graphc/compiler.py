@@ -65,11 +65,6 @@ class CompileOptions:
             raise CompileError(f"opt_level must be 0..3, got {self.opt_level}")
         if self.tune not in ("off", "fast", "full"):
             raise CompileError(f"tune must be off, fast or full, got {self.tune!r}")
-        if self.precision == "int8" and self.target == "cuda":
-            raise CompileError(
-                "precision int8: int8 CUDA kernels are not built yet (issue 13); "
-                "compile with target cpu for int8, or use fp16 on the GPU"
-            )
 
 
 class _Phases:
