@@ -55,6 +55,7 @@ TILES = [
     (64, 64, 2, 2, 0.62),
     (32, 64, 1, 2, 0.45),
 ]
+RATE_PER_SM = 1200e12 / SM_COUNT  # dense int8 tensor-core ops/s of an H200 SM, for the model
 KEYS = ("BM", "BN", "BK", "WM", "WN", "STAGES")
 
 
@@ -210,14 +211,15 @@ def valid(prob: Int8Problem, p: dict[str, Any]) -> bool:
 
 
 def estimate_seconds(prob: Int8Problem, p: dict[str, Any]) -> float:
-    """Waves of tiles times the padded work of one tile, over the tile shape's efficiency: enough
-    to rank tile shapes (the same model as the fp16 GEMM's, without split-K)."""
+    """The fp16 GEMM's model without split-K (codegen/families/gemm.py): the busiest SM runs
+    ceil(tiles / SMs) blocks, up to the occupancy at once, at the full rate only with about 8 warps
+    resident; padded tile edges count as work. Only the ranking of tile shapes matters."""
     tiles = ceil_div(prob.M, p["BM"]) * ceil_div(prob.N, p["BN"]) * prob.batch
-    per_sm = max(1, min(SMEM_PER_SM // (shared_bytes(p) + 1024), 2048 // threads_of(p)))
-    waves = ceil_div(tiles, SM_COUNT * per_sm)
-    util = min(1.0, min(ceil_div(tiles, SM_COUNT), per_sm) * threads_of(p) / 32 / 8)
+    per_sm_blocks = ceil_div(tiles, SM_COUNT)
+    occupancy = max(1, min(SMEM_PER_SM // (shared_bytes(p) + 1024), 2048 // threads_of(p)))
+    util = min(1.0, min(per_sm_blocks, occupancy) * threads_of(p) / 32 / 8)
     kspan = ceil_div(prob.K, p["BK"]) * p["BK"]
-    return waves * per_sm * p["BM"] * p["BN"] * kspan / (p["_eff"] * util) / 600e12 * SM_COUNT
+    return per_sm_blocks * 2.0 * p["BM"] * p["BN"] * kspan / (p["_eff"] * util * RATE_PER_SM)
 
 
 def candidates(prob: Int8Problem) -> list[dict[str, Any]]:
