@@ -57,6 +57,9 @@ TILES = [
 ]
 RATE_PER_SM = 1200e12 / SM_COUNT  # dense int8 tensor-core ops/s of an H200 SM, for the model
 KEYS = ("BM", "BN", "BK", "WM", "WN", "STAGES")
+WGMMA_KEYS = ("BM", "BN", "STAGES")
+# sm_90a warpgroup MMA: (BM, BN, efficiency); a warpgroup per 64 rows, wgmma m64nBNk32
+WGMMA_TILES = [(128, 256, 1.0), (128, 128, 0.9), (64, 256, 0.8), (64, 128, 0.7), (64, 64, 0.5)]
 
 
 @dataclass(frozen=True)
@@ -190,22 +193,46 @@ def _vec(lay: OperandLayout, k: int) -> bool:
     return lay.vector_ok(k, 16)
 
 
+def operand_vec(prob: Int8Problem) -> tuple[bool, bool]:
+    """Whether A and B can be copied in 16-byte chunks along K. The patch matrix's rows are
+    zero-padded to KP (16-byte multiples), so B can be even where K is not a multiple of 16 (the
+    weight's byte loads zero every k >= K anyway)."""
+    a = prob.a.kcontig and _vec(prob.a, prob.K)
+    b = prob.b.kcontig and (_vec(prob.b, prob.K) or prob.conv is not None)
+    return a, b
+
+
 def shared_bytes(p: dict[str, Any]) -> int:
+    if p.get("path") == "wgmma":  # swizzled stages (+1 KB to align them to 1024 bytes), or the C tile
+        return max(p["STAGES"] * (p["BM"] + p["BN"]) * 128, p["BM"] * (p["BN"] + 8) * 4) + 1024
     pitch = p["BK"] + 16
     return max(p["STAGES"] * (p["BM"] + p["BN"]) * pitch, p["WM"] * 16 * (p["BN"] + 8) * 4)
 
 
 def threads_of(p: dict[str, Any]) -> int:
+    if p.get("path") == "wgmma":
+        return p["BM"] // 64 * 128  # a warpgroup per 64 rows
     return p["WM"] * p["WN"] * 32
 
 
 def valid(prob: Int8Problem, p: dict[str, Any]) -> bool:
-    if any(not isinstance(p.get(k), int) or p[k] <= 0 for k in KEYS):
+    path = p.get("path", "mma")
+    keys = WGMMA_KEYS if path == "wgmma" else KEYS
+    if path not in ("mma", "wgmma") or any(not isinstance(p.get(k), int) or p[k] <= 0 for k in keys):
         return False
+    if prob.batch > MAX_GRID_Z:
+        return False
+    if path == "wgmma":
+        # cp.async only: both operands K-contiguous with 16-byte rows, K in whole 16-byte chunks
+        if not all(operand_vec(prob)) or (prob.K % 16 and prob.conv is None):
+            return False
+        if p["BM"] not in (64, 128) or p["BN"] not in (64, 128, 256) or not 3 <= p["STAGES"] <= 8:
+            return False
+        return shared_bytes(p) <= SMEM_PER_BLOCK
     bm, bn, bk, wm, wn, st = (p[k] for k in KEYS)
     if bm % (wm * 16) or bn % (wn * 16) or bk % 32 or not 2 <= st <= 8:
         return False
-    if threads_of(p) > 1024 or prob.batch > MAX_GRID_Z:
+    if threads_of(p) > 1024:
         return False
     return shared_bytes(p) <= SMEM_PER_BLOCK
 
@@ -214,31 +241,52 @@ def estimate_seconds(prob: Int8Problem, p: dict[str, Any]) -> float:
     """The fp16 GEMM's model without split-K (codegen/families/gemm.py): the busiest SM runs
     ceil(tiles / SMs) blocks, up to the occupancy at once, at the full rate only with about 8 warps
     resident; padded tile edges count as work. Only the ranking of tile shapes matters."""
+    wgmma = p.get("path") == "wgmma"
     tiles = ceil_div(prob.M, p["BM"]) * ceil_div(prob.N, p["BN"]) * prob.batch
     per_sm_blocks = ceil_div(tiles, SM_COUNT)
     occupancy = max(1, min(SMEM_PER_SM // (shared_bytes(p) + 1024), 2048 // threads_of(p)))
     util = min(1.0, min(per_sm_blocks, occupancy) * threads_of(p) / 32 / 8)
-    kspan = ceil_div(prob.K, p["BK"]) * p["BK"]
-    return per_sm_blocks * 2.0 * p["BM"] * p["BN"] * kspan / (p["_eff"] * util * RATE_PER_SM)
+    bk = 128 if wgmma else p["BK"]
+    kspan = ceil_div(prob.K, bk) * bk
+    rate = RATE_PER_SM * (2 if wgmma else 1)
+    return per_sm_blocks * 2.0 * p["BM"] * p["BN"] * kspan / (p["_eff"] * util * rate)
 
 
-def candidates(prob: Int8Problem) -> list[dict[str, Any]]:
+def candidates(prob: Int8Problem, path: str = "mma") -> list[dict[str, Any]]:
     out = []
+    if path == "wgmma":
+        for bm, bn, eff in WGMMA_TILES:
+            for st in (3, 4, 5, 6):
+                p = {"path": "wgmma", "BM": bm, "BN": bn, "STAGES": st, "_eff": eff}
+                if valid(prob, p):
+                    out.append(p)
+        return out
     for bm, bn, wm, wn, eff in TILES:
         for bk in (64, 128):
             for st in (3, 4):
-                p = {"BM": bm, "BN": bn, "BK": bk, "WM": wm, "WN": wn, "STAGES": st, "_eff": eff}
+                p = {"path": "mma", "BM": bm, "BN": bn, "BK": bk, "WM": wm, "WN": wn, "STAGES": st, "_eff": eff}
                 if valid(prob, p):
                     out.append(p)
     return out
 
 
-def heuristic(prob: Int8Problem) -> dict[str, Any]:
-    """The cheapest tile by the cost model with BK 64 and a 4-deep pipeline (3 for a short K)."""
-    want = 4 if ceil_div(prob.K, 64) >= 4 else 3
-    pool = [p for p in candidates(prob) if p["BK"] == 64 and p["STAGES"] == want] or candidates(prob)
+def heuristic(prob: Int8Problem, path: str = "mma") -> dict[str, Any]:
+    """The cheapest tile by the cost model; mma.sync with BK 64 and a 4-deep pipeline (3 for a
+    short K), wgmma with the deepest pipeline up to 4 that the K loop can use."""
+    pool = candidates(prob, path)
+    if path == "wgmma":
+        want = max(3, min(4, ceil_div(prob.K, 128)))
+        best: dict[tuple[int, int], dict[str, Any]] = {}
+        for p in pool:
+            key = (p["BM"], p["BN"])
+            if p["STAGES"] <= want and (key not in best or p["STAGES"] > best[key]["STAGES"]):
+                best[key] = p
+        pool = list(best.values()) or pool
+    else:
+        want = 4 if ceil_div(prob.K, 64) >= 4 else 3
+        pool = [p for p in pool if p["BK"] == 64 and p["STAGES"] == want] or pool
     if not pool:
-        raise ValueError("no valid int8 GEMM configuration")
+        raise ValueError(f"no valid int8 {path} GEMM configuration")
     return min(pool, key=lambda p: (estimate_seconds(prob, p), -p["BM"] * p["BN"]))
 
 
@@ -247,6 +295,8 @@ def _public(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def search_space(ctx: StepContext) -> list[dict[str, Any]]:
+    """The mma.sync candidates (the wgmma ones are the Hopper build's: codegen/build.py asks for
+    {"path": "wgmma"} on sm_90)."""
     return [_public(p) for p in candidates(problem_of(ctx))]
 
 
@@ -254,15 +304,20 @@ def search_space(ctx: StepContext) -> list[dict[str, Any]]:
 
 
 def _params(ctx: StepContext, prob: Int8Problem) -> dict[str, Any]:
-    if not ctx.params:
-        try:
-            return _public(heuristic(prob))
-        except ValueError as e:
-            raise ctx.fail(f"no int8 GEMM configuration fits M={prob.M} N={prob.N} K={prob.K}") from e
-    p = {**_public(heuristic(prob)), **ctx.params}
+    """The heuristic's choice, or the forced one: a full tile as given, a partial one such as
+    {"path": "wgmma"} completed by that path's heuristic."""
+    forced = dict(ctx.params or {})
+    path = forced.get("path", "mma")
+    if path not in ("mma", "wgmma"):
+        raise ctx.fail(f"int8 GEMM path {path!r} is not one of mma, wgmma")
+    try:
+        base = _public(heuristic(prob, path))
+    except ValueError as e:
+        raise ctx.fail(f"no int8 {path} GEMM configuration fits M={prob.M} N={prob.N} K={prob.K}") from e
+    p = {**base, **forced}
     if not valid(prob, p):
         raise ctx.fail(f"forced int8 GEMM parameters {ctx.params} are not valid for this problem")
-    return {k: p[k] for k in KEYS}
+    return {k: p[k] for k in ("path", *(WGMMA_KEYS if path == "wgmma" else KEYS))}
 
 
 def _im2col(ctx: StepContext, prob: Int8Problem) -> KernelSource:
@@ -317,29 +372,28 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         prob.epilogue, prob.outputs, ops, out_specs, prob.out_shape, DType.int32, where=where, name=f"{name}_epi"
     )
     threads = threads_of(p)
+    wgmma = p["path"] == "wgmma"
+    bk = 128 if wgmma else p["BK"]
+    vec = operand_vec(prob)
     opnds = []
-    for X, lay, rows_tile, r0 in (("A", prob.a, p["BM"], "m0"), ("B", prob.b, p["BN"], "n0")):
-        # The patch matrix's rows are zero-padded to KP (16-byte multiples): 16-byte copies even
-        # where K is not a multiple of 16 (the weight's byte loads zero every k >= K anyway).
-        vec = lay.kcontig and (_vec(lay, prob.K) or (X == "B" and prob.conv is not None))
+    for X, lay, rows_tile, r0, v in (("A", prob.a, p["BM"], "m0", vec[0]), ("B", prob.b, p["BN"], "n0", vec[1])):
         opnds.append(
             {
                 "name": X,
                 "kcontig": lay.kcontig,
-                "vec": vec,
+                "vec": v,
                 "rows": lay.rows,
                 "rows_tile": rows_tile,
                 "r0": r0,
                 "sr": lay.sr,
                 "sk": lay.sk,
-                "guard_chunks": (rows_tile * p["BK"] // 16) % threads != 0,
+                "guard_chunks": (rows_tile * bk // 16) % threads != 0,
             }
         )
-    ktiles = ceil_div(prob.K, p["BK"])
+    ktiles = ceil_div(prob.K, bk)
     st = "signed char"
     out_names = [step.inputs[i] for i in rendered.inputs] + list(step.outputs)
-    source = render(
-        "gemm_int8.cu.j2",
+    tmpl: dict[str, Any] = dict(
         epilogue=rendered,
         epilogue_name=f"{name}_epi",
         st=st,
@@ -356,9 +410,6 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         K=prob.K,
         BM=p["BM"],
         BN=p["BN"],
-        BK=p["BK"],
-        WM=p["WM"],
-        WN=p["WN"],
         STAGES=p["STAGES"],
         threads=threads,
         splits=1,
@@ -367,11 +418,15 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         group_m=8,
         operands=opnds,
     )
+    if wgmma:
+        source = render("gemm_int8_wgmma.cu.j2", **tmpl)
+    else:
+        source = render("gemm_int8.cu.j2", **tmpl, BK=p["BK"], WM=p["WM"], WN=p["WN"])
     tiles = ceil_div(prob.M, p["BM"]) * ceil_div(prob.N, p["BN"])
     ws = prob.conv.nbytes if prob.conv is not None else 0
     info = {
         **p,
-        "path": "int8_mma",
+        "path": "int8_wgmma" if wgmma else "int8_mma",
         "M": prob.M,
         "N": prob.N,
         "K": prob.K,
@@ -387,7 +442,7 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         (threads, 1, 1),
         [*prob.inputs, *out_names],
         shared_bytes(p),
-        params=info,
+        params={**info, "requires_arch": "sm_90a"} if wgmma else info,
         workspace_bytes=ws,
     )
     return [_im2col(ctx, prob), main] if prob.conv is not None else [main]

@@ -252,10 +252,11 @@ def test_uncovered_forms_name_the_node(case, match):
 @pytest.mark.parametrize("which", ["cnn", "mlp"])
 def test_int8_engine_cubins_use_imma(which, tmp_path):
     """Issue 13 item 5: the sm_90 and sm_80 cubins of an int8 engine run its GEMMs on integer tensor
-    cores: every int8 GEMM kernel has IMMA and no HMMA (no float MMA hides in it)."""
+    cores: every int8 GEMM kernel has IMMA (mma.sync) or, on sm_90, IGMMA (the sm_90a warpgroup
+    kernel), and no float MMA hides in any of them."""
     eng = _int8_cuda(cnn_model() if which == "cnn" else mlp_model(), arch=("sm_80", "sm_90"))
     for arch in ("sm_80", "sm_90"):
-        seen = 0
+        seen = wgmma = 0
         for s in eng.plan.for_arch(arch).steps:
             for ln in s.launches:
                 if ln.family != "gemm_int8" or ln.params.get("im2col"):
@@ -264,6 +265,15 @@ def test_int8_engine_cubins_use_imma(which, tmp_path):
                 f.write_bytes(eng.kernels.cubins[arch][ln.digest])
                 out = subprocess.run([CUOBJDUMP, "-sass", str(f)], capture_output=True, text=True, check=True)
                 ops = _opcodes(out.stdout)
-                assert "IMMA" in ops and "HMMA" not in ops, (arch, s.name, sorted(ops)[:40])
+                # sm_90: the sm_90a warpgroup kernel (IGMMA) where its operands allow, else mma.sync
+                want = "IGMMA" if ln.params["path"] == "int8_wgmma" else "IMMA"
+                assert want in ops and not {"HMMA", "HGMMA"} & ops, (arch, s.name, want, sorted(ops))
+                if arch == "sm_90":  # wgmma wherever both operands have 16-byte rows
+                    aligned = ln.params["VEC_A"] and ln.params["VEC_B"]
+                    assert (ln.params["path"] == "int8_wgmma") == bool(aligned), (s.name, ln.params)
+                wgmma += ln.params["path"] == "int8_wgmma"
                 seen += 1
         assert seen == (5 if which == "cnn" else 2), (arch, seen)
+        # the MLP's on sm_90 all (K-major rows); the CNN's two with 16-byte weight rows (the stem's
+        # are 147 bytes, conv2's 72, conv3's 8: mma.sync with byte loads of the weight)
+        assert wgmma == {"sm_80": 0, "sm_90": 2}[arch], (arch, wgmma)

@@ -30,6 +30,17 @@ pytestmark = pytest.mark.gpu
 RNG = np.random.default_rng(1313)
 
 
+@pytest.fixture(params=["default", "mma"])
+def int8_path(request, monkeypatch):
+    """The kernels an engine for this GPU gets ("default": on sm_90 the sm_90a wgmma GEMM wherever
+    its operands allow), or mma.sync everywhere (codegen/build.py with no Hopper-only archs)."""
+    if request.param == "mma":
+        import graphc.codegen.build as build
+
+        monkeypatch.setattr(build, "HOPPER_ARCHS", ())
+    return request.param
+
+
 def _arch() -> list[str]:
     import cupy
 
@@ -62,7 +73,7 @@ MATMULS = [(1, 16, 8), (37, 100, 50), (300, 256, 200), (129, 768, 96)]
 
 @pytest.mark.parametrize("m,k,n", MATMULS, ids=[f"{m}x{k}x{n}" for m, k, n in MATMULS])
 @pytest.mark.parametrize("bias", [False, True])
-def test_matmul_integer_is_exact(m, k, n, bias):
+def test_matmul_integer_is_exact(m, k, n, bias, int8_path):
     """[K, N] weights (the byte-load path), K not a multiple of 16 (byte loads of A too)."""
     inits = [numpy_helper.from_array(_i8((k, n)), "w")]
     nodes = [helper.make_node("MatMulInteger", ["x", "w"], ["acc" if bias else "y"])]
@@ -87,7 +98,7 @@ CONVS = [
 
 
 @pytest.mark.parametrize("case", CONVS, ids=[f"conv{i}" for i in range(len(CONVS))])
-def test_conv_integer_is_exact(case):
+def test_conv_integer_is_exact(case, int8_path):
     n, c, hw, co, k, s, p, d, g = case
     x = _i8((n, c, hw, hw))
     w = _i8((co, c // g, k, k))
@@ -102,7 +113,7 @@ def test_conv_integer_is_exact(case):
     assert got["y"].dtype == np.int32 and np.array_equal(got["y"], want["y"])
 
 
-def test_requantize_epilogue_within_one_lsb():
+def test_requantize_epilogue_within_one_lsb(int8_path):
     """ConvInteger -> + bias -> * per-channel scale -> Relu -> QuantizeLinear: int8 out."""
     n, c, hw, co = 4, 32, 14, 64
     x = _i8((n, c, hw, hw))
@@ -136,7 +147,7 @@ def _cos(a, b) -> float:
 
 
 @pytest.mark.parametrize("which", ["cnn", "mlp"])
-def test_int8_engine_matches_cpu_int8_engine(which):
+def test_int8_engine_matches_cpu_int8_engine(which, int8_path):
     model = cnn_model(batch=4) if which == "cnn" else mlp_model(batch=4)
     calib = calibration(model, 8)
     feeds = calibration(model, 1)[0]
