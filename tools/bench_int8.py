@@ -105,13 +105,20 @@ def _i8(shape) -> np.ndarray:
     return RNG.integers(-128, 128, shape).astype(np.int8)
 
 
-def layer_ms(model, feeds, precision: str, arch: list[str], iterations: int) -> tuple[float, dict]:
+def layer_ms(model, feeds, precision: str, arch: list[str], iterations: int, hopper: bool = True) -> tuple[float, dict]:
     """The summed median time of the launches of step 'layer' (the node's own kernels: not the
-    edge casts and transposes, whose steps have names of their own)."""
+    edge casts and transposes, whose steps have names of their own). hopper=False: the kernels of
+    an engine without Hopper-only ones (mma.sync where sm_90a would use wgmma)."""
     import graphc
+    import graphc.codegen.build as build
     from graphc.bench import benchmark
 
-    eng = graphc.compile(model, target="cuda", precision=precision, arch=arch)
+    saved = build.HOPPER_ARCHS
+    build.HOPPER_ARCHS = saved if hopper else ()
+    try:
+        eng = graphc.compile(model, target="cuda", precision=precision, arch=arch)
+    finally:
+        build.HOPPER_ARCHS = saved
     feeds = {s.name: feeds[s.name].astype(s.dtype) for s in eng.inputs}
     r = benchmark(eng, feeds, iterations=iterations, warmup=10, per_kernel=True)
     rows = [row for row in r["kernels"] if row["step"] == "layer"]
@@ -126,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="markdown file to write (and .json beside it)")
     ap.add_argument("--iterations", type=int, default=50)
     ap.add_argument("--batch", type=int, default=32, help="conv batch (ResNet-50 at batch 32)")
-    ap.add_argument("--quick", action="store_true", help="the GEMMs and three convs only")
+    ap.add_argument("--quick", action="store_true", help="the GEMMs and four convs only")
+    ap.add_argument("--mma", action="store_true", help="also time the int8 mma.sync kernels where sm_90a has wgmma")
     args = ap.parse_args(argv)
     import cupy
 
@@ -142,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     for kind, label, flops, (fp, i8, fp_feeds, i8_feeds) in problems:
         t_fp, info_fp = layer_ms(fp, fp_feeds, "fp16", arch, args.iterations)
         t_i8, info_i8 = layer_ms(i8, i8_feeds, "fp32", arch, args.iterations)
+        t_mma = layer_ms(i8, i8_feeds, "fp32", arch, args.iterations, hopper=False)[0] if args.mma else None
         device = info_i8["device"]
         row = {
             "kind": kind,
@@ -151,23 +160,27 @@ def main(argv: list[str] | None = None) -> int:
             "fp16_tflops": flops / t_fp / 1e9,
             "int8_tops": flops / t_i8 / 1e9,
             "speedup": t_fp / t_i8,
+            "int8_mma_ms": t_mma,
             "fp16_params": info_fp["params"],
             "int8_params": info_i8["params"],
         }
         rows.append(row)
-        print(f"{label:28s} fp16 {t_fp:8.4f} ms  int8 {t_i8:8.4f} ms  x{t_fp / t_i8:.2f}", flush=True)
+        mma = f"  int8 mma.sync {t_mma:8.4f} ms" if t_mma else ""
+        print(f"{label:28s} fp16 {t_fp:8.4f} ms  int8 {t_i8:8.4f} ms  x{t_fp / t_i8:.2f}{mma}", flush=True)
     lines = [
         f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; GPU {device['name']} (sm_{device['sm']}); "
         f"driver {device['driver']}, CUDA runtime {device['runtime']}; median of single launches, "
         f"{args.iterations} iterations",
         "",
-        "| problem | fp16 ms | fp16 TFLOP/s | int8 ms | int8 TOP/s | fp16 / int8 |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| problem | fp16 ms | fp16 TFLOP/s | int8 ms | int8 TOP/s | fp16 / int8 | int8 kernel | int8 mma.sync ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
     ]
     for r in rows:
+        path = next((q.get("path") for q in r["int8_params"] if q.get("path")), "?")
+        mma = f"{r['int8_mma_ms']:.4f}" if r["int8_mma_ms"] else "-"
         lines.append(
             f"| {r['kind']} {r['problem']} | {r['fp16_ms']:.4f} | {r['fp16_tflops']:.0f} | {r['int8_ms']:.4f} | "
-            f"{r['int8_tops']:.0f} | {r['speedup']:.2f} |"
+            f"{r['int8_tops']:.0f} | {r['speedup']:.2f} | {path} | {mma} |"
         )
     args.out.write_text("\n".join(lines) + "\n")
     args.out.with_suffix(".json").write_text(json.dumps({"device": device, "rows": rows}, indent=1, default=str))

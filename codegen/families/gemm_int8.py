@@ -35,7 +35,7 @@ from typing import Any
 from graphc.codegen.cuda_types import dtype_from_numpy_name
 from graphc.codegen.epilogue import render_epilogue, step_operands
 from graphc.codegen.families.gemm import OperandLayout
-from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, grid_1d, register_family, render
+from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, register_family, render
 from graphc.ir.types import DType
 from graphc.ops.fused import ACC
 from graphc.ops.registry import Category, get_op
@@ -344,12 +344,12 @@ def _im2col(ctx: StepContext, prob: Int8Problem) -> KernelSource:
         DW=cp.dilations[1],
         KP=cp.kp,
     )
-    words = cp.nbytes // 4
+    p_tiles = ceil_div(cp.out_hw[0] * cp.out_hw[1], 64)
     return KernelSource(
         "gemm_int8",
         name,
         src,
-        grid_1d(words, 256, max_blocks=SM_COUNT * 32),
+        (cp.n * cp.group * p_tiles, ceil_div(cp.kp, 64), 1),  # 64 x 64 tiles of the transpose
         (256, 1, 1),
         [ctx.step.inputs[0], "@workspace"],
         0,
