@@ -153,7 +153,7 @@ def test_bench_iterations_must_be_positive(bert_engine, capsys, n):
 
 
 def test_int8_for_cuda_without_calibration_data_says_what_it_needs(zoo, tmp_path, capsys):
-    rc = cli(["compile", zoo / "bert.onnx", "-o", tmp_path / "x.engine", "--int8"])
+    rc = cli(["compile", zoo / "bert.onnx", "-o", tmp_path / "x.engine", "--int8", "--shapes", "batch=1,seq=8"])
     assert_clean_error(rc, capsys.readouterr().err, "--calibration-data")
 
 
