@@ -161,3 +161,23 @@ def test_int8_engine_matches_cpu_int8_engine(which, int8_path):
     # and the int8 engine is still the float model (cosine to the fp32 CPU engine)
     fp32 = graphc.compile(model, target="cpu").run(feeds)["y"]
     assert _cos(out, fp32) > 0.99
+
+
+@pytest.mark.parametrize("name", ["resnet", "mobilenetv2", "bert", "vit"])
+def test_zoo_int8_engine_matches_cpu_int8_engine(name):
+    """The tiny zoo models as int8 engines (calibrated on the same 4 samples): CUDA against CPU."""
+    import models
+
+    m = models.build(name, size="tiny")
+    calib = [models.sample_inputs(name, m, seed=i) for i in range(4)]
+    feeds = models.sample_inputs(name, m, seed=11)
+    shapes = {k: v.shape for k, v in feeds.items()}
+    cpu, gpu, want, got = _both(m, feeds, precision="int8", calibration_data=calib, shapes=shapes)
+    assert cpu.report["quantization"]["tensors"] == gpu.report["quantization"]["tensors"]
+    assert sum(gpu.report["quantization"]["integer_ops"].values()) >= 10
+    for k, ref in want.items():
+        ref, out = np.asarray(ref, np.float64), np.asarray(got[k], np.float64)
+        scale = float(np.abs(ref).max())
+        assert np.isfinite(out).all()
+        assert _cos(out, ref) > 0.9995, (k, _cos(out, ref))
+        assert np.abs(out - ref).max() <= 0.05 * scale, (k, np.abs(out - ref).max(), scale)
