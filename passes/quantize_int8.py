@@ -363,13 +363,33 @@ def _float_const(graph: Graph, v: Value) -> np.ndarray | None:
     return ((q.astype(np.float64) - zp) * s.astype(np.float64)).astype(np.float32)
 
 
-def quantize_qdq_int8(graph: Graph) -> Graph:
-    """Conv/MatMul/Gemm between a QDQ model's DequantizeLinear nodes, on the model's integers."""
+def quantize_qdq_int8(graph: Graph, target: Target | None = None) -> Graph:
+    """Conv/MatMul/Gemm between a QDQ model's DequantizeLinear nodes, on the model's integers.
+
+    On the CUDA target only what its int8 kernels take (codegen/families/gemm_int8.py): int8
+    activations and weights without zero points (PyTorch's symmetric QDQ); any other op (ONNX
+    Runtime's uint8 activations with a zero point) keeps its Q/DQ nodes, which the CUDA target
+    runs as their float arithmetic (logged, per node)."""
+    cuda = target is not None and target.is_cuda
 
     def visit(node: Node, ctx: RewriteContext) -> Rewritten | None:
         form = _qdq_form(graph, node, ctx)
         if form is None:
             return None
+        if cuda:
+            kind = form.x_q.ttype.dtype is DType.int8 and form.w_q.dtype == np.int8
+            if form.x_zp is not None or form.w_zp is not None or not kind:
+                log.info(
+                    "int8: %s '%s' stays float on cuda (Q/DQ arithmetic): its int8 kernels take int8 operands "
+                    "without zero points",
+                    node.op,
+                    node.name,
+                )
+                return None
+            if node.op != "Conv" and (form.bias is None or form.bias.size in (1, form.w_q.shape[1])):
+                x_shape = node.inputs[0].ttype.static_shape
+                out = emit_pointwise(ctx.b, node, form, x_shape, node.outputs[0].ttype.static_shape)
+                return Rewritten([out], [node])
         return Rewritten([emit(ctx.b, node, form, node.outputs[0].ttype.rank)], [node])
 
     return rewrite_graph(graph, visit)

@@ -277,3 +277,67 @@ def test_int8_engine_cubins_use_imma(which, tmp_path):
         # the MLP's on sm_90 all (K-major rows); the CNN's two with 16-byte weight rows (the stem's
         # are 147 bytes, conv2's 72, conv3's 8: mma.sync with byte loads of the weight)
         assert wgmma == {"sm_80": 0, "sm_90": 2}[arch], (arch, wgmma)
+
+
+# ---- QDQ models ---------------------------------------------------------------------------------
+
+
+def symmetric_qdq_model(batch: int = 4) -> helper.ModelProto:
+    """PyTorch-style symmetric QDQ: int8 activations (zero point 0), per-channel int8 weights:
+    Q/DQ(x) -> Conv(DQ(w1)) + b -> Relu -> Flatten -> Q/DQ -> MatMul(DQ(w2)) -> y."""
+    n = helper.make_node
+    w1 = RNG.integers(-127, 128, (8, 3, 3, 3)).astype(np.int8)
+    w2 = RNG.integers(-127, 128, (8 * 6 * 6, 10)).astype(np.int8)
+    inits = [
+        numpy_helper.from_array(w1, "w1q"),
+        numpy_helper.from_array(RNG.uniform(1e-3, 3e-3, 8).astype(np.float32), "w1s"),
+        numpy_helper.from_array(RNG.standard_normal(8).astype(np.float32) * 0.1, "b1"),
+        numpy_helper.from_array(w2, "w2q"),
+        numpy_helper.from_array(RNG.uniform(1e-3, 3e-3, 10).astype(np.float32), "w2s"),
+        numpy_helper.from_array(np.array(0.02, np.float32), "xs"),
+        numpy_helper.from_array(np.array(0.01, np.float32), "hs"),
+        numpy_helper.from_array(np.array(0, np.int8), "zp"),
+    ]
+    nodes = [
+        n("QuantizeLinear", ["x", "xs", "zp"], ["xq"]),
+        n("DequantizeLinear", ["xq", "xs", "zp"], ["xd"]),
+        n("DequantizeLinear", ["w1q", "w1s"], ["w1"], axis=0),
+        n("Conv", ["xd", "w1", "b1"], ["c1"], name="conv"),
+        n("Relu", ["c1"], ["r1"]),
+        n("Flatten", ["r1"], ["f"]),
+        n("QuantizeLinear", ["f", "hs", "zp"], ["hq"]),
+        n("DequantizeLinear", ["hq", "hs", "zp"], ["hd"]),
+        n("DequantizeLinear", ["w2q", "w2s"], ["w2"], axis=1),
+        n("MatMul", ["hd", "w2"], ["y"], name="mm"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 10])],
+        inits,
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@needs_nvrtc
+def test_symmetric_qdq_model_uses_the_int8_kernels():
+    eng = graphc.compile(symmetric_qdq_model(), target="cuda", precision="int8", arch=["sm_80"])
+    gemms = [s.name for s in eng.plan.steps if any(ln.family == "gemm_int8" for ln in s.launches)]
+    assert len(gemms) == 2, [(s.name, s.op) for s in eng.plan.steps]
+    assert eng.report["quantization"]["integer_ops"] == {"ConvInteger": 2}
+
+
+@needs_nvrtc
+def test_uint8_qdq_ops_stay_float_on_cuda(tmp_path, caplog):
+    """ONNX Runtime's QDQ (uint8 activations with zero points): no int8 CUDA kernel takes a zero
+    point, so those ops keep their Q/DQ arithmetic in float, each one logged."""
+    pytest.importorskip("onnxruntime.quantization")
+    from helpers import quantize_zoo_model
+
+    q, feeds = quantize_zoo_model("resnet", tmp_path)
+    with caplog.at_level("INFO", logger="graphc.passes.quantize_int8"):
+        eng = graphc.compile(q, target="cuda", precision="int8", shapes={k: v.shape for k, v in feeds.items()},
+                             arch=["sm_80"])  # fmt: skip
+    assert not any(ln.family == "gemm_int8" for s in eng.plan.steps for ln in s.launches)
+    assert sum("stays float on cuda" in r.getMessage() for r in caplog.records) >= 10

@@ -24,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 import graphc
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_gemm_int8 import calibration, cnn_model, mlp_model  # noqa: E402
+from test_gemm_int8 import calibration, cnn_model, mlp_model, symmetric_qdq_model  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 RNG = np.random.default_rng(1313)
@@ -181,3 +181,17 @@ def test_zoo_int8_engine_matches_cpu_int8_engine(name):
         assert np.isfinite(out).all()
         assert _cos(out, ref) > 0.9995, (k, _cos(out, ref))
         assert np.abs(out - ref).max() <= 0.05 * scale, (k, np.abs(out - ref).max(), scale)
+
+
+def test_symmetric_qdq_model_matches_cpu(int8_path):
+    """A QDQ model's own scales through the int8 kernels: against the CPU int8 engine, and against
+    the QDQ semantics in float (the fp32 CPU engine emulates the quantization)."""
+    model = symmetric_qdq_model()
+    feeds = {"x": RNG.standard_normal((4, 3, 8, 8)).astype(np.float32)}
+    _, gpu, want, got = _both(model, feeds, precision="int8")
+    assert sum(gpu.report["quantization"]["integer_ops"].values()) == 2
+    ref, out = np.asarray(want["y"], np.float64), np.asarray(got["y"], np.float64)
+    scale = float(np.abs(ref).max())
+    assert _cos(out, ref) > 0.99999 and np.abs(out - ref).max() <= 0.01 * scale
+    emulated = graphc.compile(model, target="cpu").run(feeds)["y"]
+    assert _cos(out, emulated) > 0.9999
