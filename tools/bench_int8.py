@@ -128,12 +128,48 @@ def layer_ms(model, feeds, precision: str, arch: list[str], iterations: int, hop
     return sum(row["median_ms"] for row in rows), {"device": r["device"], "params": params}
 
 
+SWEEP = [
+    {"path": "wgmma", "BM": 128, "BN": 256, "STAGES": 4},
+    {"path": "wgmma", "BM": 128, "BN": 128, "STAGES": 3},
+    {"path": "wgmma", "BM": 128, "BN": 128, "STAGES": 4},
+    {"path": "wgmma", "BM": 64, "BN": 128, "STAGES": 4},
+    {"path": "wgmma", "BM": 64, "BN": 256, "STAGES": 3},
+    {"path": "mma", "BM": 128, "BN": 128, "BK": 64, "WM": 2, "WN": 2, "STAGES": 4},
+    {"path": "mma", "BM": 128, "BN": 256, "BK": 64, "WM": 2, "WN": 4, "STAGES": 3},
+]
+
+
+def sweep(model, feeds, arch: list[str], iterations: int) -> list[tuple[dict, float]]:
+    """The int8 layer with each SWEEP tile forced (the family's heuristic replaced for the compile)."""
+    from graphc.codegen.families import gemm_int8
+
+    orig = gemm_int8.heuristic
+    out = []
+    for forced in SWEEP:
+
+        def pick(prob, path="mma", forced=forced):
+            return dict(forced, _eff=1.0) if path == forced["path"] else orig(prob, path)
+
+        gemm_int8.heuristic = pick
+        try:
+            ms = layer_ms(model, feeds, "fp32", arch, iterations, hopper=forced["path"] == "wgmma")[0]
+        except Exception as e:  # a tile that does not fit this problem: reported, not fatal
+            print(f"  {forced}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            continue
+        finally:
+            gemm_int8.heuristic = orig
+        out.append((forced, ms))
+        print(f"  {forced}: {ms:.4f} ms", flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="markdown file to write (and .json beside it)")
     ap.add_argument("--iterations", type=int, default=50)
     ap.add_argument("--batch", type=int, default=32, help="conv batch (ResNet-50 at batch 32)")
     ap.add_argument("--quick", action="store_true", help="the GEMMs and four convs only")
+    ap.add_argument("--sweep", action="store_true", help="also time the GEMMs' int8 kernel at the SWEEP tiles")
     ap.add_argument("--mma", action="store_true", help="also time the int8 mma.sync kernels where sm_90a has wgmma")
     args = ap.parse_args(argv)
     import cupy
@@ -164,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             "fp16_params": info_fp["params"],
             "int8_params": info_i8["params"],
         }
+        if args.sweep and kind == "gemm":
+            row["sweep"] = sweep(i8, i8_feeds, arch, args.iterations)
         rows.append(row)
         mma = f"  int8 mma.sync {t_mma:8.4f} ms" if t_mma else ""
         print(f"{label:28s} fp16 {t_fp:8.4f} ms  int8 {t_i8:8.4f} ms  x{t_fp / t_i8:.2f}{mma}", flush=True)
@@ -182,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
             f"| {r['kind']} {r['problem']} | {r['fp16_ms']:.4f} | {r['fp16_tflops']:.0f} | {r['int8_ms']:.4f} | "
             f"{r['int8_tops']:.0f} | {r['speedup']:.2f} | {path} | {mma} |"
         )
+    for r in rows:
+        for forced, ms in r.get("sweep", []):
+            lines.append(f"- sweep {r['problem']}: {forced} {ms:.4f} ms (fp16 / int8 {r['fp16_ms'] / ms:.2f})")
     args.out.write_text("\n".join(lines) + "\n")
     args.out.with_suffix(".json").write_text(json.dumps({"device": device, "rows": rows}, indent=1, default=str))
     print("\n".join(lines))

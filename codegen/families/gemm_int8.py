@@ -56,6 +56,7 @@ TILES = [
     (32, 64, 1, 2, 0.45),
 ]
 RATE_PER_SM = 1200e12 / SM_COUNT  # dense int8 tensor-core ops/s of an H200 SM, for the model
+EPILOGUE_S_PER_ELEM_SM = 8e-12 * SM_COUNT  # one SM's epilogue time per output element (see estimate_seconds)
 KEYS = ("BM", "BN", "BK", "WM", "WN", "STAGES")
 WGMMA_KEYS = ("BM", "BN", "STAGES")
 # sm_90a warpgroup MMA: (BM, BN, efficiency); a warpgroup per 64 rows, wgmma m64nBNk32
@@ -249,7 +250,12 @@ def estimate_seconds(prob: Int8Problem, p: dict[str, Any]) -> float:
     bk = 128 if wgmma else p["BK"]
     kspan = ceil_div(prob.K, bk) * bk
     rate = RATE_PER_SM * (2 if wgmma else 1)
-    return per_sm_blocks * 2.0 * p["BM"] * p["BN"] * kspan / (p["_eff"] * util * rate)
+    t_mma = 2.0 * p["BM"] * p["BN"] * kspan / (p["_eff"] * util * rate)
+    # The tile's epilogue runs after its K loop (no overlap within a block): with one block per SM
+    # it adds in full; a second resident block runs its K loop meanwhile. Measured on an H200
+    # (2026-12-01): about 8 us per million requantized outputs at one 128x256 block per SM.
+    t_epi = p["BM"] * p["BN"] * EPILOGUE_S_PER_ELEM_SM
+    return per_sm_blocks * (t_mma + t_epi / min(2, occupancy, per_sm_blocks))
 
 
 def candidates(prob: Int8Problem, path: str = "mma") -> list[dict[str, Any]]:
