@@ -199,7 +199,7 @@ def test_heuristic_is_valid_and_fits(m, n, k, batch):
     assert valid(prob, p) and shared_bytes(p) <= 227 * 1024
     assert all(valid(prob, c) for c in candidates(prob))
     assert not valid(prob, {**p, "BK": 48})  # one m16n8k32 step is 32 bytes of K
-    assert not valid(prob, {**p, "BM": 48})
+    assert not valid(prob, {**p, "BM": p["BM"] + 8})  # warp rows are whole m16 tiles
 
 
 # ---- errors -----------------------------------------------------------------------------------
