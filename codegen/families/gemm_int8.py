@@ -60,7 +60,13 @@ EPILOGUE_S_PER_ELEM_SM = 8e-12 * SM_COUNT  # one SM's epilogue time per output e
 KEYS = ("BM", "BN", "BK", "WM", "WN", "STAGES")
 WGMMA_KEYS = ("BM", "BN", "STAGES")
 # sm_90a warpgroup MMA: (BM, BN, efficiency); a warpgroup per 64 rows, wgmma m64nBNk32
-WGMMA_TILES = [(128, 256, 1.0), (128, 128, 0.9), (64, 256, 0.8), (64, 128, 0.7), (64, 64, 0.5)]
+WGMMA_TILES = [
+    (128, 256, 1.0),
+    (128, 128, 0.9),
+    (64, 256, 0.5),
+    (64, 128, 0.55),
+    (64, 64, 0.4),
+]  # 64-row: measured slower
 
 
 @dataclass(frozen=True)
@@ -254,7 +260,7 @@ def estimate_seconds(prob: Int8Problem, p: dict[str, Any]) -> float:
     # The tile's epilogue runs after its K loop (no overlap within a block): with one block per SM
     # it adds in full; a second resident block runs its K loop meanwhile. Measured on an H200
     # (2026-12-01): about 8 us per million requantized outputs at one 128x256 block per SM.
-    t_epi = p["BM"] * p["BN"] * EPILOGUE_S_PER_ELEM_SM
+    t_epi = p["BM"] * p["BN"] * EPILOGUE_S_PER_ELEM_SM * 256 / threads_of(p)  # measured with 256 threads
     return per_sm_blocks * (t_mma + t_epi / min(2, occupancy, per_sm_blocks))
 
 
@@ -278,10 +284,13 @@ def candidates(prob: Int8Problem, path: str = "mma") -> list[dict[str, Any]]:
 
 def heuristic(prob: Int8Problem, path: str = "mma") -> dict[str, Any]:
     """The cheapest tile by the cost model; mma.sync with BK 64 and a 4-deep pipeline (3 for a
-    short K), wgmma with the deepest pipeline up to 4 that the K loop can use."""
+    short K), wgmma with 3 stages."""
     pool = candidates(prob, path)
     if path == "wgmma":
-        want = max(3, min(4, ceil_div(prob.K, 128)))
+        # 3 stages: measured on an H200 (2026-12-01, docs/results/int8_cuda.md), 128x128 with 3
+        # stages (two blocks per SM, so one block's epilogue overlaps the other's K loop) beat 4
+        # stages by 1.3-1.5x at 4096x3072x768 and 4096x768x3072.
+        want = 3
         best: dict[tuple[int, int], dict[str, Any]] = {}
         for p in pool:
             key = (p["BM"], p["BN"])

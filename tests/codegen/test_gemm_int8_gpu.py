@@ -195,3 +195,37 @@ def test_symmetric_qdq_model_matches_cpu(int8_path):
     assert _cos(out, ref) > 0.99999 and np.abs(out - ref).max() <= 0.01 * scale
     emulated = graphc.compile(model, target="cpu").run(feeds)["y"]
     assert _cos(out, emulated) > 0.9999
+
+
+TILES = [
+    {"path": "wgmma", "BM": 128, "BN": 128, "STAGES": 3},
+    {"path": "wgmma", "BM": 128, "BN": 256, "STAGES": 4},
+    {"path": "wgmma", "BM": 64, "BN": 256, "STAGES": 3},
+    {"path": "mma", "BM": 128, "BN": 256, "BK": 64, "WM": 2, "WN": 4, "STAGES": 3},
+    {"path": "mma", "BM": 32, "BN": 64, "BK": 128, "WM": 1, "WN": 2, "STAGES": 2},
+]
+
+
+@pytest.mark.parametrize("tile", TILES, ids=[f"{t['path']}{t['BM']}x{t['BN']}s{t['STAGES']}" for t in TILES])
+def test_forced_tiles_are_exact(tile, monkeypatch):
+    """Every tile shape the heuristics pick (two warpgroups, BN 256, short pipelines) on a
+    K-major pointwise GEMM with ragged edges: int32 results equal the CPU engine's."""
+    import graphc.codegen.build as build
+    from graphc.codegen.families import gemm_int8
+
+    orig = gemm_int8.heuristic
+    monkeypatch.setattr(
+        gemm_int8,
+        "heuristic",
+        lambda prob, path="mma": dict(tile, _eff=1.0) if path == tile["path"] else orig(prob, path),
+    )
+    if tile["path"] == "mma":
+        monkeypatch.setattr(build, "HOPPER_ARCHS", ())
+    m, k, n = 333, 384, 300
+    x = _i8((m, k, 1, 1))
+    inits = [numpy_helper.from_array(_i8((n, k, 1, 1)), "w")]
+    model = _model([helper.make_node("ConvInteger", ["x", "w"], ["y"])], x.shape, (m, n, 1, 1), inits)
+    _, gpu, want, got = _both(model, {"x": x})
+    used = [ln.params for s in gpu.plan.steps for ln in s.launches if ln.family == "gemm_int8"]
+    assert used and used[0]["BM"] == tile["BM"] and used[0]["path"] == f"int8_{tile['path']}", used
+    assert np.array_equal(got["y"], want["y"])
