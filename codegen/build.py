@@ -115,6 +115,13 @@ def generate_kernels(
                     sources = fam.generate(ctx.with_params({"path": "wgmma"}))
                 except CompileError as e:
                     log.info("%s: no wgmma GEMM (%s); mma.sync instead", step.name, e)
+            if not sources and hopper and fam.name == "gemm_int8" and ctx.params is None:
+                # The sm_90a int8 GEMM (wgmma s8) wherever both operands allow it (K-contiguous
+                # 16-byte rows); mma.sync otherwise.
+                try:
+                    sources = fam.generate(ctx.with_params({"path": "wgmma"}))
+                except CompileError as e:
+                    log.info("%s: no int8 wgmma GEMM (%s); mma.sync instead", step.name, e)
             if not sources:
                 sources = fam.generate(ctx)
         except CompileError as e:

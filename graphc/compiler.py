@@ -79,11 +79,6 @@ class CompileOptions:
             raise CompileError(f"tune must be off, fast or full, got {self.tune!r}")
         if self.tune_budget_s is not None and not (0 < float(self.tune_budget_s) < float("inf")):
             raise CompileError(f"tune_budget_s must be a positive number of seconds, got {self.tune_budget_s!r}")
-        if self.precision == "int8" and self.target == "cuda":
-            raise CompileError(
-                "precision int8: int8 CUDA kernels are not built yet (issue 13); "
-                "compile with target cpu for int8, or use fp16 on the GPU"
-            )
         if self.has_profiles:
             missing = [n for n in ("min_shapes", "opt_shapes", "max_shapes") if getattr(self, n) is None]
             if missing:

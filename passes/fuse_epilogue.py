@@ -27,6 +27,7 @@ everything reading its result comes after.
 from __future__ import annotations
 
 import heapq
+import math
 
 import numpy as np
 
@@ -46,7 +47,19 @@ from graphc.passes.fuse_common import (
     supported_value,
 )
 
-ANCHORS = frozenset({("", "Conv"), ("", "Gemm"), ("", "MatMul"), (INTERNAL_DOMAIN, "MatMul")})
+# ConvInteger/MatMulInteger (int8 engines, passes/quantize_int8.py): an int32 accumulator whose bias,
+# dequantize and requantize ride in the epilogue where the target's int8 kernels take them
+# (caps.fuses_epilogue; the CPU reference keeps them as steps of their own).
+ANCHORS = frozenset(
+    {
+        ("", "Conv"),
+        ("", "Gemm"),
+        ("", "MatMul"),
+        (INTERNAL_DOMAIN, "MatMul"),
+        ("", "ConvInteger"),
+        ("", "MatMulInteger"),
+    }
+)
 # Epilogues longer than this are cut (a DAG that long is a fusion of its own, not an epilogue).
 MAX_EPILOGUE_OPS = 24
 
@@ -78,6 +91,17 @@ def _common_suffix(a: Shape, b: Shape) -> int:
     return k
 
 
+def _strip_unit_tail(shape: Shape) -> Shape:
+    dims = list(shape)
+    while len(dims) > 1 and dims[-1] == 1:
+        dims.pop()
+    return tuple(dims)
+
+
+def _numel(shape: Shape) -> int | None:
+    return math.prod(shape) if known_shape(shape) else None
+
+
 def _frame_input(t: object, frame: Shape, shape: Shape) -> tuple[int, ...] | None:
     """How an outside input read by an op on a reshaped view (`frame`) of the anchor output
     (`shape`) is read in the anchor's own index space: its shape there (leading unit dims dropped
@@ -88,6 +112,16 @@ def _frame_input(t: object, frame: Shape, shape: Shape) -> tuple[int, ...] | Non
         # All of the frame (a residual of the view's shape): the same elements in the same order
         # as the anchor output, so it is read through a view in the anchor's shape
         return tuple(shape)
+    u = len(shape) - len(_strip_unit_tail(shape))
+    n = _numel(shape)
+    if u and tuple(frame) != tuple(shape) and n is not None and _numel(frame) == n:
+        # An anchor whose output ends in unit dims (an int8 GEMM written as a 1x1 ConvInteger,
+        # [M, N, 1, 1], viewed as [..., N]): a frame-sized input is read at the same index, and
+        # anything else as against the shape without those dims, then with them.
+        if tuple(t.shape) == tuple(frame):
+            return tuple(shape)
+        dims = _frame_input(t, frame, shape[: len(shape) - u])
+        return None if dims is None else (dims + (1,) * u if dims else dims)
     k = _common_suffix(frame, shape)
     dims = tuple(t.shape)
     if any(d != 1 for d in dims[: max(0, len(dims) - k)]):

@@ -130,7 +130,7 @@ def stages() -> list[Stage]:
         # ---- int8 (issue 13, passes/quantize_int8.py), part 1 of 2: a QDQ model's Conv/MatMul/Gemm
         # on its own integers and scales, before constant folding turns the weights'
         # DequantizeLinear into float weights (at every opt level: the precision is the user's).
-        Pass("quantize_qdq_int8", quantize_qdq_int8, min_level=0, when=for_int8),
+        Pass("quantize_qdq_int8", quantize_qdq_int8, min_level=0, when=for_int8, takes_target=True),
         *cuda_forms(),  # rule 1
         cleanup(),  # rule 2
         # Static-length sequences become tensor ops, once cleanup has made their splits constant.

@@ -24,8 +24,15 @@ Two passes share that form:
   into its accumulator too.
 
 The dequantized output is float32, so what follows (Relu, residual Add, Softmax, LayerNorm) stays
-float; the next quantized op quantizes its own input again. A requantize straight to int8
-between integer layers is later work (it wants the GPU kernels of issue 13).
+float; the next quantized op quantizes its own input again.
+
+On the CUDA target the Quantize/DequantizeLinear nodes of both passes become the
+elementwise arithmetic of passes/decompose_qdq.py (Div/Round/Clip/Cast, Cast/Mul: the same float32
+operations as the ops' references; `quantize_int8` does it itself, a QDQ model's pass leaves it to
+the pipeline's CUDA forms), which epilogue fusion then takes into the integer op's kernel
+(codegen/families/gemm_int8.py): bias in int32, dequantize, activation, residual, and, where the
+float result feeds only the next layer's quantize, the requantize to int8, so int8 activations
+flow between those layers.
 """
 
 from __future__ import annotations
@@ -83,6 +90,31 @@ def emit(b: GraphBuilder, node: Node, form: IntegerForm, out_rank: int) -> Value
     axis = form.axis if form.axis >= 0 else out_rank + form.axis
     scale = b.add_constant(np.ascontiguousarray(form.scale.astype(np.float32)), f"{name}/out_scale")
     return b.op("DequantizeLinear", [acc, scale], {"axis": axis}, name=f"{name}/dequantize")
+
+
+def emit_pointwise(
+    b: GraphBuilder, node: Node, form: IntegerForm, x_shape: tuple[int, ...], out_shape: tuple[int, ...]
+) -> Value:
+    """A MatMul/Gemm x [..., K] @ w [K, N] for the CUDA target, as a 1x1 ConvInteger of the rows:
+    x viewed as [M, K, 1, 1] (M = the leading dims) with the weight stored [N, K, 1, 1], so both
+    operands of the int8 GEMM are K-contiguous (its tensor-core path reads only that layout; a
+    [K, N] weight would take byte loads that transpose it) and the output [M, N, 1, 1] is the rows
+    of the result. The same integers as MatMulInteger; the views are free (alias steps)."""
+    name = node.name
+    k, n = form.w_q.shape
+    m = int(np.prod(x_shape[:-1]))
+    view = b.add_constant(np.array([m, k, 1, 1], np.int64), f"{name}/rows_shape")
+    rows = b.op("Reshape", [form.x_q, view], name=f"{name}/rows")
+    w = b.add_constant(np.ascontiguousarray(form.w_q.T.reshape(n, k, 1, 1)), f"{name}/w_int8")
+    attrs = {"kernel_shape": [1, 1], "strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1], "group": 1}
+    acc = b.op("ConvInteger", [rows, w], attrs, name=f"{name}/int")
+    if form.bias is not None:
+        bias = np.broadcast_to(form.bias.reshape(-1), (n,)).reshape(n, 1, 1)
+        acc = b.op("Add", [acc, b.add_constant(np.ascontiguousarray(bias), f"{name}/bias_int32")], name=f"{name}/bias")
+    scale = b.add_constant(np.ascontiguousarray(form.scale.astype(np.float32)), f"{name}/out_scale")
+    y = b.op("DequantizeLinear", [acc, scale], {"axis": 1}, name=f"{name}/dequantize")
+    shape = b.add_constant(np.array(out_shape, np.int64), f"{name}/out_shape")
+    return b.op("Reshape", [y, shape], name=f"{name}/view")
 
 
 def bias_int32(bias: np.ndarray, scale: np.ndarray) -> np.ndarray:
@@ -175,6 +207,18 @@ def quantize_int8(graph: Graph, target: Target) -> Graph:
     """The float Conv/MatMul/Gemm with constant weights, with calibrated activation scales."""
     if target.calibrator is None:
         return graph
+    out = _quantize_calibrated(graph, target)
+    return _cuda_arithmetic(out) if target.is_cuda and out is not graph else out
+
+
+def _cuda_arithmetic(graph: Graph) -> Graph:
+    """The CUDA target has no Quantize/DequantizeLinear kernel: their arithmetic, which fuses."""
+    from graphc.passes.decompose_qdq import decompose_qdq
+
+    return decompose_qdq(graph)
+
+
+def _quantize_calibrated(graph: Graph, target: Target) -> Graph:
     found, folded = _candidates(graph)
     if not found:
         return graph
@@ -214,6 +258,9 @@ def quantize_int8(graph: Graph, target: Target) -> Graph:
             per = scale.reshape(-1, *([1] * (cand.w.ndim - 2))) if conv else scale
             bias = bias_int32(cand.bias, per)
         form = IntegerForm(x_q, None, w_q, None, bias, scale, 1 if conv else -1)
+        if target.is_cuda and not conv and (bias is None or bias.size in (1, w_q.shape[1])):
+            out_shape = node.outputs[0].ttype.static_shape
+            return Rewritten([emit_pointwise(b, cand.node, form, cand.x.ttype.static_shape, out_shape)], cand.absorbed)
         return Rewritten([emit(b, cand.node, form, node.outputs[0].ttype.rank)], cand.absorbed)
 
     return rewrite_graph(graph, visit)
@@ -316,22 +363,47 @@ def _float_const(graph: Graph, v: Value) -> np.ndarray | None:
     return ((q.astype(np.float64) - zp) * s.astype(np.float64)).astype(np.float32)
 
 
-def quantize_qdq_int8(graph: Graph) -> Graph:
-    """Conv/MatMul/Gemm between a QDQ model's DequantizeLinear nodes, on the model's integers."""
+def quantize_qdq_int8(graph: Graph, target: Target | None = None) -> Graph:
+    """Conv/MatMul/Gemm between a QDQ model's DequantizeLinear nodes, on the model's integers.
+
+    On the CUDA target only what its int8 kernels take (codegen/families/gemm_int8.py): int8
+    activations and weights without zero points (PyTorch's symmetric QDQ); any other op (ONNX
+    Runtime's uint8 activations with a zero point) keeps its Q/DQ nodes, which the CUDA target
+    runs as their float arithmetic (logged, per node)."""
+    cuda = target is not None and target.is_cuda
 
     def visit(node: Node, ctx: RewriteContext) -> Rewritten | None:
         form = _qdq_form(graph, node, ctx)
         if form is None:
             return None
+        if cuda:
+            kind = form.x_q.ttype.dtype is DType.int8 and form.w_q.dtype == np.int8
+            if form.x_zp is not None or form.w_zp is not None or not kind:
+                log.info(
+                    "int8: %s '%s' stays float on cuda (Q/DQ arithmetic): its int8 kernels take int8 operands "
+                    "without zero points",
+                    node.op,
+                    node.name,
+                )
+                return None
+            if node.op != "Conv" and (form.bias is None or form.bias.size in (1, form.w_q.shape[1])):
+                x_shape = node.inputs[0].ttype.static_shape
+                out = emit_pointwise(ctx.b, node, form, x_shape, node.outputs[0].ttype.static_shape)
+                return Rewritten([out], [node])
         return Rewritten([emit(ctx.b, node, form, node.outputs[0].ttype.rank)], [node])
 
     return rewrite_graph(graph, visit)
 
 
 def integer_ops(graph: Graph) -> dict[str, int]:
-    """How many ConvInteger/MatMulInteger nodes a graph holds (the report's int8 summary)."""
-    counts = graph.op_counts()
-    return {op: counts[op] for op in ("ConvInteger", "MatMulInteger") if op in counts}
+    """How many ConvInteger/MatMulInteger nodes a graph holds, fused ones (the CUDA target's, with
+    their epilogues) included: the report's int8 summary."""
+    counts: dict[str, int] = {}
+    for n in graph.nodes:
+        op = n.attrs.anchor_op if n.op == "Fused" and n.domain == "graphc" else n.op
+        if op in ("ConvInteger", "MatMulInteger") and (n.op == "Fused" or not n.domain):
+            counts[op] = counts.get(op, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 __all__: Sequence[str] = ("quantize_int8", "quantize_qdq_int8", "integer_ops", "quantize_weight", "bias_int32")

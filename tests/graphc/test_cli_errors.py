@@ -152,9 +152,9 @@ def test_bench_iterations_must_be_positive(bert_engine, capsys, n):
     assert_clean_error(cli(["bench", bert_engine, "--iterations", n]), capsys.readouterr().err, "--iterations")
 
 
-def test_int8_for_cuda_is_a_clear_not_built_yet(zoo, tmp_path, capsys):
-    rc = cli(["compile", zoo / "bert.onnx", "-o", tmp_path / "x.engine", "--int8"])
-    assert_clean_error(rc, capsys.readouterr().err, "int8 CUDA kernels are not built yet")
+def test_int8_for_cuda_without_calibration_data_says_what_it_needs(zoo, tmp_path, capsys):
+    rc = cli(["compile", zoo / "bert.onnx", "-o", tmp_path / "x.engine", "--int8", "--shapes", "batch=1,seq=8"])
+    assert_clean_error(rc, capsys.readouterr().err, "--calibration-data")
 
 
 def test_int8_without_calibration_data_says_what_it_needs(zoo, tmp_path, capsys):

@@ -1,0 +1,343 @@
+"""The CUDA int8 path without a GPU (issue 13): the graph an int8 CUDA engine runs, its kernels'
+parameters, the errors for what the kernels do not cover, and the SASS of its sm_80/sm_90 cubins
+(integer tensor-core MMA: IMMA). The numbers are checked on a GPU by test_gemm_int8_gpu.py."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import graphc
+from graphc.codegen.families.gemm import OperandLayout
+from graphc.codegen.families.gemm_int8 import Int8Problem, candidates, heuristic, shared_bytes, valid
+from graphc.errors import CompileError
+
+try:
+    from graphc.codegen.nvrtc import nvrtc_version
+
+    nvrtc_version()
+    HAVE_NVRTC = True
+except Exception:
+    HAVE_NVRTC = False
+
+
+def _cuobjdump() -> str | None:
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        import nvidia
+    except ImportError:
+        return None
+    for root in nvidia.__path__:
+        for cand in Path(root).glob("*/bin/cuobjdump"):
+            return str(cand)
+    return None
+
+
+def _opcodes(text: str) -> set[str]:
+    return set(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", text))
+
+
+CUOBJDUMP = _cuobjdump()
+RNG = np.random.default_rng(13)
+needs_nvrtc = pytest.mark.skipif(not HAVE_NVRTC, reason="needs NVRTC (cuda-bindings)")
+
+
+def _init(name: str, shape: tuple[int, ...], scale: float = 0.3) -> TensorProto:
+    return numpy_helper.from_array((RNG.standard_normal(shape) * scale).astype(np.float32), name)
+
+
+def cnn_model(batch: int = 2) -> helper.ModelProto:
+    """A ResNet-style block: stem conv 7x7/2 (C = 3) -> Relu -> MaxPool, then 1x1 -> 3x3 -> 1x1
+    with a residual Add and Relu, global pooling and a Gemm classifier."""
+    inits = [
+        _init("w0", (16, 3, 7, 7), 0.1),
+        _init("b0", (16,)),
+        _init("w1", (8, 16, 1, 1)),
+        _init("b1", (8,)),
+        _init("w2", (8, 8, 3, 3), 0.2),
+        _init("b2", (8,)),
+        _init("w3", (16, 8, 1, 1)),
+        _init("b3", (16,)),
+        _init("fc", (10, 16)),
+        _init("fcb", (10,)),
+    ]
+    n = helper.make_node
+    nodes = [
+        n("Conv", ["x", "w0", "b0"], ["c0"], strides=[2, 2], pads=[3, 3, 3, 3], name="stem"),
+        n("Relu", ["c0"], ["r0"]),
+        n("MaxPool", ["r0"], ["p0"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        n("Conv", ["p0", "w1", "b1"], ["c1"], name="conv1"),
+        n("Relu", ["c1"], ["r1"]),
+        n("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+        n("Relu", ["c2"], ["r2"]),
+        n("Conv", ["r2", "w3", "b3"], ["c3"], name="conv3"),
+        n("Add", ["c3", "p0"], ["s"]),
+        n("Relu", ["s"], ["r3"]),
+        n("GlobalAveragePool", ["r3"], ["g"]),
+        n("Flatten", ["g"], ["f"]),
+        n("Gemm", ["f", "fc", "fcb"], ["y"], transB=1, name="fc"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 32, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 10])],
+        inits,
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def mlp_model(batch: int = 2, seq: int = 24, d: int = 64) -> helper.ModelProto:
+    """A transformer MLP block: MatMul + bias -> Gelu -> MatMul + bias -> residual Add ->
+    LayerNorm, on [batch, seq, d]."""
+    inits = [
+        _init("w1", (d, 4 * d), 0.1),
+        _init("b1", (4 * d,)),
+        _init("w2", (4 * d, d), 0.05),
+        _init("b2", (d,)),
+        numpy_helper.from_array(np.ones(d, np.float32), "ln_s"),
+        numpy_helper.from_array(np.zeros(d, np.float32), "ln_b"),
+    ]
+    n = helper.make_node
+    nodes = [
+        n("MatMul", ["x", "w1"], ["h0"], name="fc1"),
+        n("Add", ["h0", "b1"], ["h1"]),
+        n("Gelu", ["h1"], ["h2"], domain="com.microsoft"),
+        n("MatMul", ["h2", "w2"], ["h3"], name="fc2"),
+        n("Add", ["h3", "b2"], ["h4"]),
+        n("Add", ["h4", "x"], ["h5"]),
+        n("LayerNormalization", ["h5", "ln_s", "ln_b"], ["y"], axis=-1),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, d])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, seq, d])],
+        inits,
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+
+
+def calibration(model: helper.ModelProto, n: int = 4) -> list[dict[str, np.ndarray]]:
+    vi = model.graph.input[0]
+    shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+    return [{vi.name: RNG.standard_normal(shape).astype(np.float32)} for _ in range(n)]
+
+
+def _int8_cuda(model, arch=("sm_80",)):
+    return graphc.compile(model, target="cuda", precision="int8", calibration_data=calibration(model), arch=list(arch))
+
+
+# ---- the graph --------------------------------------------------------------------------------
+
+
+@needs_nvrtc
+def test_cnn_runs_int8_between_layers():
+    """Every conv and the classifier are int8 GEMM steps; inside the bottleneck (one consumer per
+    activation) the requantize rides in the producer's epilogue, so the tensors between those
+    layers are int8, and no Quantize/DequantizeLinear node is left."""
+    eng = _int8_cuda(cnn_model())
+    steps = {s.name: s for s in eng.plan.steps}
+    int_steps = [s for s in eng.plan.steps if any(ln.family == "gemm_int8" for ln in s.launches)]
+    assert len(int_steps) == 5  # stem, conv1-3, fc
+    assert not any(s.op in ("QuantizeLinear", "DequantizeLinear", "ConvInteger") for s in eng.plan.steps)
+    dtypes = {n: t.dtype for n, t in eng.plan.tensors.items()}
+    # conv1's and conv2's outputs feed only the next conv: int8 (requantized in the epilogue)
+    for name in ("conv1/int", "conv2/int"):
+        assert dtypes[steps[name].outputs[0]] == "int8", (name, dtypes[steps[name].outputs[0]])
+    # every int8 step reads int8 activations and weights
+    for s in int_steps:
+        assert dtypes[s.inputs[0]] == "int8" and dtypes[s.inputs[1]] == "int8", s.name
+    assert eng.report["quantization"]["integer_ops"] == {"ConvInteger": 5}
+
+
+@needs_nvrtc
+def test_mlp_matmuls_are_k_major_pointwise_gemms():
+    """A MatMul runs as a 1x1 ConvInteger over [M, K, 1, 1] rows with the weight stored [N, K]:
+    both operands K-contiguous (16-byte cp.async copies), the biases in the int32 accumulator, the
+    Gelu and the requantize of fc1 and the residual Add of fc2 in the epilogues."""
+    eng = _int8_cuda(mlp_model())
+    gemms = [ln for s in eng.plan.steps for ln in s.launches if ln.family == "gemm_int8"]
+    assert len(gemms) == 2
+    for ln in gemms:
+        assert ln.params["VEC_A"] == 1 and ln.params["VEC_B"] == 1, ln.params
+        assert not ln.params.get("im2col")
+    assert (gemms[0].params["M"], gemms[0].params["N"], gemms[0].params["K"]) == (48, 256, 64)
+    steps = [s for s in eng.plan.steps if any(ln.family == "gemm_int8" for ln in s.launches)]
+    assert eng.plan.tensors[steps[0].outputs[0]].dtype == "int8"  # fc1 + Gelu, requantized for fc2
+    # fc2's epilogue reads the residual x (float32) and writes float32 for the LayerNorm
+    # (through a view of x as the anchor's [M, N, 1, 1], an alias step: no copy)
+    views = [eng.plan.tensors[i].alias_of for i in steps[1].inputs]
+    assert "x" in views and eng.plan.tensors[steps[1].outputs[0]].dtype == "float32"
+
+
+# ---- parameters -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "m,n,k,batch", [(1, 1, 1, 1), (16, 64, 27, 2), (4096, 3072, 768, 1), (64, 12544, 147, 32), (2, 10, 2048, 1)]
+)
+def test_heuristic_is_valid_and_fits(m, n, k, batch):
+    prob = Int8Problem(
+        m,
+        n,
+        k,
+        OperandLayout(m, k, 1, []),
+        OperandLayout(n, k, 1, []),
+        [(batch, 0, n * k)] if batch > 1 else [],
+        (m, n),
+    )
+    p = heuristic(prob)
+    assert valid(prob, p) and shared_bytes(p) <= 227 * 1024
+    assert all(valid(prob, c) for c in candidates(prob))
+    assert not valid(prob, {**p, "BK": 48})  # one m16n8k32 step is 32 bytes of K
+    assert not valid(prob, {**p, "BM": p["BM"] + 8})  # warp rows are whole m16 tiles
+
+
+# ---- errors -----------------------------------------------------------------------------------
+
+
+def _integer_model(op: str, x_type: int, x_shape, w: np.ndarray, y_shape, zp: bool = False) -> helper.ModelProto:
+    inits = [numpy_helper.from_array(w, "w")]
+    ins = ["x", "w"]
+    if zp:
+        inits.append(numpy_helper.from_array(np.array(3, dtype=np.uint8), "xz"))
+        ins.append("xz")
+    node = helper.make_node(op, ins, ["y"], name="int_op")
+    g = helper.make_graph(
+        [node], "t", [helper.make_tensor_value_info("x", x_type, list(x_shape))],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, list(y_shape))], inits,
+    )  # fmt: skip
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@needs_nvrtc
+@pytest.mark.parametrize(
+    "case,match",
+    [
+        ("zero_point", "node 'int_op'.*zero points"),
+        ("conv3d", "node 'int_op'.*2-D convolutions"),
+        ("batched_b", "node 'int_op'.*2-D B"),
+    ],
+)
+def test_uncovered_forms_name_the_node(case, match):
+    w8 = RNG.integers(-127, 128, (4, 4, 1, 1, 1)).astype(np.int8)
+    if case == "zero_point":
+        model = _integer_model(
+            "ConvInteger", TensorProto.UINT8, (1, 4, 5, 5), w8[..., 0].astype(np.uint8), (1, 4, 5, 5), zp=True
+        )
+    elif case == "conv3d":
+        model = _integer_model("ConvInteger", TensorProto.INT8, (1, 4, 3, 3, 3), w8, (1, 4, 3, 3, 3))
+    else:
+        model = _integer_model(
+            "MatMulInteger", TensorProto.INT8, (2, 3, 4), RNG.integers(-9, 9, (2, 4, 5)).astype(np.int8), (2, 3, 5)
+        )
+    with pytest.raises(CompileError, match=match):
+        graphc.compile(model, target="cuda", arch=["sm_80"])
+
+
+# ---- SASS -------------------------------------------------------------------------------------
+
+
+@needs_nvrtc
+@pytest.mark.skipif(CUOBJDUMP is None, reason="cuobjdump not found: pip install nvidia-cuda-cuobjdump")
+@pytest.mark.parametrize("which", ["cnn", "mlp"])
+def test_int8_engine_cubins_use_imma(which, tmp_path):
+    """Issue 13 item 5: the sm_90 and sm_80 cubins of an int8 engine run its GEMMs on integer tensor
+    cores: every int8 GEMM kernel has IMMA (mma.sync) or, on sm_90, IGMMA (the sm_90a warpgroup
+    kernel), and no float MMA hides in any of them."""
+    eng = _int8_cuda(cnn_model() if which == "cnn" else mlp_model(), arch=("sm_80", "sm_90"))
+    for arch in ("sm_80", "sm_90"):
+        seen = wgmma = 0
+        for s in eng.plan.for_arch(arch).steps:
+            for ln in s.launches:
+                if ln.family != "gemm_int8" or ln.params.get("im2col"):
+                    continue
+                f = tmp_path / f"{arch}_{ln.kernel}.cubin"
+                f.write_bytes(eng.kernels.cubins[arch][ln.digest])
+                out = subprocess.run([CUOBJDUMP, "-sass", str(f)], capture_output=True, text=True, check=True)
+                ops = _opcodes(out.stdout)
+                # sm_90: the sm_90a warpgroup kernel (IGMMA) where its operands allow, else mma.sync
+                want = "IGMMA" if ln.params["path"] == "int8_wgmma" else "IMMA"
+                assert want in ops and not {"HMMA", "HGMMA"} & ops, (arch, s.name, want, sorted(ops))
+                if arch == "sm_90":  # wgmma wherever both operands have 16-byte rows
+                    aligned = ln.params["VEC_A"] and ln.params["VEC_B"]
+                    assert (ln.params["path"] == "int8_wgmma") == bool(aligned), (s.name, ln.params)
+                wgmma += ln.params["path"] == "int8_wgmma"
+                seen += 1
+        assert seen == (5 if which == "cnn" else 2), (arch, seen)
+        # the MLP's on sm_90 all (K-major rows); the CNN's two with 16-byte weight rows (the stem's
+        # are 147 bytes, conv2's 72, conv3's 8: mma.sync with byte loads of the weight)
+        assert wgmma == {"sm_80": 0, "sm_90": 2}[arch], (arch, wgmma)
+
+
+# ---- QDQ models ---------------------------------------------------------------------------------
+
+
+def symmetric_qdq_model(batch: int = 4) -> helper.ModelProto:
+    """PyTorch-style symmetric QDQ: int8 activations (zero point 0), per-channel int8 weights:
+    Q/DQ(x) -> Conv(DQ(w1)) + b -> Relu -> Flatten -> Q/DQ -> MatMul(DQ(w2)) -> y."""
+    n = helper.make_node
+    w1 = RNG.integers(-127, 128, (8, 3, 3, 3)).astype(np.int8)
+    w2 = RNG.integers(-127, 128, (8 * 6 * 6, 10)).astype(np.int8)
+    inits = [
+        numpy_helper.from_array(w1, "w1q"),
+        numpy_helper.from_array(RNG.uniform(1e-3, 3e-3, 8).astype(np.float32), "w1s"),
+        numpy_helper.from_array(RNG.standard_normal(8).astype(np.float32) * 0.1, "b1"),
+        numpy_helper.from_array(w2, "w2q"),
+        numpy_helper.from_array(RNG.uniform(1e-3, 3e-3, 10).astype(np.float32), "w2s"),
+        numpy_helper.from_array(np.array(0.02, np.float32), "xs"),
+        numpy_helper.from_array(np.array(0.01, np.float32), "hs"),
+        numpy_helper.from_array(np.array(0, np.int8), "zp"),
+    ]
+    nodes = [
+        n("QuantizeLinear", ["x", "xs", "zp"], ["xq"]),
+        n("DequantizeLinear", ["xq", "xs", "zp"], ["xd"]),
+        n("DequantizeLinear", ["w1q", "w1s"], ["w1"], axis=0),
+        n("Conv", ["xd", "w1", "b1"], ["c1"], name="conv"),
+        n("Relu", ["c1"], ["r1"]),
+        n("Flatten", ["r1"], ["f"]),
+        n("QuantizeLinear", ["f", "hs", "zp"], ["hq"]),
+        n("DequantizeLinear", ["hq", "hs", "zp"], ["hd"]),
+        n("DequantizeLinear", ["w2q", "w2s"], ["w2"], axis=1),
+        n("MatMul", ["hd", "w2"], ["y"], name="mm"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 10])],
+        inits,
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@needs_nvrtc
+def test_symmetric_qdq_model_uses_the_int8_kernels():
+    eng = graphc.compile(symmetric_qdq_model(), target="cuda", precision="int8", arch=["sm_80"])
+    gemms = [s.name for s in eng.plan.steps if any(ln.family == "gemm_int8" for ln in s.launches)]
+    assert len(gemms) == 2, [(s.name, s.op) for s in eng.plan.steps]
+    assert eng.report["quantization"]["integer_ops"] == {"ConvInteger": 2}
+
+
+@needs_nvrtc
+def test_uint8_qdq_ops_stay_float_on_cuda(tmp_path, caplog):
+    """ONNX Runtime's QDQ (uint8 activations with zero points): no int8 CUDA kernel takes a zero
+    point, so those ops keep their Q/DQ arithmetic in float, each one logged."""
+    pytest.importorskip("onnxruntime.quantization")
+    from helpers import quantize_zoo_model
+
+    q, feeds = quantize_zoo_model("resnet", tmp_path)
+    with caplog.at_level("INFO", logger="graphc.passes.quantize_int8"):
+        eng = graphc.compile(q, target="cuda", precision="int8", shapes={k: v.shape for k, v in feeds.items()},
+                             arch=["sm_80"])  # fmt: skip
+    assert not any(ln.family == "gemm_int8" for s in eng.plan.steps for ln in s.launches)
+    assert sum("stays float on cuda" in r.getMessage() for r in caplog.records) >= 10

@@ -1,0 +1,233 @@
+"""INT8 against fp16 on graphc's own kernels: GEMMs and ResNet-50 convolutions (issue 13).
+
+    python tools/bench_int8.py --out int8_bench.md [--iterations 50] [--quick]
+
+Each problem is a one-node ONNX model compiled twice for the local GPU, and the same way:
+- fp16: MatMul x [M, K] @ W [K, N] (or Conv, NCHW at the edges), `precision="fp16"`: graphc's fp16
+  GEMM (mma.sync or the sm_90a path its rules pick) or its NHWC tensor-core conv.
+- int8: what an int8 engine runs for that layer (passes/quantize_int8.py on CUDA): a MatMul as a
+  1x1 ConvInteger over K-major weights, a Conv as ConvInteger (im2col + int8 GEMM), with the
+  requantize epilogue an int8 layer feeds its successor with (dequantize per channel, Relu,
+  QuantizeLinear to int8).
+Times: the median of single launches of the step's own kernels (graphc.bench per_kernel: CUDA
+events, the edge transposes and casts of the models left out), so both sides count their layer's
+kernels only; the im2col kernel counts for int8. Ratios are fp16 time / int8 time, same run, same GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+RNG = np.random.default_rng(0)
+GEMMS = [(4096, 3072, 768), (4096, 768, 3072)]
+# ResNet-50 at batch 32: (name, C, HW, Co, kernel, stride)
+CONVS = [
+    ("stem 7x7/2", 3, 224, 64, 7, 2),
+    ("res2 1x1 64->64", 64, 56, 64, 1, 1),
+    ("res2 3x3 64", 64, 56, 64, 3, 1),
+    ("res2 1x1 64->256", 64, 56, 256, 1, 1),
+    ("res3 3x3 128", 128, 28, 128, 3, 1),
+    ("res4 3x3 256", 256, 14, 256, 3, 1),
+    ("res4 1x1 1024->256", 1024, 14, 256, 1, 1),
+    ("res5 3x3 512", 512, 7, 512, 3, 1),
+]
+
+
+def _model(nodes, inputs, outputs, inits):
+    g = helper.make_graph(nodes, "bench", inputs, outputs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _vi(name, t, shape):
+    return helper.make_tensor_value_info(name, t, list(shape))
+
+
+def _requant(acc: str, co: int, inits: list) -> list:
+    """acc (int32) -> * scale[co] -> Relu -> QuantizeLinear: the int8 layer's epilogue."""
+    inits += [
+        numpy_helper.from_array(RNG.uniform(1e-4, 3e-4, (1, co, 1, 1)).astype(np.float32), "s"),
+        numpy_helper.from_array(np.array(0.05, np.float32), "ys"),
+        numpy_helper.from_array(np.array(0, np.int8), "yz"),
+    ]
+    return [
+        helper.make_node("Cast", [acc], ["f"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["f", "s"], ["d"]),
+        helper.make_node("Relu", ["d"], ["r"]),
+        helper.make_node("QuantizeLinear", ["r", "ys", "yz"], ["y"]),
+    ]
+
+
+def gemm_models(m: int, n: int, k: int):
+    w = (RNG.standard_normal((k, n)) * 0.05).astype(np.float32)
+    fp = _model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="layer")],
+        [_vi("x", TensorProto.FLOAT, (m, k))],
+        [_vi("y", TensorProto.FLOAT, (m, n))],
+        [numpy_helper.from_array(w, "w")],
+    )
+    inits = [numpy_helper.from_array(RNG.integers(-127, 128, (n, k, 1, 1)).astype(np.int8), "w")]
+    nodes = [helper.make_node("ConvInteger", ["x", "w"], ["acc"], name="layer"), *_requant("acc", n, inits)]
+    i8 = _model(nodes, [_vi("x", TensorProto.INT8, (m, k, 1, 1))], [_vi("y", TensorProto.INT8, (m, n, 1, 1))], inits)
+    return fp, i8, {"x": RNG.standard_normal((m, k)).astype(np.float32)}, {"x": _i8((m, k, 1, 1))}
+
+
+def conv_models(batch: int, c: int, hw: int, co: int, k: int, s: int):
+    p = k // 2
+    o = (hw + 2 * p - k) // s + 1
+    w = (RNG.standard_normal((co, c, k, k)) * 0.05).astype(np.float32)
+    attrs = {"strides": [s, s], "pads": [p] * 4}
+    fp = _model(
+        [helper.make_node("Conv", ["x", "w"], ["y"], name="layer", **attrs)],
+        [_vi("x", TensorProto.FLOAT, (batch, c, hw, hw))],
+        [_vi("y", TensorProto.FLOAT, (batch, co, o, o))],
+        [numpy_helper.from_array(w, "w")],
+    )
+    inits = [numpy_helper.from_array(RNG.integers(-127, 128, (co, c, k, k)).astype(np.int8), "w")]
+    nodes = [helper.make_node("ConvInteger", ["x", "w"], ["acc"], name="layer", **attrs), *_requant("acc", co, inits)]
+    i8 = _model(
+        nodes,
+        [_vi("x", TensorProto.INT8, (batch, c, hw, hw))],
+        [_vi("y", TensorProto.INT8, (batch, co, o, o))],
+        inits,
+    )
+    x = RNG.standard_normal((batch, c, hw, hw)).astype(np.float32)
+    return fp, i8, {"x": x}, {"x": _i8(x.shape)}
+
+
+def _i8(shape) -> np.ndarray:
+    return RNG.integers(-128, 128, shape).astype(np.int8)
+
+
+def layer_ms(model, feeds, precision: str, arch: list[str], iterations: int, hopper: bool = True) -> tuple[float, dict]:
+    """The summed median time of the launches of step 'layer' (the node's own kernels: not the
+    edge casts and transposes, whose steps have names of their own). hopper=False: the kernels of
+    an engine without Hopper-only ones (mma.sync where sm_90a would use wgmma)."""
+    import graphc
+    import graphc.codegen.build as build
+    from graphc.bench import benchmark
+
+    saved = build.HOPPER_ARCHS
+    build.HOPPER_ARCHS = saved if hopper else ()
+    try:
+        eng = graphc.compile(model, target="cuda", precision=precision, arch=arch)
+    finally:
+        build.HOPPER_ARCHS = saved
+    feeds = {s.name: feeds[s.name].astype(s.dtype) for s in eng.inputs}
+    r = benchmark(eng, feeds, iterations=iterations, warmup=10, per_kernel=True)
+    rows = [row for row in r["kernels"] if row["step"] == "layer"]
+    if not rows:
+        raise SystemExit(f"no kernel of node 'layer' in {[row['step'] for row in r['kernels']]}")
+    params = [ln.params for s in eng.plan.steps if s.name == "layer" for ln in s.launches]
+    return sum(row["median_ms"] for row in rows), {"device": r["device"], "params": params}
+
+
+SWEEP = [
+    {"path": "wgmma", "BM": 128, "BN": 256, "STAGES": 4},
+    {"path": "wgmma", "BM": 128, "BN": 128, "STAGES": 3},
+    {"path": "wgmma", "BM": 128, "BN": 128, "STAGES": 4},
+    {"path": "wgmma", "BM": 64, "BN": 128, "STAGES": 4},
+    {"path": "wgmma", "BM": 64, "BN": 256, "STAGES": 3},
+    {"path": "mma", "BM": 128, "BN": 128, "BK": 64, "WM": 2, "WN": 2, "STAGES": 4},
+    {"path": "mma", "BM": 128, "BN": 256, "BK": 64, "WM": 2, "WN": 4, "STAGES": 3},
+]
+
+
+def sweep(model, feeds, arch: list[str], iterations: int) -> list[tuple[dict, float]]:
+    """The int8 layer with each SWEEP tile forced (the family's heuristic replaced for the compile)."""
+    from graphc.codegen.families import gemm_int8
+
+    orig = gemm_int8.heuristic
+    out = []
+    for forced in SWEEP:
+
+        def pick(prob, path="mma", forced=forced):
+            return dict(forced, _eff=1.0) if path == forced["path"] else orig(prob, path)
+
+        gemm_int8.heuristic = pick
+        try:
+            ms = layer_ms(model, feeds, "fp32", arch, iterations, hopper=forced["path"] == "wgmma")[0]
+        except Exception as e:  # a tile that does not fit this problem: reported, not fatal
+            print(f"  {forced}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            continue
+        finally:
+            gemm_int8.heuristic = orig
+        out.append((forced, ms))
+        print(f"  {forced}: {ms:.4f} ms", flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True, help="markdown file to write (and .json beside it)")
+    ap.add_argument("--iterations", type=int, default=50)
+    ap.add_argument("--batch", type=int, default=32, help="conv batch (ResNet-50 at batch 32)")
+    ap.add_argument("--quick", action="store_true", help="the GEMMs and four convs only")
+    ap.add_argument("--sweep", action="store_true", help="also time the GEMMs' int8 kernel at the SWEEP tiles")
+    ap.add_argument("--mma", action="store_true", help="also time the int8 mma.sync kernels where sm_90a has wgmma")
+    args = ap.parse_args(argv)
+    import cupy
+
+    arch = [f"sm_{cupy.cuda.Device().compute_capability}"]
+    rows = []
+    device = None
+    problems = [("gemm", f"{m}x{n}x{k}", 2.0 * m * n * k, gemm_models(m, n, k)) for m, n, k in GEMMS]
+    convs = CONVS[:3] + CONVS[5:6] if args.quick else CONVS
+    for name, c, hw, co, k, s in convs:
+        o = (hw + 2 * (k // 2) - k) // s + 1
+        flops = 2.0 * args.batch * co * o * o * c * k * k
+        problems.append(("conv", f"{name} (N={args.batch})", flops, conv_models(args.batch, c, hw, co, k, s)))
+    for kind, label, flops, (fp, i8, fp_feeds, i8_feeds) in problems:
+        t_fp, info_fp = layer_ms(fp, fp_feeds, "fp16", arch, args.iterations)
+        t_i8, info_i8 = layer_ms(i8, i8_feeds, "fp32", arch, args.iterations)
+        t_mma = layer_ms(i8, i8_feeds, "fp32", arch, args.iterations, hopper=False)[0] if args.mma else None
+        device = info_i8["device"]
+        row = {
+            "kind": kind,
+            "problem": label,
+            "fp16_ms": t_fp,
+            "int8_ms": t_i8,
+            "fp16_tflops": flops / t_fp / 1e9,
+            "int8_tops": flops / t_i8 / 1e9,
+            "speedup": t_fp / t_i8,
+            "int8_mma_ms": t_mma,
+            "fp16_params": info_fp["params"],
+            "int8_params": info_i8["params"],
+        }
+        if args.sweep and kind == "gemm":
+            row["sweep"] = sweep(i8, i8_feeds, arch, args.iterations)
+        rows.append(row)
+        mma = f"  int8 mma.sync {t_mma:8.4f} ms" if t_mma else ""
+        print(f"{label:28s} fp16 {t_fp:8.4f} ms  int8 {t_i8:8.4f} ms  x{t_fp / t_i8:.2f}{mma}", flush=True)
+    lines = [
+        f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; GPU {device['name']} (sm_{device['sm']}); "
+        f"driver {device['driver']}, CUDA runtime {device['runtime']}; median of single launches, "
+        f"{args.iterations} iterations",
+        "",
+        "| problem | fp16 ms | fp16 TFLOP/s | int8 ms | int8 TOP/s | fp16 / int8 | int8 kernel | int8 mma.sync ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+    ]
+    for r in rows:
+        path = next((q.get("path") for q in r["int8_params"] if q.get("path")), "?")
+        mma = f"{r['int8_mma_ms']:.4f}" if r["int8_mma_ms"] else "-"
+        lines.append(
+            f"| {r['kind']} {r['problem']} | {r['fp16_ms']:.4f} | {r['fp16_tflops']:.0f} | {r['int8_ms']:.4f} | "
+            f"{r['int8_tops']:.0f} | {r['speedup']:.2f} | {path} | {mma} |"
+        )
+    for r in rows:
+        for forced, ms in r.get("sweep", []):
+            lines.append(f"- sweep {r['problem']}: {forced} {ms:.4f} ms (fp16 / int8 {r['fp16_ms'] / ms:.2f})")
+    args.out.write_text("\n".join(lines) + "\n")
+    args.out.with_suffix(".json").write_text(json.dumps({"device": device, "rows": rows}, indent=1, default=str))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
