@@ -63,9 +63,11 @@ def _optimized(key: str):
     return model, g0, g1
 
 
-# The sets of exports in the corpus: torch 2.14 (untagged, the first five models) and torch 2.13
-# (every model); ORT's transformer optimizer on the eager exports of the models it knows.
-SETS = {"": ("bert", "distilbert", "gpt2", "vit", "llama"), ".torch2.13": tuple(CASES)}
+# The sets of exports in the corpus: torch 2.14 (untagged, the first five models), torch 2.13 and
+# torch 2.11 with transformers 5.17 (every model; 2.11 is the version whose SDPA spelling, split
+# sqrt scales, a bool-mask Where and an IsNaN guard, fused nowhere before canonicalization); ORT's
+# transformer optimizer on the eager exports of the models it knows, one twin per distinct file.
+SETS = {"": ("bert", "distilbert", "gpt2", "vit", "llama"), ".torch2.13": tuple(CASES), ".torch2.11": tuple(CASES)}
 
 
 def test_corpus_is_complete():
