@@ -93,8 +93,11 @@ def _exports_of_folder(folder: Path) -> list[Export]:
     manifest = folder / "manifest.json"
     if manifest.exists():  # tools/make_corpus.py's corpus
         for rec in sorted(json.loads(manifest.read_text()).values(), key=lambda r: r["file"]):
-            found.append(Export(folder / rec["file"], rec["model"], f"corpus {rec['attn_implementation']}",
-                                rec["exporter"], rec["inputs"]))  # fmt: skip
+            # an ORT-optimized twin (tools/make_corpus.py --ort-optimize) is marked as such
+            exporter = rec["exporter"] + ("+ort" if "source" in rec else "")
+            torch = ".".join(rec.get("torch", "?").split("+")[0].split(".")[:2])
+            config = f"corpus {rec['attn_implementation']} torch {torch}"
+            found.append(Export(folder / rec["file"], rec["model"], config, exporter, rec["inputs"]))
         return found
     for meta_path in sorted(folder.glob("*.json")):
         meta = json.loads(meta_path.read_text())
@@ -258,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     ort_dir.mkdir(parents=True, exist_ok=True)
     for e in exports:
         todo = [e]
-        if a.ort:
+        if a.ort and not e.exporter.endswith("+ort"):
             heads, hidden = _heads_and_hidden(e)
             try:
                 opt = _ort_optimized(dataclasses.replace(e, heads=heads, hidden=hidden), ort_dir)
