@@ -198,7 +198,13 @@ def measure(e: Export, build: bool) -> Row:
     return row
 
 
-def markdown(rows: list[Row], title: str) -> str:
+def _was(now: str, before: str | None) -> str:
+    """`before -> now` where an earlier run (--before) counted otherwise, else `now`."""
+    return now if before is None or before == now else f"{before} → {now}"
+
+
+def markdown(rows: list[Row], title: str, before: dict[str, dict] | None = None) -> str:
+    before = before or {}
     lines = [
         f"# {title}",
         "",
@@ -206,7 +212,7 @@ def markdown(rows: list[Row], title: str) -> str:
         "tools/fusion_report.py. attn: graphc Attention nodes / attention blocks in the file; T: "
         "Transposes in the file -> Transpose kernels left; LN, RMS, GELU, RoPE: fused nodes (GELU "
         "inside GEMM epilogues counted); SiLU: Sigmoids in a GEMM epilogue / standing alone; "
-        "left: ops that mean a missed fusion.",
+        "left: ops that mean a missed fusion." + (" `a → b`: a in the --before run, b now." if before else ""),
         "",
         "| model | config | exporter | nodes | kernels | attn | T | LN | RMS | GELU | RoPE | SiLU | left "
         "| ORT contrib ops |",
@@ -221,9 +227,15 @@ def markdown(rows: list[Row], title: str) -> str:
         left = ", ".join(f"{k} {v}" for k, v in r.leftovers.items()) or "-"
         contrib = ", ".join(f"{k} {v}" for k, v in r.contrib_ops.items()) or "-"
         built = "" if not r.built else (" (built)" if r.built == "ok" else f" (build failed: {r.built})")
+        b = before.get(e.path.name)
+        ok_before = b is not None and b.get("ok")
+        kernels = _was(str(r.kernels), str(b["kernels"]) if ok_before else ("failed" if b else None))
+        attn = _was(f"{r.attention_fused}/{r.attention_present}",
+                    f"{b['attention_fused']}/{b['attention_present']}" if ok_before else None)  # fmt: skip
+        left_t = _was(str(r.transposes_left), str(b["transposes_left"]) if ok_before else None)
         lines.append(
-            f"| {e.model} | {e.config} | {e.exporter} | {r.nodes} | {r.kernels}{built} | "
-            f"{r.attention_fused}/{r.attention_present} | {r.transposes_in} -> {r.transposes_left} | "
+            f"| {e.model} | {e.config} | {e.exporter} | {r.nodes} | {kernels}{built} | "
+            f"{attn} | {r.transposes_in} -> {left_t} | "
             f"{f['LayerNormalization']} | {f['RMSNormalization']} | {f['Gelu']} | {f['RotaryEmbedding']} | "
             f"{r.silu_in_epilogue}/{r.sigmoid_alone} | {left} | {contrib} |"
         )
@@ -236,7 +248,7 @@ def _heads_and_hidden(e: Export) -> tuple[int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dir", type=Path, action="append", required=True, help="a folder of exports (repeatable)")
+    ap.add_argument("--dir", type=Path, action="append", default=[], help="a folder of exports (repeatable)")
     ap.add_argument("--models", default="", help="only these models (comma-separated)")
     ap.add_argument("--ort", action="store_true", help="also rows for ONNX Runtime's transformer optimizer's output")
     ap.add_argument("--ort-dir", type=Path, default=None, help="where --ort writes its files (default: a temp dir)")
@@ -244,10 +256,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--md", type=Path, default=None, help="write the Markdown table here")
     ap.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
     ap.add_argument("--title", default="Fusion coverage")
+    ap.add_argument("--before", type=Path, action="append", default=[],
+                    help="--json of an earlier run (e.g. on main): its counts beside these (repeatable)")  # fmt: skip
+    ap.add_argument("--rows", type=Path, action="append", default=[],
+                    help="measure nothing: the table of these --json files (repeatable)")  # fmt: skip
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for noisy in ("graphc", "onnxruntime"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if not a.dir and not a.rows:
+        ap.error("give --dir (measure) or --rows (tabulate earlier runs)")
     exports: list[Export] = []
     for folder in a.dir:
         if not folder.is_dir():
@@ -277,7 +295,15 @@ def main(argv: list[str] | None = None) -> int:
             log.info("%s (%s): attn %d/%d, T %d->%d, kernels %d, %s [%.1fs]", x.path.name, x.config,
                      row.attention_fused, row.attention_present, row.transposes_in, row.transposes_left,
                      row.kernels, status, row.seconds)  # fmt: skip
-    md = markdown(rows, a.title)
+    for path in a.rows:
+        for rec in json.loads(path.read_text()):
+            e = Export(**{**rec["export"], "path": Path(rec["export"]["path"])})
+            rows.append(Row(**{**rec, "export": e}))
+    before: dict[str, dict] = {}
+    for path in a.before:
+        for rec in json.loads(path.read_text()):
+            before[Path(rec["export"]["path"]).name] = rec
+    md = markdown(rows, a.title, before)
     if a.md:
         a.md.parent.mkdir(parents=True, exist_ok=True)
         a.md.write_text(md)

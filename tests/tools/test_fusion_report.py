@@ -68,3 +68,19 @@ def test_a_file_that_fails_gets_a_row_and_exit_1(tmp_path):
     md_path = tmp_path / "out.md"
     assert fusion_report.main(["--dir", str(folder), "--md", str(md_path)]) == 1
     assert "failed:" in md_path.read_text()
+
+
+def test_rows_and_before_tabulate_earlier_runs(tmp_path):
+    folder = _mini_corpus(tmp_path)
+    now = tmp_path / "now.json"
+    assert fusion_report.main(["--dir", str(folder), "--models", "llama", "--json", str(now)]) == 0
+    earlier = json.loads(now.read_text())
+    earlier[0]["kernels"] += 7
+    earlier[0]["attention_fused"] = 0
+    (tmp_path / "before.json").write_text(json.dumps(earlier))
+    md = tmp_path / "out.md"
+    args = ["--rows", str(now), "--before", str(tmp_path / "before.json"), "--md", str(md)]
+    assert fusion_report.main(args) == 0
+    row = _rows(md.read_text())[("llama", "dynamo")]
+    k = int(row[4].split("→")[1])
+    assert row[4] == f"{k + 7} → {k}" and row[5] == "0/2 → 2/2"
