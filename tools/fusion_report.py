@@ -198,6 +198,11 @@ def measure(e: Export, build: bool) -> Row:
     return row
 
 
+def _key(file_name: str, config: str) -> str:
+    """Rows of two runs match by file name and kind of config (tiny, full, corpus)."""
+    return f"{config.split()[0]}/{file_name}"
+
+
 def _was(now: str, before: str | None) -> str:
     """`before -> now` where an earlier run (--before) counted otherwise, else `now`."""
     return now if before is None or before == now else f"{before} → {now}"
@@ -227,7 +232,7 @@ def markdown(rows: list[Row], title: str, before: dict[str, dict] | None = None)
         left = ", ".join(f"{k} {v}" for k, v in r.leftovers.items()) or "-"
         contrib = ", ".join(f"{k} {v}" for k, v in r.contrib_ops.items()) or "-"
         built = "" if not r.built else (" (built)" if r.built == "ok" else f" (build failed: {r.built})")
-        b = before.get(e.path.name)
+        b = before.get(_key(e.path.name, e.config))
         ok_before = b is not None and b.get("ok")
         kernels = _was(str(r.kernels), str(b["kernels"]) if ok_before else ("failed" if b else None))
         attn = _was(f"{r.attention_fused}/{r.attention_present}",
@@ -302,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     before: dict[str, dict] = {}
     for path in a.before:
         for rec in json.loads(path.read_text()):
-            before[Path(rec["export"]["path"]).name] = rec
+            before[_key(Path(rec["export"]["path"]).name, rec["export"]["config"])] = rec
     md = markdown(rows, a.title, before)
     if a.md:
         a.md.parent.mkdir(parents=True, exist_ok=True)
