@@ -56,6 +56,7 @@ from collections.abc import Callable
 from graphc.ir.graph import Graph
 from graphc.passes.canonicalize import canonicalize
 from graphc.passes.canonicalize_rotary import fuse_rotary
+from graphc.passes.canonicalize_views import cancel_view_chains
 from graphc.passes.capabilities import FusionCapabilities
 from graphc.passes.constant_folding import fold_constants
 from graphc.passes.cse import eliminate_common_subexpressions
@@ -181,6 +182,8 @@ def stages() -> list[Stage]:
         # Rule 9: NHWC convolutions and pools; the pass cancels the transposes it creates itself
         # (cleanup and transpose elimination to a fixed point) when it converted anything.
         Pass("to_channels_last", to_channels_last, when=for_cuda),
+        # Its NCHW restore, a flatten and a transpose after a conv are one reshape together.
+        Pass("cancel_view_chains", cancel_view_chains, when=for_cuda),
         # Rule 10: at every opt level (the precision is the user's choice, not an optimization).
         Pass("convert_precision", precision_pass, min_level=0, when=for_reduced_precision, takes_target=True),
         Pass("k_major_gemm_weights", k_major_gemm_weights, when=for_cuda),  # rule 11
