@@ -114,7 +114,9 @@ def _fused_counts(graph) -> dict[str, int]:
         ops[a.anchor_op or "Elementwise"] += 1
         for ep in a.epilogue:
             ops[ep.op] += 1
-            ops["SiLU"] += ep.op == "Sigmoid" and a.anchor_op in ("MatMul", "Gemm")
+            # in a GEMM's epilogue, or (SwiGLU after passes/fuse_horizontal.py ran gate and up as one
+            # GEMM) in the one elementwise kernel that computes silu(gate) * up
+            ops["SiLU"] += ep.op == "Sigmoid" and (a.anchor_op in ("MatMul", "Gemm") or not a.anchor_op)
     return {k: ops[k] for k in COUNTED}
 
 
