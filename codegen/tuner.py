@@ -292,7 +292,7 @@ class KernelChoice:
     def load(self, cubins: list[bytes]) -> None:
         import cupy
 
-        from graphc.runtime.cuda import allow_large_shared_memory
+        from graphc.runtime.cuda import SHARED_OPT_IN_BYTES, allow_large_shared_memory
         from graphc.runtime.tensormap import is_tmap_arg
 
         if self.workspace_bytes > self.workspace.nbytes:
@@ -306,7 +306,7 @@ class KernelChoice:
             self._modules.append(mod)
             self.functions[digest] = mod.get_function(name)
         for ln in self.launches:
-            if ln.shared_bytes > 48 * 1024:
+            if ln.shared_bytes > SHARED_OPT_IN_BYTES:
                 allow_large_shared_memory(self.functions[ln.digest], ln.shared_bytes)
 
     def outputs(self) -> dict[str, np.ndarray]:

@@ -33,6 +33,8 @@ class CompileOptions:
     tune: "off" | "fast" | "full" auto-tuning of kernel parameters (CUDA target).
     tune_budget_s: the tuner's wall-clock budget in seconds (default 60 for fast, 600 for full).
     allow_tf32: let fp32 GEMMs and convolutions use TF32 tensor cores.
+    row_norm_epilogues: CUDA: a GEMM, its residual and the LayerNorm/RMSNorm after it as one kernel
+        (fewer launches; off by default until it is measured faster: passes/target.py).
     calibration_*: precision "int8" (graphc/calibrate.py): the samples (CALIB.npz of [N, *shape]
     per input, a folder of .npz feeds, or an iterable of feed dicts), "minmax" | "entropy" |
     "percentile" (of |x|), the percentile, a JSON cache of the thresholds, a (done, total) callback.
@@ -48,6 +50,7 @@ class CompileOptions:
     tune: str = "off"
     tune_budget_s: float | None = None
     allow_tf32: bool = False
+    row_norm_epilogues: bool = False
     cache_dir: str | Path | None = None
     progress: Callable[[str, str], None] | None = None  # (phase, "start" | "done"), for progress bars
     extra: dict[str, Any] = field(default_factory=dict)
@@ -147,7 +150,9 @@ def compile_loaded(graph: Any, model: Any, opts: CompileOptions, phase: _Phases)
     check_value_sizes(graph)  # a bound dim of 2**40 is one error here, not a huge allocation later
     # Every rewrite, target-specific ones included, is a pass of passes/pipeline.py, switched on
     # by the target context: --dump-ir, verification and the report's per-pass times cover all.
-    target = Target(opts.target, opts.precision, bool(opts.allow_tf32))
+    target = Target(
+        opts.target, opts.precision, bool(opts.allow_tf32), row_norm_epilogues=bool(opts.row_norm_epilogues)
+    )
     calibrator = None
     if opts.precision == "int8":
         calibrator = _int8_calibrator(graph, opts)

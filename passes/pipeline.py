@@ -83,7 +83,14 @@ from graphc.passes.manager import FixedPoint, Pass, Stage
 from graphc.passes.precision import precision_pass
 from graphc.passes.quantize_int8 import quantize_int8, quantize_qdq_int8
 from graphc.passes.simplify import simplify
-from graphc.passes.target import Target, for_cuda, for_int8, for_reduced_precision
+from graphc.passes.target import (
+    Target,
+    for_cuda,
+    for_cuda_float,
+    for_int8,
+    for_reduced_precision,
+    for_row_norm_epilogues,
+)
 from graphc.passes.transpose import eliminate_transposes
 
 
@@ -164,7 +171,7 @@ def stages() -> list[Stage]:
         # Rule 7a (CUDA): MatMuls sharing an input (Q, K, V) as one batched GEMM whose slabs are views,
         # after attention fusion (its matcher reads the separate projections) and before epilogue
         # fusion (which takes the stacked bias Add into that GEMM).
-        Pass("fuse_horizontal", fuse_horizontal, min_level=2, when=for_cuda),
+        Pass("fuse_horizontal", fuse_horizontal, min_level=2, when=for_cuda_float),
         # ---- int8 (issue 13), part 2 of 2: the remaining float Conv/MatMul/Gemm with constant
         # weights, calibrated on this graph (target.calibrator): after folding (final weights) and
         # attention fusion (its activation x activation MatMuls stay float), before epilogue
@@ -175,7 +182,7 @@ def stages() -> list[Stage]:
         Pass("fuse_elementwise", _with_capabilities(fuse_elementwise), min_level=2, takes_target=True),  # rule 8
         # Rule 8a (CUDA): a fused GEMM and the LayerNorm/RMSNorm of its rows as one kernel, once the
         # GEMM's epilogue (bias, residual) is complete.
-        Pass("fuse_residual_norm", fuse_residual_norm, min_level=2, when=for_cuda),
+        Pass("fuse_residual_norm", fuse_residual_norm, min_level=2, when=for_row_norm_epilogues),
         # Fusion can leave Reshape(Reshape(x)) where it looked through a reshape: collapse them.
         Pass("simplify", simplify),
         Pass("dce", eliminate_dead_code),

@@ -40,6 +40,10 @@ class Target:
     allow_tf32: bool = False
     capabilities: FusionCapabilities = REFERENCE
     calibrator: Calibrator | None = None  # int8 only: where activation ranges come from
+    # GEMM + residual + LayerNorm/RMSNorm as one kernel (passes/fuse_residual_norm.py). Off by
+    # default: on an H200 (2026-12-01) the models at batch 1 were slower with it (BERT-base 1.35 ms
+    # against 0.80 before this and the one-launch split-K landed), not yet measured apart.
+    row_norm_epilogues: bool = False
 
     def __post_init__(self) -> None:
         if self.name not in TARGET_NAMES:
@@ -65,6 +69,18 @@ CPU = Target()
 def for_cuda(target: Target) -> bool:
     """CUDA only: the CUDA kernels cover some ops only in another form, or want another layout."""
     return target.is_cuda
+
+
+def for_cuda_float(target: Target) -> bool:
+    """CUDA float engines: fusions whose fused kernels the int8 path has no form of (the int8 GEMM
+    has no row-norm epilogue), and which would move the tensors an int8 engine calibrates away from
+    the CPU int8 engine's (which must compute the same integers)."""
+    return target.is_cuda and target.precision != "int8"
+
+
+def for_row_norm_epilogues(target: Target) -> bool:
+    """CUDA float engines that asked for row-norm epilogues (Target.row_norm_epilogues)."""
+    return for_cuda_float(target) and target.row_norm_epilogues
 
 
 def for_reduced_precision(target: Target) -> bool:

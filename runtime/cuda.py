@@ -69,6 +69,11 @@ def choose_launches(plan: KernelPlan, built: Iterable[str], device: str) -> tupl
     return arch, chosen
 
 
+# Above this much dynamic shared memory a kernel's limit is raised (allow_large_shared_memory): the
+# default is 48 KB for static + dynamic together, and some kernels hold a few bytes of static flags.
+SHARED_OPT_IN_BYTES = 47 * 1024
+
+
 def allow_large_shared_memory(fn: Any, nbytes: int) -> None:
     """Raise a kernel's dynamic shared memory limit above the default 48 KB (cupy 14's Function has
     no setter for it; the driver call is the portable way)."""
@@ -296,7 +301,7 @@ class CUDAExecutor:
         device_weights: DeviceWeights | None = None,
     ):
         # device_weights: weights already on the device (a shape bucket shares the engine's)
-        cupy = import_cupy()
+        cupy = self.cupy = import_cupy()
         # `plan` is already one arch's (KernelPlan.for_arch); launch_arch says whose, for tests and reports
         self.plan, self.memory, self.device, self.launch_arch = plan, memory, device, launch_arch
         if plan.launch_archs():  # a plan of several archs would run its default launches here, whatever the GPU
@@ -305,26 +310,39 @@ class CUDAExecutor:
         missing = sorted(used - set(cubins))
         if missing:
             raise EngineError(f"no cubin for kernel(s) {', '.join(names.get(d, d) for d in missing[:5])} of the plan")
+        # Only this plan's kernels are kept (another arch's, or one the plan does not launch, are not).
+        self._cubins = {d: c for d, c in cubins.items() if d in used}
+        self._names = names
         with cupy.cuda.Device(device):
-            self.functions: dict[str, Any] = {}
-            self.modules = []
-            for digest, cubin in cubins.items():
-                if digest not in used:  # another arch's kernel, or one the plan does not launch here
-                    continue
-                mod = cupy.cuda.function.Module()
-                mod.load(cubin)
-                self.modules.append(mod)
-                fn = mod.get_function(names[digest])
-                self.functions[digest] = fn
-            for step in plan.steps:
-                for ln in step.launches:
-                    if ln.shared_bytes > 48 * 1024:
-                        allow_large_shared_memory(self.functions[ln.digest], ln.shared_bytes)
+            self.functions, self.modules = self._load_functions()
             self.weights = device_weights if device_weights is not None else DeviceWeights(plan, weights, device)
         self.default = CUDAContext(plan, memory, self.weights, self.functions, device)
 
+    def _load_functions(self) -> tuple[dict[str, Any], list[Any]]:
+        """The plan's kernels, loaded as modules of their own. Some kernels keep state in module
+        globals between launches (the arrival counters of one-launch split-K and of row-norm
+        epilogues: zero at load, reset by the last block), so two contexts running at once must not
+        share a module: each context loads its own."""
+        cupy = self.cupy
+        functions: dict[str, Any] = {}
+        modules = []
+        for digest, cubin in self._cubins.items():
+            mod = cupy.cuda.function.Module()
+            mod.load(cubin)
+            modules.append(mod)
+            functions[digest] = mod.get_function(self._names[digest])
+        for step in self.plan.steps:
+            for ln in step.launches:
+                if ln.shared_bytes > SHARED_OPT_IN_BYTES:
+                    allow_large_shared_memory(functions[ln.digest], ln.shared_bytes)
+        return functions, modules
+
     def create_context(self) -> CUDAContext:
-        return CUDAContext(self.plan, self.memory, self.weights, self.functions, self.device)
+        with self.cupy.cuda.Device(self.device):
+            functions, modules = self._load_functions()
+        ctx = CUDAContext(self.plan, self.memory, self.weights, functions, self.device)
+        ctx.modules = modules  # the context's kernels live as long as it does
+        return ctx
 
     def run(self, feeds: Mapping[str, Any], **kwargs: Any) -> dict[str, Any]:
         return self.default.run(feeds, **kwargs)

@@ -46,6 +46,6 @@ def test_deep_conv_split_k_one_launch_matches_ort():
     for seed in range(3):
         feeds = {"x": rand((1, 512, 7, 7), seed=seed, low=-1.0, high=1.0)}
         ref = run_ort(model, feeds)["y"]
-        got = eng.run(feeds)["y"].astype(np.float64)
+        got = eng.run(feeds, to_numpy=True)["y"].astype(np.float64)
         err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
         assert err < 3e-3, f"run {seed}: relative error {err:.3g}"

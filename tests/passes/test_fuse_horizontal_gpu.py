@@ -29,7 +29,7 @@ def test_qkv_engine_matches_ort(batch, seq, k, n, out_q, tmp_path):
     feeds = {"x": rand((batch, seq, k), seed=4, low=-1.0, high=1.0)}
     expected = run_ort(model, feeds)
     for run in range(2):  # the second run is a CUDA graph replay
-        got = eng.run(feeds)
+        got = eng.run(feeds, to_numpy=True)
         for name, ref in expected.items():
             err = np.linalg.norm(got[name].astype(np.float64) - ref) / np.linalg.norm(ref)
             assert err < 3e-3, f"run {run}, {name}: relative error {err:.3g}"
@@ -38,6 +38,6 @@ def test_qkv_engine_matches_ort(batch, seq, k, n, out_q, tmp_path):
     eng.save(path)
     import graphc.runtime
 
-    back = graphc.runtime.load(path).run(feeds)
+    back = graphc.runtime.load(path).run(feeds, to_numpy=True)
     for name, ref in expected.items():
         assert np.linalg.norm(back[name].astype(np.float64) - ref) / np.linalg.norm(ref) < 3e-3

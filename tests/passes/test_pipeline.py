@@ -3,6 +3,8 @@ verified, timed), gated by the target context and the opt level; and the pass in
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 import pytest
@@ -130,7 +132,12 @@ def test_pass_gating_by_target_and_level():
     # horizontal GEMM fusion: CUDA only (its slab views are a CUDA-plan layout choice), level 2
     assert by_name["fuse_horizontal"].active(2, cuda_fp16) and not by_name["fuse_horizontal"].active(1, cuda_fp16)
     assert not by_name["fuse_horizontal"].active(2, Target())
-    assert by_name["fuse_residual_norm"].active(2, cuda_fp16) and not by_name["fuse_residual_norm"].active(2, Target())
+    # row-norm epilogues: CUDA float engines that ask for them (off by default), never int8
+    rownorm = dataclasses.replace(cuda_fp16, row_norm_epilogues=True)
+    assert by_name["fuse_residual_norm"].active(2, rownorm) and not by_name["fuse_residual_norm"].active(2, cuda_fp16)
+    assert not by_name["fuse_residual_norm"].active(2, Target(row_norm_epilogues=True))
+    assert not by_name["fuse_residual_norm"].active(2, dataclasses.replace(rownorm, precision="int8"))
+    assert not by_name["fuse_horizontal"].active(2, dataclasses.replace(cuda_fp16, precision="int8"))
     names = list(by_name)
     assert names.index("fuse_attention") < names.index("fuse_horizontal") < names.index("fuse_epilogues")
     assert names.index("fuse_elementwise") < names.index("fuse_residual_norm") < names.index("to_channels_last")
