@@ -736,31 +736,38 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         KernelSource("gemm", name, source, grid, (threads, 1, 1), kargs, smem, params=p, workspace_bytes=ws_bytes)
     ]
     if splits > 1 and not serial:
-        rname = f"{name}_reduce"
-        rsrc = render(
-            "gemm_reduce.cu.j2",
-            **dict(
-                common,
-                name=rname,
-                kparams=[*out_decls, "const float* __restrict__ ws"],
-                total=total,
-                splits=splits,
-            ),
-        )
-        kernels.append(
-            KernelSource(
-                "gemm",
-                rname,
-                rsrc,
-                grid_1d(total, 256, max_blocks=SM_COUNT * 16),
-                (256, 1, 1),
-                [*out_names, "@workspace"],
-                0,
-                params={"reduce": True, "SPLITS": splits},
-                workspace_bytes=ws_bytes,
-            )
-        )
+        kernels.append(split_reduce_kernel("gemm", name, common, out_decls, out_names, total, splits, ws_bytes))
     return kernels
+
+
+def split_reduce_kernel(
+    family: str,
+    name: str,
+    common: dict[str, Any],
+    out_decls: list[str],
+    out_names: list[str],
+    total: int,
+    splits: int,
+    ws_bytes: int,
+) -> KernelSource:
+    """The second launch of a two-launch split-K: gemm_reduce.cu.j2 sums the fp32 partials in the
+    workspace and runs the epilogue (the mma.sync/wgmma GEMMs and the Hopper TMA GEMM share it)."""
+    rname = f"{name}_reduce"
+    rsrc = render(
+        "gemm_reduce.cu.j2",
+        **dict(common, name=rname, kparams=[*out_decls, "const float* __restrict__ ws"], total=total, splits=splits),
+    )
+    return KernelSource(
+        family,
+        rname,
+        rsrc,
+        grid_1d(total, 256, max_blocks=SM_COUNT * 16),
+        (256, 1, 1),
+        [*out_names, "@workspace"],
+        0,
+        params={"reduce": True, "SPLITS": splits},
+        workspace_bytes=ws_bytes,
+    )
 
 
 def standalone_context(

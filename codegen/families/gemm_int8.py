@@ -34,7 +34,7 @@ from typing import Any
 
 from graphc.codegen.cuda_types import dtype_from_numpy_name
 from graphc.codegen.epilogue import render_epilogue, step_operands
-from graphc.codegen.families.gemm import OperandLayout
+from graphc.codegen.families.gemm import MMA_TILES, OperandLayout
 from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, register_family, render
 from graphc.ir.types import DType
 from graphc.ops.fused import ACC
@@ -45,16 +45,8 @@ SM_COUNT = 132  # an H200; only the tile choice depends on it
 SMEM_PER_SM = 228 * 1024
 SMEM_PER_BLOCK = 227 * 1024
 MAX_GRID_Z = 65535
-# (BM, BN, WM, WN, relative efficiency of the tile shape)
-TILES = [
-    (128, 256, 2, 4, 1.0),
-    (256, 128, 4, 2, 1.0),
-    (128, 128, 2, 2, 0.93),
-    (128, 64, 2, 2, 0.8),
-    (64, 128, 2, 2, 0.8),
-    (64, 64, 2, 2, 0.62),
-    (32, 64, 1, 2, 0.45),
-]
+# (BM, BN, WM, WN, relative efficiency): the mma.sync GEMM's tiles, less its 16-row one
+TILES = [t for t in MMA_TILES if t[0] >= 32]
 RATE_PER_SM = 1200e12 / SM_COUNT  # dense int8 tensor-core ops/s of an H200 SM, for the model
 EPILOGUE_S_PER_ELEM_SM = 8e-12 * SM_COUNT  # one SM's epilogue time per output element (see estimate_seconds)
 KEYS = ("BM", "BN", "BK", "WM", "WN", "STAGES")

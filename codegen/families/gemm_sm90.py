@@ -25,8 +25,8 @@ from typing import Any
 from graphc.codegen.cuda_types import cuda_type, dtype_from_numpy_name
 from graphc.codegen.epilogue import broadcast_index, render_epilogue, step_operands
 from graphc.codegen.expr import lit
-from graphc.codegen.families.gemm import SM_COUNT, Problem, _c_expr, _kernel_args, problem_of
-from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, grid_1d, render
+from graphc.codegen.families.gemm import SM_COUNT, Problem, _c_expr, _kernel_args, problem_of, split_reduce_kernel
+from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, render
 from graphc.errors import CompileError
 from graphc.ir.types import DType
 
@@ -377,29 +377,7 @@ def generate(
         )
     ]
     if splits > 1:
-        rname = f"{name}_reduce"
-        rsrc = render(
-            "gemm_reduce.cu.j2",
-            **common,
-            name=rname,
-            kparams=[*out_decls, "const float* __restrict__ ws"],
-            total=total,
-            splits=splits,
-            batch_dims=prob.batch_dims,
-        )
-        kernels.append(
-            KernelSource(
-                family,
-                rname,
-                rsrc,
-                grid_1d(total, 256, max_blocks=SM_COUNT * 16),
-                (256, 1, 1),
-                [*out_names, "@workspace"],
-                0,
-                params={"reduce": True, "SPLITS": splits},
-                workspace_bytes=ws_bytes,
-            )
-        )
+        kernels.append(split_reduce_kernel(family, name, common, out_decls, out_names, total, splits, ws_bytes))
     return kernels
 
 
