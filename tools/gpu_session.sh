@@ -5,7 +5,7 @@
 #
 #   OUT=dir [PRECISIONS=fp16,fp32,bf16] [EXPORTER=torchscript|dynamo|both] [ARCH=sm_90] bash tools/gpu_session.sh
 #
-# Each step has a time limit in seconds (TESTS_S, ZOO_S, EXPORTS_S, GEMM_S, SM90_S, TORCH_S, QUANT_S); 0 skips the
+# Each step has a time limit in seconds (TESTS_S, ZOO_S, EXPORTS_S, GEMM_S, SM90_S, PROF_S, TORCH_S, QUANT_S); 0 skips the
 # step. The defaults (130+70+170+40, TORCH_S=0) fit one 10-minute device call; a comparison with
 # PyTorch alone: TESTS_S=0 ZOO_S=0 EXPORTS_S=0 GEMM_S=0 TORCH_S=400 (about 5 minutes).
 # (pytest gets no -q: pyproject's addopts has one, and -qq drops the "N passed" line.)
@@ -15,7 +15,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=4
 log="$OUT/session.log"
 TESTS_S=${TESTS_S:-130} ZOO_S=${ZOO_S:-70} EXPORTS_S=${EXPORTS_S:-170} GEMM_S=${GEMM_S:-40} TORCH_S=${TORCH_S:-0}
-QUANT_S=${QUANT_S:-0} SM90_S=${SM90_S:-0}
+QUANT_S=${QUANT_S:-0} SM90_S=${SM90_S:-0} PROF_S=${PROF_S:-0}
 
 # step NAME LIMIT OUTPUT COMMAND...: runs COMMAND under `timeout LIMIT`, stdout and stderr to OUTPUT,
 # unless LIMIT is 0; logs how it ended and OUTPUT's last line.
@@ -49,7 +49,7 @@ python3 -c "import graphc.codegen" >> "$log" 2>&1 || { cat "$log"; exit 1; }
 
 # PyTorch exports in the background while the tests run.
 export_pids=()
-if [ "$EXPORTS_S" != 0 ] || [ "$QUANT_S" != 0 ]; then
+if [ "$EXPORTS_S" != 0 ] || [ "$QUANT_S" != 0 ] || [ "$PROF_S" != 0 ]; then
   mkdir -p /tmp/exports
   for m in resnet50 mobilenetv2 bert vit gpt2; do
     timeout ${EXPORT_S:-240} python3 tools/export_torch.py --out /tmp/exports --models $m --exporter ${EXPORTER:-torchscript} \
@@ -66,6 +66,9 @@ if [ ${#export_pids[@]} != 0 ]; then
 fi
 step "exports" "$EXPORTS_S" "$OUT/exports.log" python3 tools/check_models.py --exports /tmp/exports --target cuda \
   --precision ${PRECISIONS:-fp16,fp32} ${ARCH:+--arch $ARCH} --bench --iterations 50 --out "$OUT/exports_cuda.md"
+# Where the GPU time goes per kernel (graphc's steps and PyTorch eager's kernels); needs the exports.
+step "profile" "$PROF_S" /tmp/prof.log python3 tools/profile_kernels.py --exports /tmp/exports \
+  --models ${PROF_MODELS:-bert,gpt2,resnet50} --batch 1,32 --top 8 --out "$OUT/profile_kernels.md"
 step "gemm bench" "$GEMM_S" "$OUT/bench_gemm.txt" python3 tools/bench_gemm.py --quick
 # The Hopper TMA GEMM's variants against cuBLAS (sm_90 only; about 3 minutes for every shape).
 step "sm90 gemm bench" "$SM90_S" "$OUT/bench_gemm_sm90.txt" python3 tools/bench_gemm_sm90.py --out /tmp/sm90
