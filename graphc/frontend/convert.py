@@ -387,8 +387,24 @@ def convert_subgraph(
         t = given if given is not None else type_from_proto(vi.type, f"{where}: subgraph input '{vi.name}'")
         env[vi.name] = sb.add_input(vi.name, t)
     sb.scope = SubgraphScope(lookup, scope.opsets, scope.expanded)
+    _convert_subgraph_nodes(sb, gp, env, lookup, scope, where, prefix="")
+    sb.set_outputs(_subgraph_outputs(gp, lookup, where), [vi.name for vi in gp.output])
+    return sb.build(), captured
+
+
+def _convert_subgraph_nodes(
+    builder: GraphBuilder,
+    gp: onnx.GraphProto,
+    env: dict[str, Value],
+    lookup: Callable[[str], Value | None],
+    scope: SubgraphScope,
+    where: str,
+    prefix: str,
+) -> None:
+    """Convert `gp`'s nodes into `builder`, binding their outputs in `env`; an input that no
+    enclosing scope defines is a one-line error naming the node."""
     for i, node in enumerate(gp.node):
-        node_name = sb.fresh_node_name(node.name or f"{node.op_type}_{i}")
+        node_name = builder.fresh_node_name(prefix + (node.name or f"{node.op_type}_{i}"))
         inputs: list[Value | None] = []
         for inp in node.input:
             v = lookup(inp) if inp else None
@@ -399,18 +415,20 @@ def convert_subgraph(
             inputs.append(v)
         while inputs and inputs[-1] is None:
             inputs.pop()
-        outs = _convert_node(sb, node, node_name, inputs, scope.opsets, scope.expanded)
+        outs = _convert_node(builder, node, node_name, inputs, scope.opsets, scope.expanded)
         for out_name, v in zip(node.output, outs, strict=False):
             if out_name and v is not None:
                 env[out_name] = v
+
+
+def _subgraph_outputs(gp: onnx.GraphProto, lookup: Callable[[str], Value | None], where: str) -> list[Value]:
     outputs = []
     for vi in gp.output:
         v = lookup(vi.name)
         if v is None:
             raise ModelLoadError(f"{where}: subgraph output '{vi.name}' is not produced")
         outputs.append(v)
-    sb.set_outputs(outputs, [vi.name for vi in gp.output])
-    return sb.build(), captured
+    return outputs
 
 
 def inline_subgraph(outer: GraphBuilder, gp: onnx.GraphProto, where: str) -> list[Value]:
@@ -429,28 +447,7 @@ def inline_subgraph(outer: GraphBuilder, gp: onnx.GraphProto, where: str) -> lis
         env[init.name] = outer.add_constant(tensor_to_array(init, None), f"{where}/{init.name}")
     outer.scope = SubgraphScope(lookup, scope.opsets, scope.expanded)
     try:
-        for i, node in enumerate(gp.node):
-            node_name = outer.fresh_node_name(f"{where}/{node.name or f'{node.op_type}_{i}'}")
-            inputs: list[Value | None] = []
-            for inp in node.input:
-                v = lookup(inp) if inp else None
-                if inp and v is None:
-                    raise ModelLoadError(
-                        f"{where}: {node.op_type} node '{node_name}': input '{inp}' is defined in no enclosing scope"
-                    )
-                inputs.append(v)
-            while inputs and inputs[-1] is None:
-                inputs.pop()
-            outs = _convert_node(outer, node, node_name, inputs, scope.opsets, scope.expanded)
-            for out_name, v in zip(node.output, outs, strict=False):
-                if out_name and v is not None:
-                    env[out_name] = v
+        _convert_subgraph_nodes(outer, gp, env, lookup, scope, where, prefix=f"{where}/")
     finally:
         outer.scope = scope
-    outputs = []
-    for vi in gp.output:
-        v = lookup(vi.name)
-        if v is None:
-            raise ModelLoadError(f"{where}: subgraph output '{vi.name}' is not produced")
-        outputs.append(v)
-    return outputs
+    return _subgraph_outputs(gp, lookup, where)
