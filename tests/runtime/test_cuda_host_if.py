@@ -1,0 +1,222 @@
+"""Data-dependent If on the CUDA target (graphc/host_if.py, graphc/host_if_cuda.py,
+runtime/host_if_cuda.py), without a GPU: the engine is compiled for sm_90 (NVRTC runs here), then
+run through graphc's CUDA run path with tools/fake_cupy.py for cupy and each kernel's numpy
+reference for the kernel (tests/runtime/fake_gpu.py). Checks: numerics against ONNX Runtime, the
+branch the data picks is the graph replayed, each graph captured once and reused, the condition
+read back once per If per run, a saved engine validated with its sub-plans, malformed sub-plans
+refused in one line."""
+
+from __future__ import annotations
+
+import copy
+
+import cf_models as M
+import fake_gpu as G
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import graphc
+from graphc.runtime.errors import EngineError
+from graphc.runtime.format import read_engine
+from helpers import run_ort
+
+FL = TensorProto.FLOAT
+RNG = np.random.default_rng(12)
+ARCH = "sm_90"
+
+
+def data_if_model() -> onnx.ModelProto:
+    """z = If(ReduceSum(x) > 0) then relu(x) @ W + 1 else (x * 2) @ W, then tanh(z) - x[:, :1]:
+    steps before the If (the condition from data), in both branches, and after it."""
+    w = RNG.standard_normal((6, 4)).astype(np.float32)
+    then_g = helper.make_graph(
+        [
+            helper.make_node("Relu", ["x"], ["r"]),
+            helper.make_node("MatMul", ["r", "w"], ["m"]),
+            helper.make_node("Add", ["m", "one"], ["t_out"]),
+        ],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t_out", FL, [3, 4])],
+        initializer=[numpy_helper.from_array(np.array(1.0, np.float32), "one")],
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["d"]), helper.make_node("MatMul", ["d", "w"], ["e_out"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e_out", FL, [3, 4])],
+        initializer=[numpy_helper.from_array(np.array(2.0, np.float32), "two")],
+    )
+    g = helper.make_graph(
+        [
+            helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+            helper.make_node("Greater", ["s", "zero"], ["c"]),
+            helper.make_node("If", ["c"], ["z"], name="pick", then_branch=then_g, else_branch=else_g),
+            helper.make_node("Tanh", ["z"], ["tz"]),
+            helper.make_node("Slice", ["x", "st", "en", "ax"], ["x0"]),
+            helper.make_node("Sub", ["tz", "x0"], ["y"]),
+        ],
+        "data_if",
+        [helper.make_tensor_value_info("x", FL, [3, 6])],
+        [helper.make_tensor_value_info("y", FL, [3, 4])],
+        initializer=[
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+            numpy_helper.from_array(np.array([0], np.int64), "st"),
+            numpy_helper.from_array(np.array([1], np.int64), "en"),
+            numpy_helper.from_array(np.array([1], np.int64), "ax"),
+        ],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+def _close(out: dict, ref: dict) -> None:
+    for k, r in ref.items():
+        np.testing.assert_allclose(out[k], r, rtol=1e-5, atol=1e-5, err_msg=k)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    model = data_if_model()
+    eng = graphc.compile(model, target="cuda", arch=[ARCH])
+    path = tmp_path_factory.mktemp("cudaif") / "if.engine"
+    eng.save(path)
+    return model, eng, path
+
+
+def _run_on_fake(monkeypatch, eng, plan=None, memory=None, weights=None):
+    ex = G.fake_executor(
+        monkeypatch,
+        plan or eng.plan,
+        memory or eng.memory,
+        weights or eng.weights,
+        eng.kernels.cubins[ARCH],
+        eng.kernels.names,
+        ARCH,
+    )
+    eng.executor = ex
+    return ex
+
+
+def test_the_report_says_what_runs_on_the_host(built):
+    _, eng, _ = built
+    (line,) = eng.report["control_flow"]
+    assert "If node 'pick'" in line and "CUDA engine reads the condition back" in line
+    step = next(s for s in eng.plan.steps if s.op == "If")
+    assert not step.launches  # the If itself launches nothing: its branches do
+    for key in ("then_branch", "else_branch"):
+        sub = step.attrs[key]["plan"]
+        assert sub["steps"] and all(s["launches"] for s in sub["steps"] if not s["alias"])
+    # the branches' kernels are the engine's (compiled by the same NVRTC run)
+    digests = {ln["digest"] for k in ("then_branch", "else_branch") for s in step.attrs[k]["plan"]["steps"]
+               for ln in s["launches"]}  # fmt: skip
+    assert digests <= set(eng.kernels.cubins[ARCH])
+
+
+def test_the_branch_the_data_picks_runs_and_matches_onnx_runtime(built, monkeypatch):
+    model, eng, _ = built
+    ex = _run_on_fake(monkeypatch, eng)
+    ctx = ex.default
+    stats = ctx.host_if_stats
+    signs = [1, 1, -1, 1, -1]
+    for i, sign in enumerate(signs):
+        x = (np.abs(RNG.standard_normal((3, 6))) * sign).astype(np.float32)
+        ref = run_ort(model, {"x": x})
+        G.F.COUNTS.clear()
+        out = G.host(eng.run({"x": x}))
+        _close(out, ref)
+        # one condition read per run, and the branch taken is the one the data says
+        assert G.F.COUNTS["d2h"] == 1
+        assert stats["condition_reads"] == i + 1
+        assert stats["pick/then:runs"] == signs[: i + 1].count(1)
+        assert stats["pick/else:runs"] == signs[: i + 1].count(-1)
+    # every graph captured once, on first use, and replayed after
+    assert stats["pick/then:captures"] == 1 and stats["pick/else:captures"] == 1
+    assert stats["segment_captures"] == 2  # the steps before the If, the steps after it
+
+
+def test_without_graphs_the_same_answer(built, monkeypatch):
+    model, eng, _ = built
+    ex = _run_on_fake(monkeypatch, eng)
+    for sign in (1, -1):
+        x = (np.abs(RNG.standard_normal((3, 6))) * sign).astype(np.float32)
+        _close(G.host(ex.run({"x": x}, use_graph=False)), run_ort(model, {"x": x}))
+    assert not any(k.endswith("captures") for k in ex.default.host_if_stats)
+
+
+def test_a_second_context_has_its_own_branch_graphs(built, monkeypatch):
+    model, eng, _ = built
+    ex = _run_on_fake(monkeypatch, eng)
+    other = ex.create_context()
+    x = np.abs(RNG.standard_normal((3, 6))).astype(np.float32)
+    _close(G.host(other.run({"x": x})), run_ort(model, {"x": x}))
+    assert other.host_if_stats["pick/then:captures"] == 1 and not ex.default.host_if_stats
+
+
+def test_a_saved_engine_validates_its_sub_plans_and_runs(built, monkeypatch):
+    model, eng, path = built
+    ef = read_engine(path)
+    ex = G.fake_executor(monkeypatch, ef.plan, ef.memory, ef.weights, ef.cubins[ARCH], eng.kernels.names, ARCH)
+    for sign in (1, -1):
+        x = (np.abs(RNG.standard_normal((3, 6))) * sign).astype(np.float32)
+        _close(G.host(ex.run({"x": x})), run_ort(model, {"x": x}))
+
+
+def test_if_on_an_input_scalar(monkeypatch):
+    model = M.if_on_input()
+    eng = graphc.compile(model, target="cuda", arch=[ARCH])
+    _run_on_fake(monkeypatch, eng)
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    for cond in (True, False, True):
+        feeds = {"c": np.array(cond), "x": x}
+        _close(G.host(eng.run(feeds)), run_ort(model, feeds))
+    stats = eng.executor.default.host_if_stats
+    assert stats["If_0/then:runs"] == 2 and stats["If_0/then:captures"] == 1
+    assert "segment_captures" not in stats  # nothing runs before or after the If
+
+
+def _edited(eng, edit):
+    plan = copy.deepcopy(eng.plan)
+    edit(next(s for s in plan.steps if s.op == "If"))
+    return plan
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (lambda s: s.attrs["else_branch"].pop("memory"), r"^step 'pick' \(If\): its else_branch sub-plan is malformed"),
+        (lambda s: s.attrs["then_branch"].update(inputs_from=[0, 9]), "sub-plan's inputs do not match"),
+        (lambda s: s.attrs.update(host_if_version=7), "sub-plan layout 7, expected 1"),
+    ],
+)
+def test_a_malformed_sub_plan_is_one_engine_error(built, monkeypatch, edit, match):
+    _, eng, _ = built
+    with pytest.raises(EngineError, match=match) as e:
+        _run_on_fake(monkeypatch, eng, plan=_edited(eng, edit))
+    assert "\n" not in str(e.value)
+
+
+def test_an_edited_sub_plan_launch_is_refused_at_read(built, tmp_path):
+    """The validator reads the branch sub-plans as plans: a launch of a kernel the engine does
+    not hold is refused before anything runs."""
+    import dataclasses
+    import zipfile
+
+    _, eng, path = built
+    bad = dataclasses.replace(eng, plan=copy.deepcopy(eng.plan), executor=None)
+    bad.kernels = eng.kernels
+    step = next(s for s in bad.plan.steps if s.op == "If")
+    ln = next(ln for s in step.attrs["then_branch"]["plan"]["steps"] for ln in s["launches"])
+    ln["digest"] = "0" * 64
+    bad.save(tmp_path / "bad.engine")
+    with pytest.raises(EngineError, match=r"launches kernel 000000000000 that the engine does not hold \(in the "
+                       r"then_branch of step 2 \('pick'\)\)") as e:  # fmt: skip
+        read_engine(tmp_path / "bad.engine")
+    assert "\n" not in str(e.value)
+    with zipfile.ZipFile(path) as z:
+        assert any(n.endswith(".cubin") for n in z.namelist())
