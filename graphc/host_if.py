@@ -146,36 +146,27 @@ def plan_host_ifs(graph: Graph, opt_level: int, target: Any = None, prefix: str 
         nt = len(then_b.captures)
         caps = list(node.inputs[1:])
         step_attrs: dict[str, Any] = {"host_if_version": HOST_IF_VERSION}
-        sizes = []
+        sizes: list[int | None] = []
+        refused: dict[str, str] = {}
         for key, sub, bound in (("then_branch", then_b, caps[:nt]), ("else_branch", else_b, caps[nt:])):
             where = f"{prefix}{node.name}/{key.split('_')[0]}"  # a nested If's names start with its branch's
-            branch, inputs_from = _specialize(sub, node, bound, where, graph)
-            if cuda:
-                lowered, weights, inner = lower_branch(branch, opt_level, target, out, where)
-                check_branch_outputs(node, key, [(n, lowered.tensors[n].shape) for n in lowered.outputs])
-                out.pending.append(
-                    PendingBranch(node.name, key, where, lowered, weights, inner, len(bound), inputs_from)
-                )
-                # the engine names of its weights (graphc/host_if_cuda.py renames its plan so)
-                out.weights.update(
-                    {
-                        f"{where}/{k}": a
-                        for k, a in weights.items()
-                        if getattr(lowered.tensors.get(k), "kind", "") == "weight"
-                    }
-                )
-                out.weights.update(inner.weights)
-                step_attrs[key] = {}  # filled by graphc/host_if_cuda.py once the kernels are made
-                sizes.append(len(lowered.steps))
+            err = _type_error(sub, bound, graph)
+            if err is not None:  # only this, inference's own verdict, refuses a branch; other errors stop the compile
+                refused[key] = err
+                sizes.append(None)
                 continue
-            plan, memory, weights = compile_branch(branch, opt_level, out, where)
-            check_branch_outputs(node, key, [(n, plan["tensors"][n]["shape"]) for n in plan["outputs"]])
-            prefix = f"{where}/"
-            renames = _rename_weights(plan, memory, prefix)
-            for k, a in weights.items():
-                out.weights[renames.get(k, k)] = a
-            step_attrs[key] = {"plan": plan, "memory": memory, "num_captures": len(bound), "inputs_from": inputs_from}
-            sizes.append(len(plan["steps"]))
+            sizes.append(_plan_branch(out, node, key, sub, bound, where, graph, opt_level, target, step_attrs))
+        if len(refused) == 2:
+            why = refused["then_branch"]
+            raise CompileError(f"If node '{node.name}': neither branch type-checks on these inputs: {why}")
+        for key, msg in refused.items():
+            # Inference gave the If the other branch's types because this one does not type-check
+            # on these input shapes (graphc/ops/control_flow.py); a run that takes it is refused, as
+            # ONNX Runtime fails in it.
+            n_caps = nt if key == "then_branch" else len(caps) - nt
+            why = f"the {key.split('_')[0]}-branch cannot run on these input shapes: {msg}"
+            step_attrs[key] = {"refused": why, "num_captures": n_caps}
+            log.info("If node '%s': %s", node.name, step_attrs[key]["refused"])
         out.attrs[node.name] = step_attrs
         how = (
             "the CUDA engine reads the condition back on the host (one 1-byte device-to-host copy and a stream "
@@ -184,13 +175,63 @@ def plan_host_ifs(graph: Graph, opt_level: int, target: Any = None, prefix: str 
             if cuda
             else "the CPU engine chooses one on the host per run"
         )
+        counts = ", ".join(
+            f"{k} {n} steps" if n is not None else f"{k} refused at run time (it does not type-check on these shapes)"
+            for k, n in zip(("then", "else"), sizes, strict=True)
+        )
         line = (
             f"If node '{node.name}': condition known only at run time; each branch is its own planned sub-plan "
-            f"(then {sizes[0]} steps, else {sizes[1]} steps) and {how}"
+            f"({counts}) and {how}"
         )
         log.info("%s", line)
         out.lines.append(line)
     return out
+
+
+def _type_error(sub: Graph, bound: list, graph: Graph) -> str | None:
+    """Why the branch does not type-check over the static types (and known values) bound to it,
+    or None. A node whose inference took the other branch's types for this reason
+    (graphc/ops/control_flow.py) has one branch that cannot run on these inputs."""
+    from graphc.ops.control_flow import specialize
+
+    types = [v.type for v in bound]
+    if not all(isinstance(t, TensorType) and t.is_static for t in types):
+        return None
+    values = [graph.constants[v.name].data if v.name in graph.constants else None for v in bound]
+    return specialize(sub, types, values)[1]
+
+
+def _plan_branch(
+    out: HostIfs,
+    node: Node,
+    key: str,
+    sub: Graph,
+    bound: list,
+    where: str,
+    graph: Graph,
+    opt_level: int,
+    target: Any,
+    step_attrs: dict[str, Any],
+) -> int:
+    """Plan one branch into `step_attrs[key]` (CPU) or `out.pending` (CUDA); its step count."""
+    branch, inputs_from = _specialize(sub, node, bound, where, graph)
+    if target is not None and getattr(target, "is_cuda", False):
+        lowered, weights, inner = lower_branch(branch, opt_level, target, out, where)
+        check_branch_outputs(node, key, [(n, lowered.tensors[n].shape) for n in lowered.outputs])
+        out.pending.append(PendingBranch(node.name, key, where, lowered, weights, inner, len(bound), inputs_from))
+        # the engine names of its weights (graphc/host_if_cuda.py renames its plan so)
+        kinds = {k: getattr(lowered.tensors.get(k), "kind", "") for k in weights}
+        out.weights.update({f"{where}/{k}": a for k, a in weights.items() if kinds[k] == "weight"})
+        out.weights.update(inner.weights)
+        step_attrs[key] = {}  # filled by graphc/host_if_cuda.py once the kernels are made
+        return len(lowered.steps)
+    plan, memory, weights = compile_branch(branch, opt_level, out, where)
+    check_branch_outputs(node, key, [(n, plan["tensors"][n]["shape"]) for n in plan["outputs"]])
+    renames = _rename_weights(plan, memory, f"{where}/")
+    for k, a in weights.items():
+        out.weights[renames.get(k, k)] = a
+    step_attrs[key] = {"plan": plan, "memory": memory, "num_captures": len(bound), "inputs_from": inputs_from}
+    return len(plan["steps"])
 
 
 def compile_branch(

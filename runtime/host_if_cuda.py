@@ -47,15 +47,20 @@ def is_host_if(step: Step) -> bool:
     return step.op == "If" and step.domain == "" and isinstance(step.attrs, dict) and "host_if_version" in step.attrs
 
 
-def branch_plans(step: Step, arch: str | None) -> list[tuple[str, KernelPlan, MemoryPlan, int, list[int]]]:
+def branch_plans(step: Step, arch: str | None) -> list[tuple[str, Any, Any, int, list[int]]]:
     """(key, sub-plan as `arch` runs it, its memory plan, number of captures, which captures are
-    its inputs) for both branches of a host-If step; a malformed sub-plan is one EngineError."""
+    its inputs) for both branches of a host-If step; a malformed sub-plan is one EngineError. A
+    branch the compiler refused (it does not type-check on the engine's shapes) comes as
+    (key, None, why, number of captures, [])."""
     where = f"step '{step.name}' (If)"
     if step.attrs.get("host_if_version") != HOST_IF_VERSION:
         raise EngineError(f"{where}: sub-plan layout {step.attrs.get('host_if_version')!r}, expected {HOST_IF_VERSION}")
     out = []
     for key in BRANCHES:
         d = step.attrs.get(key)
+        if isinstance(d, dict) and isinstance(d.get("refused"), str):  # it cannot run on these shapes
+            out.append((key, None, d["refused"], int(d.get("num_captures", 0)), []))
+            continue
         try:
             plan = KernelPlan.from_json(d["plan"])
             plan = plan.for_arch(arch or "")  # "": the default launches
@@ -78,6 +83,8 @@ def sub_plan_launches(plan: KernelPlan, arch: str | None) -> Iterator[Launch]:
     for step in plan.steps:
         if is_host_if(step):
             for _key, sub, _m, _n, _t in branch_plans(step, arch):
+                if sub is None:
+                    continue
                 for s in sub.steps:
                     yield from s.launches
                 yield from sub_plan_launches(sub, arch)
@@ -164,13 +171,26 @@ class _Branch:
         self._memcpys(parent, self.copies_out)
 
 
+class _Refused:
+    """A branch that does not type-check on the engine's shapes: a run that takes it is refused."""
+
+    ctx = None
+
+    def __init__(self, step: Step, why: str):
+        self.where, self.why = f"step '{step.name}' (If)", why
+
+    def run(self, parent: HostIfContext, use_graph: bool, stats: Counter) -> None:
+        raise EngineError(f"{self.where}: {self.why}")
+
+
 def set_stream(ctx: CUDAContext, stream: Any) -> None:
     """Run `ctx` (and the branch contexts inside it) on `stream`."""
     ctx.stream = stream
     for seg in getattr(ctx, "segments", ()):
         if isinstance(seg, _HostIf):
             for b in (seg.then_b, seg.else_b):
-                set_stream(b.ctx, stream)
+                if b.ctx is not None:
+                    set_stream(b.ctx, stream)
 
 
 class _HostIf:
@@ -190,7 +210,8 @@ class _HostIf:
         caps = list(step.inputs[1:])
         bound = {"then_branch": caps[:nt], "else_branch": caps[nt:]}
         self.then_b, self.else_b = (
-            _Branch(parent, step, key, plan, memory, bound[key], take) for key, plan, memory, _n, take in branches
+            _Refused(step, memory) if plan is None else _Branch(parent, step, key, plan, memory, bound[key], take)
+            for key, plan, memory, _n, take in branches
         )
 
     def choose(self, parent: HostIfContext, stats: Counter) -> _Branch:

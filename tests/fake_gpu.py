@@ -25,7 +25,8 @@ def _steps(plan: KernelPlan, arch: str) -> Iterator[Step]:
     for s in plan.steps:
         if is_host_if(s):
             for _k, sub, _m, _n, _t in branch_plans(s, arch):
-                yield from _steps(sub, arch)
+                if sub is not None:  # None: a branch refused at run time
+                    yield from _steps(sub, arch)
         else:
             yield s
 

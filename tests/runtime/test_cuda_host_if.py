@@ -18,6 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphc
+import graphc.runtime
 from graphc.runtime.errors import EngineError
 from graphc.runtime.format import read_engine
 from helpers import run_ort
@@ -220,3 +221,55 @@ def test_an_edited_sub_plan_launch_is_refused_at_read(built, tmp_path):
     assert "\n" not in str(e.value)
     with zipfile.ZipFile(path) as z:
         assert any(n.endswith(".cubin") for n in z.namelist())
+
+
+def ill_typed_else_model() -> onnx.ModelProto:
+    """If(c) then x * 2 else Reshape(x, [4, -1]): six elements do not reshape to 4 rows, so the
+    else-branch cannot run on a [2, 3] input (ONNX Runtime fails inside it); the If's outputs are
+    the then-branch's ([2, 3]) and a run that takes the else-branch is refused in one line."""
+    then_g = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["t"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", FL, ["a", "b"])],
+        initializer=[numpy_helper.from_array(np.array(2.0, np.float32), "two")],
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["e"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", FL, ["a", "b"])],
+        initializer=[numpy_helper.from_array(np.array([4, -1], np.int64), "shape")],
+    )
+    g = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], name="sr_if", then_branch=then_g, else_branch=else_g)],
+        "ill_typed",
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, []), helper.make_tensor_value_info("x", FL, ["n", 3])],
+        [helper.make_tensor_value_info("y", FL, ["a", "b"])],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_a_branch_that_does_not_type_check_is_refused_at_run_time(target, monkeypatch, tmp_path):
+    model = ill_typed_else_model()
+    eng = graphc.compile(model, target=target, shapes={"x": (2, 3)}, arch=[ARCH] if target == "cuda" else None)
+    (line,) = eng.report["control_flow"]
+    assert "else refused at run time" in line
+    if target == "cuda":
+        _run_on_fake(monkeypatch, eng)
+    else:  # through a saved engine: the refusal is part of the plan data
+        eng.save(tmp_path / "e.engine")
+        eng = graphc.runtime.load(tmp_path / "e.engine")
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    out = eng.run({"c": np.array(True), "x": x})
+    _close(G.host(out) if target == "cuda" else out, run_ort(model, {"c": np.array(True), "x": x}))
+    with pytest.raises(Exception):  # noqa: B017 - ONNX Runtime's own error type
+        run_ort(model, {"c": np.array(False), "x": x})
+    refusal = r"^step 'sr_if' \(If\): the else-branch cannot run on these input shapes: "
+    with pytest.raises(EngineError, match=refusal) as e:
+        eng.run({"c": np.array(False), "x": x})
+    assert "\n" not in str(e.value) and "Reshape" in str(e.value)
