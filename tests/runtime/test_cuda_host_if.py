@@ -13,9 +13,9 @@ import copy
 import cf_models as M
 import fake_gpu as G
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from host_if_models import data_if_model, ill_typed_else_model, nested_if_model
+from onnx import TensorProto
 
 import graphc
 import graphc.runtime
@@ -26,54 +26,6 @@ from helpers import run_ort
 FL = TensorProto.FLOAT
 RNG = np.random.default_rng(12)
 ARCH = "sm_90"
-
-
-def data_if_model() -> onnx.ModelProto:
-    """z = If(ReduceSum(x) > 0) then relu(x) @ W + 1 else (x * 2) @ W, then tanh(z) - x[:, :1]:
-    steps before the If (the condition from data), in both branches, and after it."""
-    w = RNG.standard_normal((6, 4)).astype(np.float32)
-    then_g = helper.make_graph(
-        [
-            helper.make_node("Relu", ["x"], ["r"]),
-            helper.make_node("MatMul", ["r", "w"], ["m"]),
-            helper.make_node("Add", ["m", "one"], ["t_out"]),
-        ],
-        "then",
-        [],
-        [helper.make_tensor_value_info("t_out", FL, [3, 4])],
-        initializer=[numpy_helper.from_array(np.array(1.0, np.float32), "one")],
-    )
-    else_g = helper.make_graph(
-        [helper.make_node("Mul", ["x", "two"], ["d"]), helper.make_node("MatMul", ["d", "w"], ["e_out"])],
-        "else",
-        [],
-        [helper.make_tensor_value_info("e_out", FL, [3, 4])],
-        initializer=[numpy_helper.from_array(np.array(2.0, np.float32), "two")],
-    )
-    g = helper.make_graph(
-        [
-            helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
-            helper.make_node("Greater", ["s", "zero"], ["c"]),
-            helper.make_node("If", ["c"], ["z"], name="pick", then_branch=then_g, else_branch=else_g),
-            helper.make_node("Tanh", ["z"], ["tz"]),
-            helper.make_node("Slice", ["x", "st", "en", "ax"], ["x0"]),
-            helper.make_node("Sub", ["tz", "x0"], ["y"]),
-        ],
-        "data_if",
-        [helper.make_tensor_value_info("x", FL, [3, 6])],
-        [helper.make_tensor_value_info("y", FL, [3, 4])],
-        initializer=[
-            numpy_helper.from_array(w, "w"),
-            numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
-            numpy_helper.from_array(np.array([0], np.int64), "st"),
-            numpy_helper.from_array(np.array([1], np.int64), "en"),
-            numpy_helper.from_array(np.array([1], np.int64), "ax"),
-        ],
-    )
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.checker.check_model(m)
-    return m
 
 
 def _close(out: dict, ref: dict) -> None:
@@ -223,36 +175,6 @@ def test_an_edited_sub_plan_launch_is_refused_at_read(built, tmp_path):
         assert any(n.endswith(".cubin") for n in z.namelist())
 
 
-def ill_typed_else_model() -> onnx.ModelProto:
-    """If(c) then x * 2 else Reshape(x, [4, -1]): six elements do not reshape to 4 rows, so the
-    else-branch cannot run on a [2, 3] input (ONNX Runtime fails inside it); the If's outputs are
-    the then-branch's ([2, 3]) and a run that takes the else-branch is refused in one line."""
-    then_g = helper.make_graph(
-        [helper.make_node("Mul", ["x", "two"], ["t"])],
-        "then",
-        [],
-        [helper.make_tensor_value_info("t", FL, ["a", "b"])],
-        initializer=[numpy_helper.from_array(np.array(2.0, np.float32), "two")],
-    )
-    else_g = helper.make_graph(
-        [helper.make_node("Reshape", ["x", "shape"], ["e"])],
-        "else",
-        [],
-        [helper.make_tensor_value_info("e", FL, ["a", "b"])],
-        initializer=[numpy_helper.from_array(np.array([4, -1], np.int64), "shape")],
-    )
-    g = helper.make_graph(
-        [helper.make_node("If", ["c"], ["y"], name="sr_if", then_branch=then_g, else_branch=else_g)],
-        "ill_typed",
-        [helper.make_tensor_value_info("c", TensorProto.BOOL, []), helper.make_tensor_value_info("x", FL, ["n", 3])],
-        [helper.make_tensor_value_info("y", FL, ["a", "b"])],
-    )
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.checker.check_model(m)
-    return m
-
-
 @pytest.mark.parametrize("target", ["cpu", "cuda"])
 def test_a_branch_that_does_not_type_check_is_refused_at_run_time(target, monkeypatch, tmp_path):
     model = ill_typed_else_model()
@@ -273,3 +195,28 @@ def test_a_branch_that_does_not_type_check_is_refused_at_run_time(target, monkey
     with pytest.raises(EngineError, match=refusal) as e:
         eng.run({"c": np.array(False), "x": x})
     assert "\n" not in str(e.value) and "Reshape" in str(e.value)
+
+
+def test_nested_data_dependent_ifs_choose_on_the_host_at_both_levels(monkeypatch):
+    model = nested_if_model()
+    eng = graphc.compile(model, target="cuda", arch=[ARCH])
+    assert len(eng.report["control_flow"]) == 2  # the outer If and the one in its then-branch
+    _run_on_fake(monkeypatch, eng)
+    seen = set()
+    for x in (
+        np.full((2, 5), 2.0, np.float32),  # outer then, inner then
+        np.full((2, 5), 0.5, np.float32),  # outer then, inner else
+        np.full((2, 5), -1.0, np.float32),  # outer else
+        np.full((2, 5), 2.0, np.float32),  # the first path again: its graphs replayed
+    ):
+        ref = run_ort(model, {"x": x})
+        seen.add(round(float(ref["y"].sum()), 3))
+        _close(G.host(eng.run({"x": x})), ref)
+    assert len(seen) == 3
+    stats = eng.executor.default.host_if_stats
+    assert stats["outer/then:runs"] == 3 and stats["outer/else:runs"] == 1
+    assert stats["condition_reads"] == 4  # the outer If every run
+    inner = next(s for s in eng.executor.default.segments if hasattr(s, "then_b")).then_b.ctx
+    assert inner.host_if_stats["condition_reads"] == 3  # the inner If when the outer takes then
+    assert inner.host_if_stats["inner/then:captures"] == 1
+    assert inner.host_if_stats["inner/then:runs"] == 2
