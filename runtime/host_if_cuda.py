@@ -27,6 +27,7 @@ so a test (and bench) sees which graph was replayed and that graphs are reused.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -214,9 +215,11 @@ class _HostIf:
             for key, plan, memory, _n, take in branches
         )
 
-    def choose(self, parent: HostIfContext, stats: Counter) -> _Branch:
+    def choose(self, parent: HostIfContext, stats: Counter) -> _Branch | _Refused:
         # One small device-to-host copy; it waits for everything queued before it on the stream.
+        t0 = time.perf_counter()
         c = parent.cupy.asnumpy(self.cond, stream=parent.stream)
+        parent.condition_wait_s += time.perf_counter() - t0
         stats["condition_reads"] += 1
         return self.then_b if bool(np.asarray(c).reshape(-1)[0]) else self.else_b
 
@@ -247,6 +250,7 @@ class HostIfContext(CUDAContext):
         super().__init__(plan, memory, weights, functions, device)
         self.weights_arg, self.functions, self.arch = weights, functions, arch
         self.host_if_stats: Counter = Counter()
+        self.condition_wait_s = 0.0  # host time spent in condition reads (waiting for the GPU included)
         self.segments: list[_Segment | _HostIf] = []
         start = i = 0
         for step in plan.steps:
@@ -297,12 +301,22 @@ class HostIfContext(CUDAContext):
 
 
 def host_if_summary(ctx: Any) -> dict[str, Any] | None:
-    """For bench and reports: how many If steps a run chooses on the host, and the counters."""
+    """For bench and reports: the If steps a run chooses on the host (top level), the captured
+    segments between them, the counters, and the host time spent reading conditions."""
     if not isinstance(ctx, HostIfContext):
         return None
-    ifs = sum(isinstance(s, _HostIf) for s in ctx.segments)
-    return {"if_steps": ifs, "segments": sum(isinstance(s, _Segment) for s in ctx.segments),
-            "stats": dict(ctx.host_if_stats)}  # fmt: skip
+    return {
+        "if_steps": sum(isinstance(s, _HostIf) for s in ctx.segments),
+        "segments": sum(isinstance(s, _Segment) for s in ctx.segments),
+        "stats": dict(ctx.host_if_stats),
+        "condition_wait_s": ctx.condition_wait_s,
+    }
+
+
+def reset_host_if_counters(ctx: Any) -> None:
+    if isinstance(ctx, HostIfContext):
+        ctx.host_if_stats.clear()
+        ctx.condition_wait_s = 0.0
 
 
 __all__ = [
@@ -312,6 +326,7 @@ __all__ = [
     "host_if_summary",
     "is_host_if",
     "make_context",
+    "reset_host_if_counters",
     "sub_plan_digests",
     "sub_plan_launches",
 ]

@@ -455,8 +455,14 @@ _COMMON_TYPEDEFS = {
 
 
 def validate_kernels(
-    m: ManifestDoc, plan: KernelPlan, sources: dict[str, str], cubin_members: list[tuple[str, str]], path: Path
+    m: ManifestDoc,
+    plan: KernelPlan,
+    sources: dict[str, str],
+    cubin_members: list[tuple[str, str]],
+    path: Path,
+    engine_tensors: dict[str, Any] | None = None,
 ) -> None:
+    """`engine_tensors`: for an If's branch sub-plan, the engine plan's tensors (its weights)."""
     c = _Checker(path)
     T = plan.tensors
     if m.target == "cpu":
@@ -493,7 +499,7 @@ def validate_kernels(
         if (
             s.op == "If" and isinstance(s.attrs, dict) and "host_if_version" in s.attrs
         ):  # a data-dependent If: no launches of its own, two branch sub-plans
-            _validate_branches(c, m, s, plan, sources, cubin_members, path)
+            _validate_branches(c, m, s, plan, sources, cubin_members, path, engine_tensors or plan.tensors)
             continue
         if not s.launches:
             raise c.fail(f"{where} of a cuda engine has no kernel")
@@ -503,7 +509,7 @@ def validate_kernels(
             _check_launches(c, m, s, launches, params, typedefs, T, f"{where}{' on ' + arch if arch else ''}")
 
 
-def _validate_branches(c, m, s, plan: KernelPlan, sources, cubin_members, path: Path) -> None:
+def _validate_branches(c, m, s, plan: KernelPlan, sources, cubin_members, path: Path, engine_tensors) -> None:
     """The branch sub-plans of a CUDA If step (runtime/host_if_cuda.py): each a valid plan whose
     I/O are the captures and the step's outputs, whose weights are the engine's, and whose
     launches name kernels the engine holds (nested Ifs the same way)."""
@@ -530,7 +536,7 @@ def _validate_branches(c, m, s, plan: KernelPlan, sources, cubin_members, path: 
             raise c.fail(f"{where}: its {key} sub-plan's outputs are not the step's")
         for n, t in T.items():
             if t.kind == WEIGHT:
-                w = plan.tensors.get(n)
+                w = engine_tensors.get(n)
                 if w is None or w.kind != WEIGHT or (w.dtype, list(w.shape)) != (t.dtype, list(t.shape)):
                     raise c.fail(f"{where}: its {key} sub-plan reads weight '{n}', which the engine does not hold")
         view = _BucketView(
@@ -544,7 +550,7 @@ def _validate_branches(c, m, s, plan: KernelPlan, sources, cubin_members, path: 
         )
         try:
             validate_plan(view, sub, memory, Limits.default(), path)  # type: ignore[arg-type]
-            validate_kernels(view, sub, sources, cubin_members, path)  # type: ignore[arg-type]
+            validate_kernels(view, sub, sources, cubin_members, path, engine_tensors)  # type: ignore[arg-type]
         except EngineError as e:
             raise EngineError(f"{e} (in the {key} of {where})") from None
 

@@ -114,6 +114,11 @@ def test_a_second_context_has_its_own_branch_graphs(built, monkeypatch):
 def test_a_saved_engine_validates_its_sub_plans_and_runs(built, monkeypatch):
     model, eng, path = built
     ef = read_engine(path)
+    from graphc.inspect import describe_engine
+
+    text = describe_engine(ef, "if.engine")  # `graphc inspect` says which step runs on the host, and why
+    assert "runs on the host: its condition is known only at run time" in text
+    assert "then_branch: 2 steps, 2 launches" in text and "else_branch: 2 steps, 2 launches" in text
     ex = G.fake_executor(monkeypatch, ef.plan, ef.memory, ef.weights, ef.cubins[ARCH], eng.kernels.names, ARCH)
     for sign in (1, -1):
         x = (np.abs(RNG.standard_normal((3, 6))) * sign).astype(np.float32)
@@ -197,11 +202,13 @@ def test_a_branch_that_does_not_type_check_is_refused_at_run_time(target, monkey
     assert "\n" not in str(e.value) and "Reshape" in str(e.value)
 
 
-def test_nested_data_dependent_ifs_choose_on_the_host_at_both_levels(monkeypatch):
+def test_nested_data_dependent_ifs_choose_on_the_host_at_both_levels(monkeypatch, tmp_path):
     model = nested_if_model()
     eng = graphc.compile(model, target="cuda", arch=[ARCH])
     assert len(eng.report["control_flow"]) == 2  # the outer If and the one in its then-branch
-    _run_on_fake(monkeypatch, eng)
+    eng.save(tmp_path / "n.engine")
+    ef = read_engine(tmp_path / "n.engine")  # the inner If's sub-plans validated too (their weights are the engine's)
+    _run_on_fake(monkeypatch, eng, plan=ef.plan, memory=ef.memory, weights=ef.weights)
     seen = set()
     for x in (
         np.full((2, 5), 2.0, np.float32),  # outer then, inner then
