@@ -227,3 +227,20 @@ def test_nested_data_dependent_ifs_choose_on_the_host_at_both_levels(monkeypatch
     assert inner.host_if_stats["condition_reads"] == 3  # the inner If when the outer takes then
     assert inner.host_if_stats["inner/then:captures"] == 1
     assert inner.host_if_stats["inner/then:runs"] == 2
+
+
+def test_fp16_keeps_the_if_boundary_in_fp32_and_matches(monkeypatch):
+    """passes/precision.py keeps a data-dependent If's fp32 boundary (Casts around it); each branch
+    is converted inside, as a graph of its own."""
+    from graphc.cli import compare_outputs
+
+    model = data_if_model()
+    eng = graphc.compile(model, target="cuda", arch=[ARCH], precision="fp16")
+    step = next(s for s in eng.plan.steps if s.op == "If")
+    dtypes = {t["dtype"] for t in step.attrs["then_branch"]["plan"]["tensors"].values()}
+    assert "float16" in dtypes  # the branch computes in fp16 inside
+    _run_on_fake(monkeypatch, eng)
+    for sign in (1, -1):
+        x = (np.abs(RNG.standard_normal((3, 6))) * sign).astype(np.float32)
+        ok, lines = compare_outputs(G.host(eng.run({"x": x})), run_ort(model, {"x": x}), "fp16")
+        assert ok, lines
