@@ -59,9 +59,23 @@ def export_inputs(spec_path: Path, batch: int, seq: int, seed: int = 0) -> dict:
                 a = np.ones(shape, dtype=i["dtype"])
                 a[..., shape[-1] * 3 // 4 :] = 0  # some padding
             feeds[i["name"]] = a
+        elif i.get("kind") == "text_image":
+            feeds[i["name"]] = text_image(shape).astype(i["dtype"])
         else:
             feeds[i["name"]] = rng.standard_normal(shape).astype(i["dtype"])
     return feeds
+
+
+def text_image(shape: list[int]) -> np.ndarray:
+    """[N, C, H, W]: white pages with dark glyph-sized blocks in lines, normalized to [-1, 1] (what an
+    OCR text detector sees; random noise saturates its probability map)."""
+    n, c, h, w = shape
+    page = np.ones((h, w), np.float32)
+    line, glyph = max(h // 13, 2), max(w // 20, 2)
+    for r in range(h // 8, h - line, 5 * line // 2):
+        for c0 in range(w // 16, w - glyph, 3 * glyph // 2):
+            page[r : r + line, c0 : c0 + glyph] = 0.0
+    return np.broadcast_to((page - 0.5) / 0.5, (n, c, h, w)).copy()
 
 
 def cases(args) -> list[tuple[str, str, dict]]:
