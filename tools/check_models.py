@@ -279,6 +279,11 @@ def write_corpus_markdown(rows: list[dict], path: str, specs: dict[str, dict]) -
         "on a machine without a GPU (cubins built, not run: the GPU numerics are the GPU run's). The check must",
         "agree with the compile: it may never say supported for a model whose compile fails.",
         "",
+        "Control flow: an If whose condition is known only at run time runs on both engines as two planned",
+        "sub-plans chosen on the host (the CUDA engine reads the condition back, then replays the chosen branch's",
+        "CUDA graph: graphc/host_if.py, graphc/host_if_cuda.py, runtime/host_if_cuda.py); a branch that does",
+        "not type-check on the bound shapes is refused at run time, as ONNX Runtime fails in it.",
+        "",
         f"Loads: {count('loads')}/{n}; CPU engine compiles: {count('cpu_compiles')}/{n};"
         f" matches ONNX Runtime: {count('matches')}/{n}; CUDA check passes: {count('cuda_check')}/{n};"
         f" CUDA compiles: {count('cuda')}/{n}; check agrees with the compile: {count('check_agrees')}/{n}.",
@@ -299,8 +304,9 @@ def write_corpus_markdown(rows: list[dict], path: str, specs: dict[str, dict]) -
             )
             if x
         )
-        if r.get("control_flow"):
-            stops = "; ".join(x for x in (stops, f"control flow: {' / '.join(r['control_flow'])}") if x)
+        flow = r.get("cuda_control_flow") or r.get("control_flow")  # the CUDA line says what both engines do
+        if flow:
+            stops = "; ".join(x for x in (stops, f"control flow: {' / '.join(flow)}") if x)
         if spec.get("note"):
             stops = "; ".join(x for x in (stops, f"note: {spec['note']}") if x)
         lines.append(

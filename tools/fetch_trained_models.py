@@ -115,7 +115,8 @@ CORPUS: tuple[Wheel, ...] = (
                 "silero_vad",
                 (Input("input", (1, 512)), Input("state", (2, 1, 128)), SR16K),
                 "its If on sr has an 8 kHz branch that does not type-check on a 512-sample chunk (ONNX Runtime"
-                " fails in it too when sr=8000), so the If's output shapes stay unknown after binding",
+                " fails in it too when sr=8000): graphc types the If by its 16 kHz branch, and an engine run with"
+                " sr=8000 is refused in one line naming the LSTM that cannot take that chunk",
             ),
             Member(
                 "silero_vad/data/silero_vad_16k_op15.onnx",
