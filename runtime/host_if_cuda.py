@@ -105,6 +105,18 @@ def make_context(
     return CUDAContext(plan, memory, weights, functions, device)
 
 
+def capture(stream: Any, work: Any) -> Any:
+    """`work()` captured on `stream` into a CUDA graph; a failure ends the capture and keeps no
+    graph (a partial one would replay silently without the work that failed)."""
+    stream.begin_capture()
+    try:
+        work()
+    except BaseException:
+        stream.end_capture()
+        raise
+    return stream.end_capture()
+
+
 class _Segment:
     """Launches [start, end) of the context's launch list, captured into one graph on first use."""
 
@@ -154,13 +166,14 @@ class _Branch:
         if use_graph and not self.nested:
             if self.graph is None:
                 parent.stream.synchronize()  # capture starts on an idle stream (first use only)
-                parent.stream.begin_capture()
-                try:
-                    self._memcpys(parent, self.copies_in)
-                    self.ctx.launch_all()
-                    self._memcpys(parent, self.copies_out)
-                finally:
-                    self.graph = parent.stream.end_capture()
+                self.graph = capture(
+                    parent.stream,
+                    lambda: (
+                        self._memcpys(parent, self.copies_in),
+                        self.ctx.launch_all(),
+                        self._memcpys(parent, self.copies_out),
+                    ),
+                )
                 stats[f"{self.name}:captures"] += 1
             self.graph.launch(stream=parent.stream)
             return
@@ -291,11 +304,7 @@ class HostIfContext(CUDAContext):
             else:
                 if seg.graph is None:
                     self.stream.synchronize()  # capture starts on an idle stream (first use only)
-                    self.stream.begin_capture()
-                    try:
-                        self._launch_range(seg.start, seg.end)
-                    finally:
-                        seg.graph = self.stream.end_capture()
+                    seg.graph = capture(self.stream, lambda seg=seg: self._launch_range(seg.start, seg.end))
                     stats["segment_captures"] += 1
                 seg.graph.launch(stream=self.stream)
 

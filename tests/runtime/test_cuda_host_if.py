@@ -244,3 +244,25 @@ def test_fp16_keeps_the_if_boundary_in_fp32_and_matches(monkeypatch):
         x = (np.abs(RNG.standard_normal((3, 6))) * sign).astype(np.float32)
         ok, lines = compare_outputs(G.host(eng.run({"x": x})), run_ort(model, {"x": x}), "fp16")
         assert ok, lines
+
+
+def test_a_launch_that_fails_during_capture_keeps_no_graph(built, monkeypatch):
+    """A partial graph would replay later without the failed work: the capture is ended and the
+    next run captures again."""
+    model, eng, _ = built
+    ex = _run_on_fake(monkeypatch, eng)
+    real = G.FakeKernel.__call__
+    fail = [True]
+
+    def flaky(self, *a, **k):
+        if fail[0]:
+            fail[0] = False
+            raise RuntimeError("launch failed")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(G.FakeKernel, "__call__", flaky)
+    x = np.abs(RNG.standard_normal((3, 6))).astype(np.float32)
+    with pytest.raises(RuntimeError, match="launch failed"):
+        ex.run({"x": x})
+    assert G.F._CAPTURE[0] is None  # the capture was ended
+    _close(G.host(ex.run({"x": x})), run_ort(model, {"x": x}))
