@@ -232,6 +232,15 @@ def _check_compile(graph, report: SupportReport, shapes, precision: str, opt_lev
     except GraphcError as e:
         report.findings.append(Finding("(lowering)", (), str(e)))
         return
+    if host_ifs.attrs:  # what runs on the host, and why: a note, as the compile report says it
+        how = "the condition read back, then the chosen branch's CUDA graph" if target == "cuda" else "chosen per run"
+        report.notes.append(
+            Finding(
+                "If",
+                tuple(host_ifs.attrs),
+                f"condition known only at run time: each branch a planned sub-plan, {how} (on the host)",
+            )
+        )
     if target == "cuda":
         _check_kernels(plan, {k: c.data for k, c in g.constants.items()}, report, precision)
         for pb in _pending(host_ifs):  # each branch's kernels, as graphc/host_if_cuda.py makes them

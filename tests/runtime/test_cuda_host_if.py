@@ -266,3 +266,13 @@ def test_a_launch_that_fails_during_capture_keeps_no_graph(built, monkeypatch):
         ex.run({"x": x})
     assert G.F._CAPTURE[0] is None  # the capture was ended
     _close(G.host(ex.run({"x": x})), run_ort(model, {"x": x}))
+
+
+def test_graphc_check_notes_what_runs_on_the_host():
+    from graphc.support import check_model
+
+    rep = check_model(data_if_model(), target="cuda")
+    assert rep.supported
+    (note,) = [f for f in rep.notes if f.op == "If"]
+    assert note.nodes == ("pick",) and "condition read back" in note.reason and "on the host" in note.reason
+    assert any("pick" in line and "on the host" in line for line in rep.lines())
