@@ -276,3 +276,16 @@ def test_graphc_check_notes_what_runs_on_the_host():
     (note,) = [f for f in rep.notes if f.op == "If"]
     assert note.nodes == ("pick",) and "condition read back" in note.reason and "on the host" in note.reason
     assert any("pick" in line and "on the host" in line for line in rep.lines())
+
+
+def test_int8_branches_keep_fp32_and_say_so():
+    """Calibration samples feed the main graph's inputs, not a branch's: the branches stay fp32,
+    logged and in the report (never silently)."""
+    rng = np.random.default_rng(0)
+    cal = [{"x": rng.standard_normal((3, 6)).astype(np.float32)} for _ in range(4)]
+    eng = graphc.compile(data_if_model(), target="cuda", arch=[ARCH], precision="int8", calibration_data=cal)
+    lines = eng.report["control_flow"]
+    assert sum("keeps fp32 under int8" in line for line in lines) == 2
+    step = next(s for s in eng.plan.steps if s.op == "If")
+    dtypes = {t["dtype"] for t in step.attrs["then_branch"]["plan"]["tensors"].values()}
+    assert dtypes == {"float32"}
