@@ -16,6 +16,7 @@ from graphc.codegen.kernel import KernelSource, StepContext, family_for
 from graphc.codegen.lower import LoweredPlan
 from graphc.codegen.nvrtc import DEFAULT_ARCHS, CompileJob, check_arch, compile_all, nvrtc_version
 from graphc.errors import CompileError
+from graphc.runtime.host_if_cuda import is_host_if
 from graphc.runtime.plan import KernelPlan, Launch
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ def generate_kernels(
     kernels = KernelSet()
     errors: list[str] = []
     for step in plan.steps:
-        if step.alias:
+        if step.alias or is_host_if(step):  # a data-dependent If: its branches get kernels of their own
             continue
         ctx = plan.context(
             step, weights, precision=precision, allow_tf32=allow_tf32, params=(choices or {}).get(step.name)
@@ -165,7 +166,7 @@ def complete_plan(plan: KernelPlan, kernels: KernelSet) -> KernelPlan:
     steps = []
     for step in plan.steps:
         made = kernels.steps.get(step.name, StepKernels())
-        if not step.alias and step.name not in kernels.steps:
+        if not step.alias and not is_host_if(step) and step.name not in kernels.steps:
             raise CompileError(f"step '{step.name}' has no kernels")
         own = {a: byname[step.name] for a, byname in sorted(kernels.arch_steps.items()) if step.name in byname}
         workspace = max([made.workspace_bytes, *(k.workspace_bytes for k in own.values())])
@@ -289,9 +290,11 @@ def build_cuda_engine(
     opts,
     report: dict[str, Any],
     phase,
+    host_ifs: Any = None,
 ):
     """Tune (if asked), generate every step's kernels, plan the memory of the complete plan (the
-    workspace its kernels need included), compile with NVRTC and make the engine."""
+    workspace its kernels need included), compile with NVRTC and make the engine. `host_ifs`:
+    graphc/host_if.py's HostIfs of data-dependent Ifs, whose branches get their kernels here."""
     from graphc.codegen.memory import memory_report, plan_memory
     from graphc.runtime.engine import Engine
 
@@ -335,6 +338,12 @@ def build_cuda_engine(
         kernels = generate_for_archs(
             plan, weights, archs, precision=opts.precision, allow_tf32=opts.allow_tf32, choices=choices
         )
+        if host_ifs is not None and host_ifs.pending:
+            from graphc.host_if_cuda import finish_cuda_branches
+
+            finish_cuda_branches(
+                host_ifs, kernels, archs, precision=opts.precision, allow_tf32=opts.allow_tf32
+            )  # fills the If steps' attrs (shared with `plan`'s steps) before the plan is completed
         final = complete_plan(plan, kernels)
     with phase("memory_plan"):
         memory = plan_memory(final)

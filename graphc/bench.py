@@ -84,6 +84,26 @@ def benchmark(
             engine.run(feeds, to_numpy=True)
             e2e.append((time.perf_counter() - t0) * 1000)
         result["end_to_end"] = _stats(e2e)
+        from graphc.runtime.host_if_cuda import host_if_summary, reset_host_if_counters
+
+        if host_if_summary(ctx) is not None:  # data-dependent Ifs: the host round trips are part of the cost
+            reset_host_if_counters(ctx)
+            runs = max(5, iterations // 10)
+            t0 = time.perf_counter()
+            for _ in range(runs):
+                ctx.graph.launch(stream=stream)
+            stream.synchronize()
+            total = (time.perf_counter() - t0) * 1000 / runs
+            h = host_if_summary(ctx)
+            assert h is not None
+            reads = h["stats"].get("condition_reads", 0) / runs
+            result["host_if"] = {
+                "if_steps": h["if_steps"],
+                "segments": h["segments"],
+                "condition_reads_per_run": reads,
+                "condition_wait_ms_per_run": h["condition_wait_s"] * 1000 / runs,
+                "replay_ms_per_run": total,
+            }
         if per_kernel:
             rows = []
             for fn, grid, block, args, smem, name in ctx.launches:
@@ -138,6 +158,14 @@ def format_bench(r: dict[str, Any]) -> str:
         tail = f"  p99 {e['p99_ms']:.4f} ms" if e["samples"] >= MIN_SAMPLES["p99_ms"] else f"  max {e['max_ms']:.4f} ms"
         lines.append(
             f"end to end (host in, host out): median {e['median_ms']:.4f} ms{tail}  ({e['samples']} timed runs)"
+        )
+    if "host_if" in r:
+        h = r["host_if"]
+        lines.append(
+            f"data-dependent If: {h['if_steps']} step(s) chosen on the host between {h['segments']} captured "
+            f"segment(s); {h['condition_reads_per_run']:.1f} condition read(s) per run (1-byte device-to-host copy "
+            f"and stream sync each), {h['condition_wait_ms_per_run']:.4f} ms per run waiting in them, replay "
+            f"{h['replay_ms_per_run']:.4f} ms per run on the host clock (the latency above includes these waits)"
         )
     if "kernels" in r:
         lines.append("per kernel (median, share of the sum):")

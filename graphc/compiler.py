@@ -169,12 +169,12 @@ def compile_loaded(graph: Any, model: Any, opts: CompileOptions, phase: _Phases)
         )
         optimized = result.graph
     host_ifs = None
-    if opts.target == "cpu" and any(n.op == "If" and n.domain == "" for n in optimized.nodes):
+    if any(n.op == "If" and n.domain == "" for n in optimized.nodes):
         from graphc.host_if import plan_host_ifs
 
         # data-dependent Ifs: both branches planned as sub-plans, chosen on the host (graphc/host_if.py)
         with phase("host_if"):
-            host_ifs = plan_host_ifs(optimized, opts.opt_level)
+            host_ifs = plan_host_ifs(optimized, opts.opt_level, target if opts.target == "cuda" else None)
     with phase("lower"):
         plan = lower_to_plan(optimized, host_ifs=host_ifs.attrs if host_ifs else None)
         if host_ifs:
@@ -230,7 +230,7 @@ def compile_loaded(graph: Any, model: Any, opts: CompileOptions, phase: _Phases)
 
     from graphc.codegen.build import build_cuda_engine
 
-    engine = build_cuda_engine(optimized, plan, weights, opts, report, phase)
+    engine = build_cuda_engine(optimized, plan, weights, opts, report, phase, host_ifs)
     engine.build_info.update(_build_info(opts, options_json))
     return engine
 

@@ -131,6 +131,7 @@ def describe_engine(ef: Any, name: str) -> str:
         tag = "view" if s.alias else s.kind
         fused = f" <- {', '.join(s.origins)}" if len(s.origins) > 1 or (s.origins and s.origins[0] != s.name) else ""
         lines.append(f"  [{s.index:3d}] {tag:<22} {s.name}{fused}")
+        lines += host_if_lines(s, m["target"])
         for arch, own in [("", s.launches), *sorted(s.arch_launches.items())]:
             for ln in own:
                 lines.append(
@@ -138,6 +139,34 @@ def describe_engine(ef: Any, name: str) -> str:
                     f"smem {format_bytes(ln.shared_bytes)}{' ' + json.dumps(ln.params) if ln.params else ''}"
                 )
     return "\n".join(lines)
+
+
+def host_if_lines(step: Any, target: str, indent: str = "        ") -> list[str]:
+    """What a data-dependent If step does at run time: it runs on the host (why), and each
+    branch's sub-plan (nested Ifs below it)."""
+    from graphc.runtime.host_if_cuda import is_host_if
+
+    if not is_host_if(step):
+        return []
+    how = (
+        "reads its condition back (one small device-to-host copy and a stream sync), then replays the chosen "
+        "branch's CUDA graph"
+        if target == "cuda"
+        else "reads its condition, then runs the chosen branch's sub-plan"
+    )
+    out = [f"{indent}runs on the host: its condition is known only at run time; the engine {how}"]
+    for key in ("then_branch", "else_branch"):
+        d = step.attrs.get(key, {})
+        if "refused" in d:
+            out.append(f"{indent}{key}: refused at run time: {d['refused']}")
+            continue
+        sub = KernelPlan.from_json(d["plan"])
+        launches = sum(len(x.launches) for x in sub.steps)
+        arena = format_bytes(d["memory"]["arena_bytes"])
+        out.append(f"{indent}{key}: {len(sub.steps)} steps, {launches} launches, arena {arena}")
+        for x in sub.steps:
+            out += host_if_lines(x, target, indent + "  ")
+    return out
 
 
 # ---- the memory picture ------------------------------------------------------------------------

@@ -200,39 +200,11 @@ def _check_compile(graph, report: SupportReport, shapes, precision: str, opt_lev
             report.findings.append(Finding("(inputs)", (), f"{e}{hint}"))
         return
     try:
-        if target == "cuda":
-            from graphc.passes.decompose_conv_transpose import decompose_conv_transpose
-            from graphc.passes.decompose_einsum import decompose_einsum
-            from graphc.passes.decompose_qdq import decompose_qdq
-            from graphc.passes.decompose_rnn import decompose_rnn
-            from graphc.passes.decompose_window_ops import decompose_window_ops
-            from graphc.passes.fold_control_flow import fold_control_flow
-
-            # passes/pipeline.py's order: control flow folded first (a branch's LSTM is then inlined),
-            # then cuda_forms() (LSTM/GRU/RNN are unrolled for CUDA)
-            rewrites = (
-                fold_control_flow,
-                decompose_conv_transpose,
-                decompose_einsum,
-                decompose_window_ops,
-                decompose_qdq,
-                decompose_rnn,
-            )
-            for rewrite in rewrites:
-                g = rewrite(g)
-        g = optimize(g, OptimizeOptions(opt_level=opt_level)).graph
-        if target == "cuda" and opt_level > 0:
-            from graphc.passes.layout import to_channels_last
-
-            g = to_channels_last(g)
-        if precision != "fp32":
-            from graphc.passes.precision import convert_precision
-
-            g = convert_precision(g, precision)
-        if target == "cuda" and opt_level > 0:
-            from graphc.passes.gemm_weight_layout import k_major_gemm_weights
-
-            g = k_major_gemm_weights(g)
+        # The pipeline as graphc.compiler.compile runs it: the same target context (CUDA's fusion
+        # capabilities, precision), so every target rewrite (control flow folded, LSTM unrolled,
+        # channels-last, precision, GEMM weight layout) is the compile's own.
+        tctx = _target(target, precision)
+        g = optimize(g, OptimizeOptions(opt_level=opt_level, target=tctx)).graph
     except GraphcError as e:
         report.findings.append(Finding("(optimizer)", (), str(e)))
         return
@@ -252,26 +224,57 @@ def _check_compile(graph, report: SupportReport, shapes, precision: str, opt_lev
     if seq_nodes:
         return
     try:
-        host_ifs = None
-        if target == "cpu":  # the CPU engine runs a data-dependent If as two sub-plans (graphc/host_if.py)
-            from graphc.host_if import plan_host_ifs
+        # a data-dependent If runs as two sub-plans chosen on the host, on both targets (graphc/host_if.py)
+        from graphc.host_if import plan_host_ifs
 
-            host_ifs = plan_host_ifs(g, opt_level).attrs
-        plan = lower_to_plan(g, host_ifs=host_ifs)
+        host_ifs = plan_host_ifs(g, opt_level, tctx if target == "cuda" else None)
+        plan = lower_to_plan(g, host_ifs=host_ifs.attrs)
     except GraphcError as e:
         report.findings.append(Finding("(lowering)", (), str(e)))
         return
+    if host_ifs.attrs:  # what runs on the host, and why: a note, as the compile report says it
+        how = "the condition read back, then the chosen branch's CUDA graph" if target == "cuda" else "chosen per run"
+        report.notes.append(
+            Finding(
+                "If",
+                tuple(host_ifs.attrs),
+                f"condition known only at run time: each branch a planned sub-plan, {how} (on the host)",
+            )
+        )
     if target == "cuda":
         _check_kernels(plan, {k: c.data for k, c in g.constants.items()}, report, precision)
+        for pb in _pending(host_ifs):  # each branch's kernels, as graphc/host_if_cuda.py makes them
+            _check_kernels(pb.plan, pb.weights, report, precision, where=f"{pb.key} of If '{pb.node}'")
 
 
-def _check_kernels(plan, weights, report: SupportReport, precision: str) -> None:
+def _target(target: str, precision: str):
+    from graphc.passes.target import Target
+
+    t = Target(target, precision)
+    if target == "cuda":
+        import dataclasses
+
+        from graphc.codegen.capabilities import CUDA
+
+        t = dataclasses.replace(t, capabilities=CUDA)
+    return t
+
+
+def _pending(host_ifs) -> Iterator[Any]:
+    for pb in host_ifs.pending:
+        yield pb
+        yield from _pending(pb.inner)
+
+
+def _check_kernels(plan, weights, report: SupportReport, precision: str, where: str = "") -> None:
     """Generate (render, no NVRTC) every step's kernels, as codegen.build.generate_kernels does."""
     from graphc.codegen.kernel import family_for
 
     failed: dict[tuple[str, str], list[str]] = {}
+    from graphc.runtime.host_if_cuda import is_host_if
+
     for step in plan.steps:
-        if step.alias:
+        if step.alias or is_host_if(step):  # an If's branches are checked as plans of their own
             continue
         ctx = plan.context(step, weights, precision=precision)
         try:
@@ -282,7 +285,7 @@ def _check_kernels(plan, weights, report: SupportReport, precision: str) -> None
                 op = f"{_qual(ctx.attrs.anchor_op, ctx.attrs.anchor_domain)} (fused)"
             failed.setdefault((op, _reason(str(e), step.name)), []).append(step.name)
     for (op, reason), names in failed.items():
-        report.findings.append(Finding(op, tuple(names), reason))
+        report.findings.append(Finding(op, tuple(names), reason, where))
 
 
 def _reason(message: str, step_name: str) -> str:

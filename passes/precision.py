@@ -20,7 +20,7 @@ from graphc.ir.builder import GraphBuilder
 from graphc.ir.graph import Graph, Value
 from graphc.ir.types import DType, TensorType
 from graphc.ops.fused import EpilogueOp, FusedAttrs
-from graphc.ops.registry import get_op
+from graphc.ops.registry import Category, get_op
 from graphc.passes.target import Target
 
 TARGETS = {"fp16": DType.float16, "bf16": DType.bfloat16}
@@ -45,6 +45,26 @@ def _retype_attrs(op: str, attrs, target: DType):
             anchor = _retype_attrs(attrs.anchor_op, anchor, target)
         return dataclasses.replace(attrs, epilogue=epi, anchor_attrs=anchor)
     return attrs
+
+
+def _keep_fp32(b: GraphBuilder, node, subst: dict[str, Value], target: DType, precision: str) -> None:
+    """An If/Loop/Scan left here (data-dependent) keeps its subgraphs' fp32 boundary: its float
+    inputs cast back to fp32 and its float outputs to the target type. Each branch is then
+    converted inside as a graph of its own (graphc/host_if.py optimizes it for the same target),
+    with the same Casts at its edges as any graph."""
+    ins = []
+    for v in node.inputs:
+        nv = None if v is None else subst[v.name]
+        if nv is not None and isinstance(v.type, TensorType) and v.type.dtype is DType.float32 and nv.type != v.type:
+            nv = b.op("Cast", [nv], {"to": DType.float32.value}, name=f"{node.name}/{v.name}/to_fp32")
+        ins.append(nv)
+    new = b.add_node(
+        node.op, ins, node.attrs, name=node.name, outputs=list(node.output_names), domain=node.domain, keep_name=True
+    )
+    for old, nv in zip(node.outputs, new.outputs, strict=True):
+        if isinstance(nv.type, TensorType) and nv.type.dtype is DType.float32:
+            nv = b.op("Cast", [nv], {"to": target.value}, name=f"{node.name}/{old.name}/to_{precision}")
+        subst[old.name] = nv
 
 
 def precision_pass(graph: Graph, target: Target) -> Graph:
@@ -83,6 +103,9 @@ def convert_precision(graph: Graph, precision: str) -> Graph:
             converted[name] = b.add_constant(_convert_array(c.data, target), f"{name}/{precision}")
     for node in graph.nodes:
         opdef = get_op(node.op, node.domain)
+        if opdef.category is Category.CONTROL_FLOW:
+            _keep_fp32(b, node, subst, target, precision)
+            continue
         ins = []
         for i, v in enumerate(node.inputs):
             if v is None:

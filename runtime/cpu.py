@@ -83,9 +83,12 @@ def host_if_kernel(step: Step, plan: KernelPlan, weights: Mapping[str, np.ndarra
     where = f"step '{step.name}' (If)"
     if step.attrs.get("host_if_version") != HOST_IF_VERSION:
         raise EngineError(f"{where}: sub-plan layout {step.attrs.get('host_if_version')!r}, expected {HOST_IF_VERSION}")
-    branches = []
+    branches: list[Any] = []
     for key in ("then_branch", "else_branch"):
         d = step.attrs.get(key)
+        if isinstance(d, dict) and isinstance(d.get("refused"), str):  # it cannot run on these shapes
+            branches.append((None, int(d.get("num_captures", 0)), d["refused"]))
+            continue
         try:
             sub_plan = KernelPlan.from_json(d["plan"])
             for_plan = getattr(factory, "for_plan", None)  # the loader's factory checks each step's results
@@ -117,6 +120,8 @@ def host_if_kernel(step: Step, plan: KernelPlan, weights: Mapping[str, np.ndarra
             raise EngineError(f"{where}: the condition must have one element, it has shape {c.shape}")
         caps = inputs[1:]
         x, bound, take = (then_x, caps[:nt], then_take) if bool(c.reshape(())) else (else_x, caps[nt:], else_take)
+        if x is None:
+            raise EngineError(f"{where}: {take}")
         outs = x.run(dict(zip(x.plan.inputs, [bound[i] for i in take], strict=True)))
         return [outs[p] for p in x.plan.output_names]
 

@@ -306,7 +306,10 @@ class CUDAExecutor:
         self.plan, self.memory, self.device, self.launch_arch = plan, memory, device, launch_arch
         if plan.launch_archs():  # a plan of several archs would run its default launches here, whatever the GPU
             raise EngineError("the CUDA executor takes one arch's plan (KernelPlan.for_arch), not a plan of several")
+        from graphc.runtime.host_if_cuda import sub_plan_digests
+
         used = {ln.digest for s in plan.steps for ln in s.launches}
+        used |= sub_plan_digests(plan, launch_arch)  # a data-dependent If's branch kernels
         missing = sorted(used - set(cubins))
         if missing:
             raise EngineError(f"no cubin for kernel(s) {', '.join(names.get(d, d) for d in missing[:5])} of the plan")
@@ -316,7 +319,13 @@ class CUDAExecutor:
         with cupy.cuda.Device(device):
             self.functions, self.modules = self._load_functions()
             self.weights = device_weights if device_weights is not None else DeviceWeights(plan, weights, device)
-        self.default = CUDAContext(plan, memory, self.weights, self.functions, device)
+        self.default = self._context(self.functions)
+
+    def _context(self, functions: dict[str, Any]) -> CUDAContext:
+        # a plan with data-dependent If steps gets a context that chooses branches on the host
+        from graphc.runtime.host_if_cuda import make_context
+
+        return make_context(self.plan, self.memory, self.weights, functions, self.device, self.launch_arch)
 
     def _load_functions(self) -> tuple[dict[str, Any], list[Any]]:
         """The plan's kernels, loaded as modules of their own. Some kernels keep state in module
@@ -331,16 +340,20 @@ class CUDAExecutor:
             mod.load(cubin)
             modules.append(mod)
             functions[digest] = mod.get_function(self._names[digest])
-        for step in self.plan.steps:
-            for ln in step.launches:
-                if ln.shared_bytes > SHARED_OPT_IN_BYTES:
-                    allow_large_shared_memory(functions[ln.digest], ln.shared_bytes)
+        from graphc.runtime.host_if_cuda import sub_plan_launches
+
+        for ln in [
+            *(ln for step in self.plan.steps for ln in step.launches),
+            *sub_plan_launches(self.plan, self.launch_arch),
+        ]:
+            if ln.shared_bytes > SHARED_OPT_IN_BYTES:
+                allow_large_shared_memory(functions[ln.digest], ln.shared_bytes)
         return functions, modules
 
     def create_context(self) -> CUDAContext:
         with self.cupy.cuda.Device(self.device):
             functions, modules = self._load_functions()
-        ctx = CUDAContext(self.plan, self.memory, self.weights, functions, self.device)
+        ctx = self._context(functions)
         ctx.modules = modules  # the context's kernels live as long as it does
         return ctx
 

@@ -446,11 +446,11 @@ def _executor(
     # (a plan per arch, one memory plan); with none, its own or the default launches, JIT-compiled.
     arch, arch_plan = choose_launches(plan, ef.cubins, device_kind)
     cubins = ef.cubins.get(arch)
-    if cubins is None or not _digests(arch_plan) <= set(cubins):
+    if cubins is None or not _digests(arch_plan, arch) <= set(cubins):
         from graphc.runtime.jit import jit_kernels
 
         arch, arch_plan = device_kind, plan.for_arch(device_kind)
-        digests = _digests(arch_plan)
+        digests = _digests(arch_plan, arch)
         needs = {d: k.get("requires_arch") for d, k in m["kernels"].items()}
         sources = {d: ef.sources[d] for d in sorted(digests)}
         cubins = jit_kernels(sources, names, needs, arch, sorted(ef.cubins), path)
@@ -513,8 +513,11 @@ def _check_device_memory(ef: EngineFile, device: int, path: Path) -> None:
         raise EngineError(f"{path}: the engine needs {need} bytes of GPU memory, device {device} has {total}")
 
 
-def _digests(plan: KernelPlan) -> set[str]:
-    return {ln.digest for s in plan.steps for ln in s.launches}
+def _digests(plan: KernelPlan, arch: str | None = None) -> set[str]:
+    from graphc.runtime.host_if_cuda import sub_plan_digests
+
+    # a data-dependent If's branch sub-plans launch kernels of their own
+    return {ln.digest for s in plan.steps for ln in s.launches} | sub_plan_digests(plan, arch)
 
 
 def engine_bytes_summary(path: str | Path) -> dict[str, int]:

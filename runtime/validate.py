@@ -455,8 +455,14 @@ _COMMON_TYPEDEFS = {
 
 
 def validate_kernels(
-    m: ManifestDoc, plan: KernelPlan, sources: dict[str, str], cubin_members: list[tuple[str, str]], path: Path
+    m: ManifestDoc,
+    plan: KernelPlan,
+    sources: dict[str, str],
+    cubin_members: list[tuple[str, str]],
+    path: Path,
+    engine_tensors: dict[str, Any] | None = None,
 ) -> None:
+    """`engine_tensors`: for an If's branch sub-plan, the engine plan's tensors (its weights)."""
     c = _Checker(path)
     T = plan.tensors
     if m.target == "cpu":
@@ -490,12 +496,63 @@ def validate_kernels(
         where = f"step {s.index} ('{s.name}')"
         if s.alias:
             continue
+        if (
+            s.op == "If" and isinstance(s.attrs, dict) and "host_if_version" in s.attrs
+        ):  # a data-dependent If: no launches of its own, two branch sub-plans
+            _validate_branches(c, m, s, plan, sources, cubin_members, path, engine_tensors or plan.tensors)
+            continue
         if not s.launches:
             raise c.fail(f"{where} of a cuda engine has no kernel")
         for arch, launches in [("", s.launches), *s.arch_launches.items()]:
             if arch and arch not in archs:
                 raise c.fail(f"{where} has launches for {arch}, which the engine is not built for ({sorted(archs)})")
             _check_launches(c, m, s, launches, params, typedefs, T, f"{where}{' on ' + arch if arch else ''}")
+
+
+def _validate_branches(c, m, s, plan: KernelPlan, sources, cubin_members, path: Path, engine_tensors) -> None:
+    """The branch sub-plans of a CUDA If step (runtime/host_if_cuda.py): each a valid plan whose
+    I/O are the captures and the step's outputs, whose weights are the engine's, and whose
+    launches name kernels the engine holds (nested Ifs the same way)."""
+    from graphc.runtime.plan import memory_plan_from_json
+
+    where = f"step {s.index} ('{s.name}')"
+    if s.attrs.get("host_if_version") != 1:
+        raise c.fail(f"{where}: sub-plan layout {s.attrs.get('host_if_version')!r}, expected 1")
+    for key in ("then_branch", "else_branch"):
+        d = s.attrs.get(key)
+        if isinstance(d, dict) and set(d) == {"refused", "num_captures"} and isinstance(d["refused"], str):
+            continue  # a branch that does not type-check on the engine's shapes: a run taking it is refused
+        try:
+            sub = KernelPlan.from_json(d["plan"])
+            memory = memory_plan_from_json(d["memory"])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise c.fail(f"{where}: its {key} sub-plan is malformed ({type(e).__name__}: {e})") from None
+        T = sub.tensors
+        if len(sub.outputs) != len(s.outputs) or any(
+            (T[a].dtype, list(T[a].shape)) != (plan.tensors[b].dtype, list(plan.tensors[b].shape))
+            for a, b in zip(sub.outputs, s.outputs, strict=False)
+            if a in T
+        ):
+            raise c.fail(f"{where}: its {key} sub-plan's outputs are not the step's")
+        for n, t in T.items():
+            if t.kind == WEIGHT:
+                w = engine_tensors.get(n)
+                if w is None or w.kind != WEIGHT or (w.dtype, list(w.shape)) != (t.dtype, list(t.shape)):
+                    raise c.fail(f"{where}: its {key} sub-plan reads weight '{n}', which the engine does not hold")
+        view = _BucketView(
+            m,
+            [_IO(n, T[n].dtype, list(T[n].shape)) for n in sub.inputs if n in T],
+            [
+                _IO(p, T[n].dtype, list(T[n].shape))
+                for p, n in zip(sub.output_names, sub.outputs, strict=False)
+                if n in T
+            ],
+        )
+        try:
+            validate_plan(view, sub, memory, Limits.default(), path)  # type: ignore[arg-type]
+            validate_kernels(view, sub, sources, cubin_members, path, engine_tensors)  # type: ignore[arg-type]
+        except EngineError as e:
+            raise EngineError(f"{e} (in the {key} of {where})") from None
 
 
 def _check_launches(c, m, s, launches, params, typedefs, T, where: str) -> None:

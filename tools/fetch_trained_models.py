@@ -38,6 +38,9 @@ class Input:
     dtype: str = "float32"
     low: int = 0
     high: int = 2
+    # "" : standard-normal floats (or integers in [low, high)); "text_image": a synthetic page of dark
+    # glyph blocks in text lines on white, normalized to [-1, 1] (NCHW): OCR detectors saturate on noise
+    kind: str = ""
 
 
 @dataclass(frozen=True)
@@ -82,9 +85,9 @@ CORPUS: tuple[Wheel, ...] = (
                 "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
                 "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
                 "rapidocr_det_v4",
-                _img("x", 1, 3, 160, 160),
-                "on random input the text-probability map is ~1e-4 (saturated sigmoid), so float32 rounding"
-                " (~1e-7 absolute) is over 1e-4 of that scale",
+                (Input("x", (1, 3, 160, 160), kind="text_image"),),
+                "fed a synthetic text-line image: on random noise its text-probability map is ~1e-4 (a saturated"
+                " sigmoid) and float32 rounding alone is over 1e-4 of that scale",
             ),
             Member(
                 "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
@@ -112,7 +115,8 @@ CORPUS: tuple[Wheel, ...] = (
                 "silero_vad",
                 (Input("input", (1, 512)), Input("state", (2, 1, 128)), SR16K),
                 "its If on sr has an 8 kHz branch that does not type-check on a 512-sample chunk (ONNX Runtime"
-                " fails in it too when sr=8000), so the If's output shapes stay unknown after binding",
+                " fails in it too when sr=8000): graphc types the If by its 16 kHz branch, and an engine run with"
+                " sr=8000 is refused in one line naming the LSTM that cannot take that chunk",
             ),
             Member(
                 "silero_vad/data/silero_vad_16k_op15.onnx",
@@ -360,6 +364,7 @@ def extract(w: Wheel, wheel_path: Path, models_dir: Path, keep: set[str] | None)
                 "sha256": m.sha256,
                 "inputs": [
                     {"name": i.name, "shape": list(i.shape), "dtype": i.dtype, "low": i.low, "high": i.high}
+                    | ({"kind": i.kind} if i.kind else {})
                     for i in m.inputs
                 ],
             }

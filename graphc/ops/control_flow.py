@@ -56,12 +56,20 @@ def specialized_output_types(
     """The subgraph's output types re-inferred over the actual types (and known values) of what
     is bound to its inputs and captures, e.g. concrete shapes bound after import where the
     exporter declared symbols. None where that inference fails (the declared types stand)."""
+    return specialize(sub, types, values)[0]
+
+
+def specialize(
+    sub: Graph, types: list[ValueType | None], values: list[np.ndarray | None]
+) -> tuple[list[ValueType] | None, str | None]:
+    """specialized_output_types, with the error where the subgraph does not type-check over
+    those types (None when it does, or when there is too little to re-infer over)."""
     from graphc.errors import GraphcError
     from graphc.ir.builder import GraphBuilder
 
     params = (*sub.inputs, *sub.captures)
     if len(types) != len(params) or any(t is None for t in types):
-        return None
+        return None, None
     b = GraphBuilder(sub.name, sub.opset)
     env = {}
     try:
@@ -76,9 +84,9 @@ def specialized_output_types(
             ins = [None if v is None else env[v.name] for v in n.inputs]
             outs = b.add_node(n.op, ins, n.attrs, name=n.name, outputs=list(n.output_names), domain=n.domain)
             env.update({v.name: nv for v, nv in zip(n.outputs, outs.outputs, strict=True)})
-    except GraphcError:
-        return None
-    return [env[v.name].type for v in sub.outputs]
+    except GraphcError as e:
+        return None, str(e).splitlines()[0] if str(e) else type(e).__name__
+    return [env[v.name].type for v in sub.outputs], None
 
 
 def _subgraph(ctx: InferContext, field: str) -> Graph:
@@ -113,11 +121,23 @@ def _if_infer(ctx: InferContext) -> list[ValueType]:
     if len(then_b.outputs) != len(else_b.outputs):
         ctx.fail(f"the branches have {len(then_b.outputs)} and {len(else_b.outputs)} outputs")
     caps_t, caps_v = list(ctx.input_types[1:]), list(ctx.input_values[1:])
-    then_t = specialized_output_types(then_b, caps_t[:nt], caps_v[:nt]) or [v.type for v in then_b.outputs]
-    else_t = specialized_output_types(else_b, caps_t[nt:], caps_v[nt:]) or [v.type for v in else_b.outputs]
+    then_s, then_err = specialize(then_b, caps_t[:nt], caps_v[:nt])
+    else_s, else_err = specialize(else_b, caps_t[nt:], caps_v[nt:])
+    then_t = then_s or [v.type for v in then_b.outputs]
+    else_t = else_s or [v.type for v in else_b.outputs]
+    # With every input's shape known, a branch that does not type-check over them cannot run on
+    # them (ONNX Runtime fails inside it too): silero_vad's 8 kHz branch on a 16 kHz chunk.
+    static = all(isinstance(t, TensorType) and t.is_static for t in caps_t)
     cond = ctx.value(0)
     if cond is not None and np.asarray(cond).size == 1:  # the branch taken is known: its types
-        return then_t if bool(np.asarray(cond).reshape(())) else else_t
+        taken = bool(np.asarray(cond).reshape(()))
+        err = then_err if taken else else_err
+        if static and err is not None:
+            ctx.fail(f"its {'then' if taken else 'else'}-branch, which the condition takes, does not type-check: {err}")
+        return then_t if taken else else_t
+    if static and (then_err is None) != (else_err is None):
+        # the outputs are the branch that can run (the engine refuses a run that takes the other)
+        return then_t if else_err is not None else else_t
     out = []
     for i, (a, b) in enumerate(zip(then_t, else_t, strict=True)):
         m = merge_types(a, b)

@@ -105,3 +105,10 @@ def test_corpus_rows_and_table(tmp_path):
     table = out.read_text()
     assert "Loads: 1/2; CPU engine compiles: 1/2; matches ONNX Runtime: 1/2" in table
     assert "| inv | here | x 2x2 | NO | NO | NO |" in table and "note: a test" in table
+    # the CUDA check and the CUDA compile itself (NVRTC), and whether they agree
+    assert rows["mlp"]["cuda_check"] and rows["mlp"]["cuda"] and rows["mlp"]["check_agrees"]
+    assert not rows["inv"]["cuda_check"] and not rows["inv"]["cuda"] and rows["inv"]["check_agrees"]
+    assert "CUDA check passes: 1/2; CUDA compiles: 1/2; check agrees with the compile: 2/2" in table
+    assert "| mlp | here | x 2x4 | yes | yes | yes |" in table and "| yes | yes |  |" in table
+    x = CM.text_image([1, 3, 32, 40])  # the OCR detector's input: dark blocks on white, in [-1, 1]
+    assert x.shape == (1, 3, 32, 40) and x.min() == -1.0 and x.max() == 1.0 and 0.05 < (x < 0).mean() < 0.5
