@@ -245,3 +245,15 @@ def test_report_and_build_info_say_what_was_built(bert):
     # the largest bucket's arena bounds the memory of any one run
     assert rep["arena_bytes_max"] >= engine.memory.arena_bytes
     assert engine.build_info["options"]["max_shapes"]["input_ids"] == [6, 6]
+
+
+@pytest.mark.parametrize("lo, opt, hi", [(1, 8, 32), (1, 1, 1), (3, 3, 100), (1, 4, 8), (16, 20, 64), (2, 2, 3)])
+def test_padded_buckets_pad_no_request_by_more_than_a_quarter(lo, opt, hi):
+    from graphc.profiles import MAX_PADDING, padded_sizes
+
+    sizes = padded_sizes(lo, opt, hi)
+    assert {lo, opt, hi} <= set(sizes) and sizes == sorted(set(sizes)) and lo <= sizes[0] and sizes[-1] <= hi
+    for n in range(lo, hi + 1):
+        bucket = min(b for b in sizes if b >= n)
+        assert bucket <= MAX_PADDING * n, (n, bucket)
+    assert padded_sizes(1, 8, 32) == [1, 2, 3, 5, 7, 8, 10, 13, 17, 22, 28, 32]
