@@ -257,3 +257,27 @@ def test_padded_buckets_pad_no_request_by_more_than_a_quarter(lo, opt, hi):
         bucket = min(b for b in sizes if b >= n)
         assert bucket <= MAX_PADDING * n, (n, bucket)
     assert padded_sizes(1, 8, 32) == [1, 2, 3, 5, 7, 8, 10, 13, 17, 22, 28, 32]
+
+
+def test_a_repeated_request_shape_skips_the_checks_but_not_for_other_requests(bert):
+    model, engine = bert
+    feeds = _bert_feeds(3, 5, seed=11)
+    first = engine.run(feeds)
+    seen = len(engine.dynamic._seen)
+    again = engine.run({k: v.copy() for k, v in feeds.items()})  # same names, dtypes and shapes: remembered
+    assert len(engine.dynamic._seen) == seen
+    for k in first:
+        np.testing.assert_array_equal(first[k], again[k])
+    ref = _ort(model, feeds)
+    for k in ref:
+        _close(again[k], ref[k])
+    # the same shapes with another dtype, an extra input or a list are checked in full, every time
+    with pytest.raises(EngineInputError, match="has dtype int32"):
+        engine.run({k: v.astype(np.int32) for k, v in feeds.items()})
+    with pytest.raises(EngineInputError, match="unknown input"):
+        engine.run({**feeds, "extra": feeds["input_ids"]})
+    with pytest.raises(EngineInputError, match="is missing"):
+        engine.run({"input_ids": feeds["input_ids"]})
+    got = engine.run({k: v.tolist() for k, v in feeds.items()})
+    for k in ref:
+        _close(got[k], ref[k])
