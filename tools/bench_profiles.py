@@ -18,7 +18,9 @@ dynamic at opt within 10% of static, other shapes within 25%, Batcher >= 5x unba
 p99 <= 2 x max_wait + one batch time (engine.run of a max_batch batch from host arrays, median).
 
 Models: --onnx NAME=PATH (text models are those with an int64 input; images have one float input),
-or the zoo's bert and resnet (--zoo full: BERT-base and ResNet-50). The JSON and Markdown are
+--export-torch DIR (tools/export_torch.py exports BERT-base and ResNet-50 there first, with dynamic
+axes, one process per model; needs torch and transformers), or the zoo's bert and resnet (--zoo
+full: BERT-base and ResNet-50 built with onnx.helper). The JSON and Markdown are
 rewritten after every stage, so an interrupted run keeps what it measured.
 """
 
@@ -126,6 +128,30 @@ def feeds_at(spec: ModelSpec, batch: int, seq: int, seed: int = 0) -> dict[str, 
         else:
             out[n] = rng.integers(0, 64, size=shape).astype(dtype)
     return out
+
+
+def export_torch(out: Path, exporter: str, seq: int) -> dict[str, Path]:
+    """BERT-base and ResNet-50 exported by tools/export_torch.py (dynamic batch and sequence), the
+    two at once in processes of their own; a failed export is an error that names its log."""
+    out.mkdir(parents=True, exist_ok=True)
+    tool = Path(__file__).resolve().parent / "export_torch.py"
+    procs = {}
+    for name in ("bert", "resnet50"):
+        cmd = [sys.executable, str(tool), "--out", str(out), "--models", name, "--exporter", exporter]
+        cmd += ["--seq", str(seq)]
+        log_file = (out / f"{name}.export.log").open("w")
+        procs[name] = (subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT), log_file)
+    paths = {}
+    t0 = time.perf_counter()
+    for name, (proc, log_file) in procs.items():
+        rc = proc.wait()
+        log_file.close()
+        path = out / f"{name}.{exporter}.onnx"
+        if rc != 0 or not path.exists():
+            raise SystemExit(f"export of {name} failed (rc {rc}); see {out / f'{name}.export.log'}")
+        paths[name] = path
+    log.info("exported %s in %.1f s", ", ".join(paths), time.perf_counter() - t0)
+    return paths
 
 
 # ---- building engines in worker processes --------------------------------------------------------
@@ -474,6 +500,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--onnx", action="append", default=[], help="NAME=PATH of a model with a dynamic batch (repeat)")
     p.add_argument("--zoo", choices=["tiny", "full"], default=None, help="the zoo's bert and resnet instead")
+    p.add_argument("--export-torch", default=None, help="export bert and resnet50 here first (tools/export_torch.py)")
+    p.add_argument("--exporter", choices=["torchscript", "dynamo"], default="torchscript", help="for --export-torch")
     p.add_argument("--target", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--precision", default="fp16")
     p.add_argument("--arch", default="sm_90", help="CUDA archs to build (comma-separated)")
@@ -503,8 +531,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     bad = [b for b in [*a.static_batches, *a.extra_batches] if not a.min <= b <= a.max]
     if bad:
         p.error(f"batches {bad} are outside --min {a.min} .. --max {a.max}")
-    if not a.onnx and not a.zoo:
-        p.error("give models with --onnx NAME=PATH or --zoo tiny|full")
+    if not a.onnx and not a.zoo and not a.export_torch:
+        p.error("give models with --onnx NAME=PATH, --export-torch DIR or --zoo tiny|full")
     a.requests = a.requests or 20 * a.concurrency
     return a
 
@@ -527,6 +555,11 @@ def main(argv: list[str] | None = None) -> int:
         if not path:
             raise SystemExit(f"--onnx {item}: give NAME=PATH")
         paths[name] = Path(path)
+    export_s = None
+    if a.export_torch:
+        t_export = time.perf_counter()
+        paths.update(export_torch(Path(a.export_torch), a.exporter, a.seq))
+        export_s = round(time.perf_counter() - t_export, 1)
     if a.zoo:
         import models
 
@@ -563,6 +596,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         },  # fmt: skip
         "models": {n: {"path": str(s.path), "inputs": s.inputs, "text": s.text} for n, s in specs.items()},
+        "export_s": export_s,
         "builds": [],
         "rows": [],
     }
