@@ -292,12 +292,12 @@ def bench_model(spec: ModelSpec, builds: dict[tuple, Build], a: argparse.Namespa
     rows = []
     for batch in [*a.static_batches, *a.extra_batches]:
         feeds = feeds_at(spec, batch, a.seq, seed=batch)
-        row: dict[str, Any] = {"model": spec.name, "batch": batch, "opt": batch == a.opt,
-                               "bucket_shape": batch not in a.extra_batches}  # fmt: skip
+        row: dict[str, Any] = {"model": spec.name, "batch": batch, "opt": batch == a.opt}
         sb = builds[(spec.name, "static", batch)]
         try:
             d = timer.time(dyn, feeds)
             row.update(dyn_a_ms=d["a_ms"], dyn_b_ms=d["b_ms"], bucket=d["bucket"])
+            row["bucket_shape"] = batch in (d["bucket"] or {}).values()  # else padded to the bucket
             if sb.error:
                 row["error"] = sb.error
             else:
@@ -433,7 +433,7 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(f"| {r['model']} | - | - | - | - | - | - | no | - | {r.get('error', '')} |")
             continue
         bucket = ",".join(str(v) for v in (r.get("bucket") or {}).values()) or "-"
-        star = "" if r["bucket_shape"] else "*"
+        star = "" if r.get("bucket_shape", True) else "*"
         lines.append(
             f"| {r['model']} | {r['batch']}{star}{' (opt)' if r['opt'] else ''} | {bucket} | "
             f"{_f(r.get('dyn_a_ms'), 4)} / {_f(r.get('dyn_b_ms'), 4)} | "
