@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: the zoo's models package
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import contextlib
 
