@@ -27,6 +27,7 @@ rewritten after every stage, so an interrupted run keeps what it measured.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -43,8 +44,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: the zoo's models package
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import contextlib
-
 import bench_timing  # noqa: E402  (tools/ is not a package)
 
 log = logging.getLogger("bench_profiles")
