@@ -281,3 +281,15 @@ def test_a_repeated_request_shape_skips_the_checks_but_not_for_other_requests(be
     got = engine.run({k: v.tolist() for k, v in feeds.items()})
     for k in ref:
         _close(got[k], ref[k])
+
+
+def test_a_bucket_is_the_plan_a_static_engine_of_its_shape_has(cnn):
+    """Why a dynamic engine at a bucket's shape is as fast as a static one: it is the same plan."""
+    model, engine = cnn
+    (p,) = engine.profiles
+    for batch in (4, 8):  # the engine's own plan (opt) and another bucket
+        static = graphc.compile(model, target="cpu", shapes={"pixel_values": [batch, 3, 32, 32]})
+        bucket = next(b for b in p.buckets if b.sizes["batch"] == batch)
+        plan, memory = (engine.plan, engine.memory) if bucket.main else (bucket.plan, bucket.memory)
+        # every step, launch, tensor and arena offset (plan.nodes is the IR, for reports only)
+        assert plan.to_json() == static.plan.to_json() and memory == static.memory
