@@ -127,8 +127,9 @@ def analyse_padding(g1: Graph, g2: Graph, n1: int, n2: int, label: str) -> PadVe
     for name, c1 in g1.constants.items():
         states[name] = _constant_state(name, c1.data, g2.constants[name].data, n1, n2, label)
     consts = {k: c.data for k, c in g1.constants.items()}
+    consts2 = {k: c.data for k, c in g2.constants.items()}
     for nd1, nd2 in zip(g1.nodes, g2.nodes, strict=True):
-        _visit(nd1, nd2, states, consts, n1, n2, label, g1.opset)
+        _visit(nd1, nd2, states, (consts, consts2), n1, n2, label, g1.opset)
     verdict = PadVerdict(True)
     for public, v in zip(g1.output_names, g1.outputs, strict=True):
         s = states.get(v.name)
@@ -152,7 +153,11 @@ def _constant_state(name: str, d1: np.ndarray, d2: np.ndarray, n1: int, n2: int,
     return Taint(f"constant '{name}' (computed from the shapes) depends on {label}")
 
 
-def _visit(nd1: Node, nd2: Node, states: dict[str, State], consts, n1: int, n2: int, label: str, opset: int) -> None:
+def _visit(
+    nd1: Node, nd2: Node, states: dict[str, State], both: tuple, n1: int, n2: int, label: str, opset: int
+) -> None:
+    """`both`: the constants of the graph at n1 and at n2 (name -> array)."""
+    consts = both[0]
     ins: list[State] = [None if v is None else states.get(v.name) for v in nd1.inputs]
     outs = [
         _from_shapes(_shape(o1), _shape(o2), n1, n2, f"{nd1.op} '{nd1.name}'")
@@ -172,6 +177,8 @@ def _visit(nd1: Node, nd2: Node, states: dict[str, State], consts, n1: int, n2: 
         return
     where = f"{nd1.op} '{nd1.name}'"
     reason = _rule(nd1, data, outs, consts, opset, where, label)
+    if reason is not None and nd1.op in ("Gather", "GatherND") and _row_local_gather(nd1, data, outs, both, (n1, n2)):
+        reason = None
     has_dyn = any(isinstance(s, Dyn) for s in data)
     for o, s in zip(nd1.outputs, outs, strict=True):
         if reason is not None:
@@ -333,6 +340,41 @@ def _rule(node: Node, ins: list[State], outs: list[State], consts, opset: int, w
     if op in ("Shape", "Size"):
         return f"{where} reads {label} into a value"
     return f"{where}: {op} has no padding rule here, so {label} is not padded through it"
+
+
+def _row_local_gather(node: Node, ins: list[State], outs: list[State], both: tuple, ns: tuple[int, int]) -> bool:
+    """A Gather (or GatherND) that indexes the dim's axis of its data with indices that are
+    constants (folded from the shapes) keeping to their own row: index row r (along the indices'
+    axis of the dim) only picks data rows r*m .. r*m + m - 1, m the data's multiple. Transformers'
+    padding masks do this: the mask flattened and gathered at `b * seq + k` (TorchScript), or
+    indexed at (b, k) (dynamo's GatherND); each sample still reads only its own mask, so the rows
+    stay apart. Checked on the constants of both bindings."""
+    d, idx, out = ins[0], ins[1], outs[0] if outs else None
+    name = node.input(1).name if node.input(1) is not None else None
+    if not (isinstance(d, Dyn) and isinstance(idx, Dyn) and isinstance(out, Dyn)) or any(name not in c for c in both):
+        return False
+    if node.op == "Gather":
+        axis = _norm(int(node.attrs.axis), _rank(node, 0))
+        if d.axis != axis or out.axis != axis + idx.axis or out.mult != idx.mult:
+            return False
+    else:  # GatherND: the last axis of the indices holds a tuple of indices into the leading data axes
+        k = _shape(node.inputs[1])[-1]
+        if int(node.attrs.batch_dims) != 0 or d.axis >= k or idx.axis == _rank(node, 1) - 1:
+            return False
+        if out.axis != idx.axis or out.mult != idx.mult:
+            return False
+    for consts, n in zip(both, ns, strict=True):
+        ix = np.asarray(consts[name])
+        if ix.dtype.kind not in "iu" or ix.shape[idx.axis] != idx.mult * n:
+            return False
+        if node.op == "GatherND":
+            ix = ix[..., d.axis]
+        ix = np.where(ix < 0, ix + d.mult * n, ix)  # negative indices count from the end
+        rows = np.arange(ix.shape[idx.axis]) // idx.mult
+        rows = rows.reshape([-1 if a == idx.axis else 1 for a in range(ix.ndim)])
+        if not (np.all(ix >= rows * d.mult) and np.all(ix < (rows + 1) * d.mult)):
+            return False
+    return True
 
 
 def _pad_rule(node: Node, ins: list[State], consts, where: str, label: str) -> str | None:

@@ -2,10 +2,10 @@
 
 The design (docs/dynamic_shapes.md): per profile, a few shape buckets, each a fully static plan
 from the ordinary compiler. A dynamic dim the padding analysis (graphc/padding.py) proves
-batch-independent gets buckets at opt, max and the powers of two between min and max, and
-requests are padded up to the next bucket; any other dynamic dim (a sequence under attention)
-gets a bucket per size in its range, so it always runs exactly. The engine's own plan is
-profile 0's opt bucket; the other buckets ride along in the engine file.
+batch-independent gets buckets at min, opt, max and a ladder between them that pads no request
+by more than MAX_PADDING (25%), and requests are padded up to the next bucket; any other dynamic
+dim (a sequence under attention) gets a bucket per size in its range, so it always runs exactly.
+The engine's own plan is profile 0's opt bucket; the other buckets ride along in the engine file.
 """
 
 from __future__ import annotations
@@ -183,16 +183,34 @@ def decide_padding(graph: Any, spec: ProfileSpec, groups: list[Any]) -> None:
         log.info("dim '%s': %s", g.name, "padded to buckets" if v.paddable else f"exact sizes: {v.reason}")
 
 
+# A request padded to its bucket holds at most this many times its own rows: issue 14 asks a
+# dynamic engine to be within 25% of a static engine at any shape, and a bucket's time grows at
+# most in proportion to its rows (less at small batches, where launches dominate). Powers of two
+# (the first ladder) padded batch 20 to 32 and batch 9 to 16: up to 1.6-1.8x the static time.
+MAX_PADDING = 1.25
+
+
+def padded_sizes(lo: int, opt: int, hi: int) -> list[int]:
+    """The bucket sizes of a padded dim: min, opt, max and a ladder between them such that every
+    size n in range has a bucket b with n <= b <= MAX_PADDING * n (1..32: 1 2 3 5 7 10 13 17 22 28
+    32, with opt)."""
+    sizes, s = {lo, opt, hi}, lo
+    while s < hi:
+        s = min(hi, max(s + 1, math.floor((s + 1) * MAX_PADDING)))
+        sizes.add(s)
+    return sorted(sizes)
+
+
 def bucket_sizes(groups: list[Any], where: str = "") -> list[dict[str, int]]:
-    """Every bucket of a profile: padded dims at opt, max and the powers of two between min and
-    max; other dims at every size in range. The product over the dims, at most MAX_BUCKETS."""
+    """Every bucket of a profile: padded dims at the sizes of `padded_sizes` (min, opt, max and
+    a ladder of at most MAX_PADDING between); other dims at every size in range. The product over
+    the dims, at most MAX_BUCKETS."""
     from graphc.runtime.profiles import MAX_BUCKETS
 
     values: list[list[int]] = []
     for g in groups:
         if g.padded:
-            pow2 = [1 << k for k in range(g.max.bit_length() + 1) if g.min <= (1 << k) <= g.max]
-            values.append(sorted({*pow2, g.opt, g.max}))
+            values.append(padded_sizes(g.min, g.opt, g.max))
         else:
             values.append(list(range(g.min, g.max + 1)))
     total = math.prod(len(v) for v in values)
@@ -350,5 +368,6 @@ __all__ = [
     "decide_padding",
     "dim_groups",
     "normalize_profiles",
+    "padded_sizes",
     "parse_profile_flags",
 ]

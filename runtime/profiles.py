@@ -122,6 +122,10 @@ class DynamicShapes:
         self.profiles = profiles
         self.make_engine = make_engine
         self._lock = threading.Lock()
+        # (name, dtype, shape) of every input of a request that passed the checks -> where it runs:
+        # a repeated request shape skips check_feeds and resolve (about 90 us of Python per call
+        # measured on the 2-core CI machine, against 3.5 us for a static engine's checked fast path)
+        self._seen: dict[tuple, tuple[Profile, Bucket, dict[str, int], bool]] = {}  # bool: no padding
 
     def resolve(self, engine: Any, feeds: Mapping[str, Any]) -> tuple[Profile, Bucket, dict[str, int]]:
         """The profile and bucket a request runs on, or a one-line EngineInputError."""
@@ -146,10 +150,41 @@ class DynamicShapes:
         return bucket.engine
 
     def run(self, engine: Any, feeds: Mapping[str, Any], **kwargs: Any) -> dict[str, Any]:
+        """Check the feeds (engine.check_feeds, then the profiles), run them on their bucket,
+        padded, and slice the outputs back. A request whose inputs' names, dtypes and shapes
+        equal those of one already checked (numpy or cupy arrays only) goes straight to its bucket."""
+        key = _request_key(feeds)
+        hit = self._seen.get(key) if key is not None else None
+        if hit is not None:  # checked before: straight to the bucket's executor
+            profile, bucket, sizes, exact = hit
+            target = engine if bucket.main else bucket.engine
+            if exact:
+                return target.executor.run(feeds, **kwargs)
+            outs = target.executor.run(pad_feeds(profile, bucket, feeds), **kwargs)
+            return slice_outputs(profile, sizes, bucket, outs)
+        feeds = engine.check_feeds(feeds)
         profile, bucket, sizes = self.resolve(engine, feeds)
         padded = pad_feeds(profile, bucket, feeds)
+        # run_static checks the padded shapes against the bucket's plan (once per request shape)
         outs = self.bucket_engine(engine, bucket).run_static(padded, **kwargs)
+        if key is not None and len(self._seen) < MAX_SEEN_SHAPES:
+            exact = all(tuple(x.shape) == tuple(bucket.shapes[n]) for n, x in feeds.items())
+            self._seen[key] = (profile, bucket, sizes, exact)
         return slice_outputs(profile, sizes, bucket, outs)
+
+
+MAX_SEEN_SHAPES = 1024  # request shapes remembered per engine (a bound, not a cache policy)
+
+
+def _request_key(feeds: Mapping[str, Any]) -> tuple | None:
+    """The request's (name, dtype, shape) per input when every input is a numpy or cupy array
+    (those check_feeds passes through unchanged), else None (the full checks run every time)."""
+    key = []
+    for name, x in feeds.items():
+        if not (isinstance(x, np.ndarray) or type(x).__module__.startswith("cupy")):
+            return None
+        key.append((name, x.dtype, x.shape))
+    return tuple(key)
 
 
 def pad_feeds(profile: Profile, bucket: Bucket, feeds: Mapping[str, Any]) -> dict[str, Any]:

@@ -32,7 +32,7 @@ def test_compile_writes_the_profile(cnn):
         m = json.loads(z.read("manifest.json"))
     (p,) = m["profiles"]
     assert p["min"] == {"pixel_values": [1, 3, 32, 32]} and p["max"] == {"pixel_values": [4, 3, 32, 32]}
-    assert sorted(b["sizes"]["batch"] for b in p["buckets"]) == [1, 2, 4]
+    assert sorted(b["sizes"]["batch"] for b in p["buckets"]) == [1, 2, 3, 4]
 
 
 def test_inspect_shows_the_profiles(cnn, capsys):
@@ -41,7 +41,7 @@ def test_inspect_shows_the_profiles(cnn, capsys):
     out = capsys.readouterr().out
     assert "profile 0: pixel_values min 1x3x32x32 opt 2x3x32x32 max 4x3x32x32" in out
     assert "dim 'batch' 1..4 (opt 2) on pixel_values[0]: padded to a bucket" in out
-    assert "3 bucket(s): batch=1; batch=2 [engine plan]; batch=4" in out
+    assert "4 bucket(s): batch=1; batch=2 [engine plan]; batch=3; batch=4" in out
 
 
 def test_run_compare_at_a_shape_in_range(cnn, tmp_path, capsys):

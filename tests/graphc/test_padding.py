@@ -172,7 +172,68 @@ def pad_shift(begin: int, end: int, axis: int):
     return build
 
 
+def _row_indices(reverse: bool = False) -> list:
+    """Nodes computing b = 0..N-1 (or N-1..0) as 'b1' [N, 1] from the shape of x, as exporters do."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["sh"]),
+        helper.make_node("Gather", ["sh", "zero"], ["n"], axis=0),
+        helper.make_node("Range", ["zero", "n", "one"], ["b"]),
+    ]
+    if reverse:  # N-1-b: each row reads another row's mask
+        nodes += [helper.make_node("Sub", ["n", "one"], ["last"]), helper.make_node("Sub", ["last", "b"], ["b_"])]
+    else:
+        nodes.append(helper.make_node("Identity", ["b"], ["b_"]))
+    return [*nodes, helper.make_node("Unsqueeze", ["b_", "ax1"], ["b1"])]
+
+
+_IDX_INITS = [
+    ("zero", np.array(0, np.int64)),
+    ("one", np.array(1, np.int64)),
+    ("ax1", np.array([1], np.int64)),
+    ("four", np.array(4, np.int64)),
+    ("k", np.arange(4, dtype=np.int64)),
+    ("two", np.array(2.0, np.float32)),
+]
+
+
+def flat_mask_gather(reverse: bool = False):
+    """Transformers' padding mask (TorchScript): the mask flattened, gathered at b * 4 + k."""
+
+    def build():
+        nodes = [
+            *_row_indices(reverse),
+            helper.make_node("Mul", ["b1", "four"], ["base"]),
+            helper.make_node("Add", ["base", "k"], ["idx"]),
+            helper.make_node("Reshape", ["x", "flat"], ["xf"]),
+            helper.make_node("Gather", ["xf", "idx"], ["g"], axis=0),
+            helper.make_node("Mul", ["g", "two"], ["y"]),
+        ]
+        return _model(nodes, [_x()], [_y()], [*_IDX_INITS, ("flat", np.array([-1], np.int64))], opset=18)
+
+    return build
+
+
+def mask_gather_nd():
+    """The same mask through dynamo's GatherND at (b, k)."""
+    nodes = [
+        *_row_indices(),
+        helper.make_node("Mul", ["b1", "zero"], ["z1"]),
+        helper.make_node("Add", ["b1", "kz"], ["bb"]),
+        helper.make_node("Add", ["z1", "k"], ["kk"]),
+        helper.make_node("Unsqueeze", ["bb", "axl"], ["bu"]),
+        helper.make_node("Unsqueeze", ["kk", "axl"], ["ku"]),
+        helper.make_node("Concat", ["bu", "ku"], ["idx"], axis=-1),
+        helper.make_node("GatherND", ["x", "idx"], ["g"]),
+        helper.make_node("Mul", ["g", "two"], ["y"]),
+    ]
+    inits = [*_IDX_INITS, ("kz", np.zeros(4, np.int64)), ("axl", np.array([-1], np.int64))]
+    return _model(nodes, [_x()], [_y()], inits, opset=18)
+
+
 CASES = {
+    "flat_mask_gather": (flat_mask_gather(), True),
+    "flat_mask_gather_reversed": (flat_mask_gather(reverse=True), False),  # row b reads row N-1-b
+    "mask_gather_nd": (mask_gather_nd, True),
     "pad_features": (pad_shift(1, 2, 1), True),
     "pad_shift_batch": (pad_shift(-1, 1, 0), False),  # row i becomes row i+1: the last takes a pad row
     "mlp": (mlp, True),
@@ -222,7 +283,14 @@ def test_paddable_verdicts_hold_numerically(name):
 
 @pytest.mark.parametrize(
     "name",
-    ["reduce_over_batch", "scale_by_batch_size", "softmax_over_sequence", "attention_over_sequence", "pad_shift_batch"],
+    [
+        "reduce_over_batch",
+        "scale_by_batch_size",
+        "softmax_over_sequence",
+        "attention_over_sequence",
+        "pad_shift_batch",
+        "flat_mask_gather_reversed",
+    ],
 )
 def test_refused_verdicts_would_be_wrong(name):
     """These refusals are not over-caution: padding the dim changes the real rows. (Some refusals

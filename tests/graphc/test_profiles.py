@@ -41,7 +41,7 @@ def cnn():
     return model, engine
 
 
-def _bert_profile(lo=(1, 4), opt=(2, 5), hi=(4, 6)):
+def _bert_profile(lo=(1, 4), opt=(2, 5), hi=(6, 6)):
     names = ("input_ids", "attention_mask")
     return dict(
         min_shapes={n: list(lo) for n in names},
@@ -68,11 +68,12 @@ def test_cnn_batch_is_padded_to_buckets(cnn):
     (p,) = engine.profiles
     (dim,) = p.dims
     assert (dim.name, dim.padded, dim.min, dim.opt, dim.max) == ("batch", True, 1, 4, 8)
-    assert sorted(b.sizes["batch"] for b in p.buckets) == [1, 2, 4, 8]
+    # min, opt, max and a ladder that pads no request by more than 25% (graphc.profiles.MAX_PADDING)
+    assert sorted(b.sizes["batch"] for b in p.buckets) == [1, 2, 3, 4, 5, 7, 8]
     assert engine.inputs[0].shape == [4, 3, 32, 32]  # the engine's own plan is the opt bucket
 
 
-@pytest.mark.parametrize("batch", [1, 3, 5, 8])
+@pytest.mark.parametrize("batch", [1, 3, 6, 8])  # 6 is padded to the bucket 7
 def test_cnn_matches_onnxruntime_across_the_range(cnn, batch):
     model, engine = cnn
     x = np.random.default_rng(batch).standard_normal((batch, 3, 32, 32)).astype(np.float32)
@@ -89,10 +90,10 @@ def test_transformer_pads_batch_and_runs_sequence_exactly(bert):
     assert dims["batch"].padded
     assert not dims["seq"].padded and "MatMul" in dims["seq"].reason  # attention over the keys
     sizes = {(b.sizes["batch"], b.sizes["seq"]) for b in engine.profiles[0].buckets}
-    assert sizes == {(b, s) for b in (1, 2, 4) for s in (4, 5, 6)}
+    assert sizes == {(b, s) for b in (1, 2, 3, 5, 6) for s in (4, 5, 6)}
 
 
-@pytest.mark.parametrize("shape", [(1, 4), (3, 5), (4, 6), (2, 5)])
+@pytest.mark.parametrize("shape", [(1, 4), (4, 5), (6, 6), (2, 5)])  # batch 4 is padded to 5
 def test_transformer_matches_onnxruntime_across_the_range(bert, shape):
     model, engine = bert
     feeds = _bert_feeds(*shape)
@@ -105,7 +106,7 @@ def test_transformer_matches_onnxruntime_across_the_range(bert, shape):
 def test_saved_engine_runs_every_shape_after_loading(cnn, bert, tmp_path):
     for (model, engine), feeds in (
         (cnn, {"pixel_values": np.random.default_rng(7).standard_normal((6, 3, 32, 32)).astype(np.float32)}),
-        (bert, _bert_feeds(3, 6, seed=7)),
+        (bert, _bert_feeds(4, 6, seed=7)),
     ):
         path = tmp_path / "m.engine"
         engine.save(path)
@@ -239,8 +240,56 @@ def test_too_many_exact_sizes_is_refused_with_the_reason():
 def test_report_and_build_info_say_what_was_built(bert):
     _model, engine = bert
     (rep,) = engine.report["profiles"]
-    assert rep["min"]["input_ids"] == [1, 4] and rep["max"]["input_ids"] == [4, 6]
-    assert len(rep["buckets"]) == 9
+    assert rep["min"]["input_ids"] == [1, 4] and rep["max"]["input_ids"] == [6, 6]
+    assert len(rep["buckets"]) == 15
     # the largest bucket's arena bounds the memory of any one run
     assert rep["arena_bytes_max"] >= engine.memory.arena_bytes
-    assert engine.build_info["options"]["max_shapes"]["input_ids"] == [4, 6]
+    assert engine.build_info["options"]["max_shapes"]["input_ids"] == [6, 6]
+
+
+@pytest.mark.parametrize("lo, opt, hi", [(1, 8, 32), (1, 1, 1), (3, 3, 100), (1, 4, 8), (16, 20, 64), (2, 2, 3)])
+def test_padded_buckets_pad_no_request_by_more_than_a_quarter(lo, opt, hi):
+    from graphc.profiles import MAX_PADDING, padded_sizes
+
+    sizes = padded_sizes(lo, opt, hi)
+    assert {lo, opt, hi} <= set(sizes) and sizes == sorted(set(sizes)) and lo <= sizes[0] and sizes[-1] <= hi
+    for n in range(lo, hi + 1):
+        bucket = min(b for b in sizes if b >= n)
+        assert bucket <= MAX_PADDING * n, (n, bucket)
+    assert padded_sizes(1, 8, 32) == [1, 2, 3, 5, 7, 8, 10, 13, 17, 22, 28, 32]
+
+
+def test_a_repeated_request_shape_skips_the_checks_but_not_for_other_requests(bert):
+    model, engine = bert
+    feeds = _bert_feeds(3, 5, seed=11)
+    first = engine.run(feeds)
+    seen = len(engine.dynamic._seen)
+    again = engine.run({k: v.copy() for k, v in feeds.items()})  # same names, dtypes and shapes: remembered
+    assert len(engine.dynamic._seen) == seen
+    for k in first:
+        np.testing.assert_array_equal(first[k], again[k])
+    ref = _ort(model, feeds)
+    for k in ref:
+        _close(again[k], ref[k])
+    # the same shapes with another dtype, an extra input or a list are checked in full, every time
+    with pytest.raises(EngineInputError, match="has dtype int32"):
+        engine.run({k: v.astype(np.int32) for k, v in feeds.items()})
+    with pytest.raises(EngineInputError, match="unknown input"):
+        engine.run({**feeds, "extra": feeds["input_ids"]})
+    with pytest.raises(EngineInputError, match="is missing"):
+        engine.run({"input_ids": feeds["input_ids"]})
+    got = engine.run({k: v.tolist() for k, v in feeds.items()})
+    for k in ref:
+        _close(got[k], ref[k])
+
+
+def test_a_bucket_is_the_plan_a_static_engine_of_its_shape_has(cnn):
+    """Why a dynamic engine at a bucket's shape is as fast as a static one: it is the same plan."""
+    model, engine = cnn
+    (p,) = engine.profiles
+    for batch in (4, 8):  # the engine's own plan (opt) and another bucket
+        static = graphc.compile(model, target="cpu", shapes={"pixel_values": [batch, 3, 32, 32]})
+        bucket = next(b for b in p.buckets if b.sizes["batch"] == batch)
+        plan, memory = (engine.plan, engine.memory) if bucket.main else (bucket.plan, bucket.memory)
+        # every step, launch, tensor and arena offset (plan.nodes is the IR, for reports only)
+        assert plan.to_json() == static.plan.to_json() and memory == static.memory

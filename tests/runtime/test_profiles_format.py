@@ -57,7 +57,7 @@ def test_versions_written(dyn_path, tmp_path):
     assert m["format_version"] == FORMAT_VERSION == 3
     (p,) = m["profiles"]
     assert [b.get("plan") is None for b in p["buckets"]].count(True) == 1  # the engine's own plan once
-    assert len(p["buckets"]) == 6  # batch 1, 2, 4 x seq 4, 5
+    assert len(p["buckets"]) == 8  # batch 1, 2, 3, 4 x seq 4, 5
     model = models.build("mlp", size="tiny")
     static = graphc.compile(model, target="cpu", shapes={"batch": 2})
     static.save(tmp_path / "s.engine")
