@@ -287,7 +287,8 @@ def shared_bytes(prob: Problem, p: dict[str, Any]) -> int:
         return max(2 * p["BK"] * (p["BM"] + p["BN"]), ty * (p["BN"] + 4)) * cb
     _, ast, _, bst = _pitches(prob, path, p["BM"], p["BN"], p["BK"])
     eb = 4 if path == "tf32" else 2
-    return max(p["STAGES"] * (ast + bst) * eb, p["WM"] * 16 * (p["BN"] + 8) * 4)
+    rows = p["BM"] if p.get("CLUSTER") else p["WM"] * 16  # cluster split-K stages the whole tile
+    return max(p["STAGES"] * (ast + bst) * eb, rows * (p["BN"] + 8) * 4)
 
 
 def threads_of(p: dict[str, Any]) -> int:
@@ -317,6 +318,8 @@ def valid(prob: Problem, p: dict[str, Any]) -> bool:
         return False  # fp32 partials would lose fp64 precision
     if prob.batch * s > MAX_GRID_Z:
         return False
+    if p.get("CLUSTER", 0) not in (0, 1) or (p.get("CLUSTER") and not (path in ("mma", "tf32") and 2 <= s <= 8)):
+        return False  # cluster split-K: mma.sync kernels, 2..8 K slices (the portable cluster size)
     if path == "wgmma":
         if prob.dtype not in TC_DTYPES or bk != 64 or bm not in (64, 128) or bn not in (64, 128, 192, 256):
             return False
@@ -375,8 +378,30 @@ def estimate_seconds(prob: Problem, p: dict[str, Any]) -> float:
     t_math = per_sm_blocks * 2.0 * bm * bn * kspan / (eff * per_sm * util)
     e = prob.dtype.itemsize
     t_mem = (prob.batch * (prob.M * prob.K + prob.K * prob.N) * e + prob.batch * prob.M * prob.N * e) / _BW
-    t_split = (2 * s * prob.batch * prob.M * prob.N * 4 / _BW + _LAUNCH) if s > 1 else 0.0
-    return max(t_math, t_mem) + t_split
+    return max(t_math, t_mem) + split_seconds(prob, p)
+
+
+# What each split-K form costs on top of its main loop (H200, see SPLIT_RULES below).
+_CTA_L2_BW = 60e9  # bytes/s one 128-thread CTA reads from L2 with dependent 4-byte loads (serial)
+_DSMEM_BW = 400e9  # bytes/s one CTA reads from its cluster peers' shared memory (16-byte loads)
+_SYNC = 1e-6  # a fence / cluster barrier round
+
+
+def split_seconds(prob: Problem, p: dict[str, Any]) -> float:
+    """The split-K reduction as it runs: two-launch: every partial written and read back through
+    the workspace plus a second launch; serial (one launch): the last CTA of each tile reads all S
+    partial tiles alone, after a fence, so its whole tile sum sits on the critical path; cluster: each
+    CTA reads 1/S of the tile from each of its S peers' shared memory (one tile's bytes) between two
+    cluster barriers."""
+    s = p.get("SPLITS", 1)
+    if s <= 1:
+        return 0.0
+    tile_bytes = p["BM"] * p["BN"] * 4
+    if p.get("CLUSTER"):
+        return tile_bytes / _DSMEM_BW + 2 * _SYNC
+    if p.get("SERIAL", 1):
+        return 2 * s * prob.batch * prob.M * prob.N * 4 / _BW + s * tile_bytes / _CTA_L2_BW + _SYNC
+    return 2 * s * prob.batch * prob.M * prob.N * 4 / _BW + _LAUNCH
 
 
 def _split_options(prob: Problem, bk: int) -> list[int]:
@@ -446,6 +471,44 @@ def heuristic(prob: Problem, path: str) -> dict[str, Any]:
                 best[key] = p
         pool = list(best.values()) or pool
     return min(pool, key=lambda p: (estimate_seconds(prob, p), p.get("SPLITS", 1), -p["BM"] * p["BN"]))
+
+
+# Tiles of the cluster split-K search (sm_90): MMA_TILES' small ones and a 64 x 32 tile (cuBLAS runs
+# 64 x 16 and 64 x 32 tiles at these shapes).
+CLUSTER_TILES = [
+    (128, 128, 2, 2, 0.93),
+    (128, 64, 2, 2, 0.8),
+    (64, 128, 2, 2, 0.8),
+    (64, 64, 2, 2, 0.62),
+    (64, 32, 2, 2, 0.5),
+    (32, 64, 1, 2, 0.45),
+]
+
+
+def cluster_candidates(prob: Problem) -> list[dict[str, Any]]:
+    """mma.sync parameter sets with split-K across a thread-block cluster (2..8 K slices), and the
+    same tiles without split, for an sm_90 engine."""
+    out = []
+    ktiles = ceil_div(prob.K, 32)
+    for bm, bn, wm, wn, eff in CLUSTER_TILES:
+        for s in (1, 2, 3, 4, 6, 8):
+            if s > 1 and ktiles // s < 2:
+                continue
+            p = {"path": "mma", "BM": bm, "BN": bn, "BK": 32, "WM": wm, "WN": wn, "SPLITS": s, "_eff": eff}
+            p["STAGES"] = max(2, min(4, ceil_div(ktiles, s)))
+            if s > 1:
+                p["CLUSTER"] = 1
+            if valid(prob, p):
+                out.append(p)
+    return out
+
+
+def cluster_heuristic(prob: Problem) -> dict[str, Any]:
+    """The cheapest cluster split-K (or unsplit) mma.sync configuration by the cost model."""
+    pool = cluster_candidates(prob)
+    if not pool:
+        raise ValueError("no valid cluster GEMM configuration")
+    return min(pool, key=lambda p: (estimate_seconds(prob, p), p["SPLITS"], -p["BM"] * p["BN"]))
 
 
 def public(p: dict[str, Any]) -> dict[str, Any]:
@@ -623,10 +686,22 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
     ab_names = [step.inputs[0], step.inputs[1]]
     # Split-K sums its fp32 partials in the same launch (the last block of a tile to finish does it:
     # templates' split_finish), unless SERIAL is 0, which keeps the second kernel (gemm_reduce).
-    serial = splits > 1 and bool(p.get("SERIAL", 1))
+    # CLUSTER 1: the K slices of a tile are the CTAs of one thread-block cluster and reduce through
+    # distributed shared memory (sm_90+; no workspace, no counters, one launch).
+    cluster = splits > 1 and bool(p.get("CLUSTER", 0))
+    serial = splits > 1 and not cluster and bool(p.get("SERIAL", 1))
+    if cluster and rownorm is not None:
+        raise ctx.fail("a row-norm epilogue with cluster split-K (use SERIAL 1)")
     if rownorm is not None and splits > 1 and not serial:
         raise ctx.fail("a row-norm epilogue needs split-K in one launch (SERIAL 1)")
-    if serial:
+    p.pop("CLUSTER", None)
+    if cluster:
+        p.pop("SERIAL", None)
+        p["CLUSTER"] = 1
+        p["requires_arch"] = "sm_90"
+        kparams = ab + out_decls
+        kargs = ab_names + out_names
+    elif serial:
         p["SERIAL"] = 1
         kparams = [*ab, *out_decls, *norm_decls, "float* __restrict__ ws"]
         kargs = [*ab_names, *out_names, *norm_names, "@workspace"]
@@ -655,6 +730,7 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         threads=threads,
         splits=splits,
         serial=serial,
+        cluster=cluster,
         tiles=tiles,
         rownorm=rownorm,
         tiles_m=ceil_div(prob.M, p["BM"]),
@@ -731,11 +807,11 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         )
     p.update({"M": prob.M, "N": prob.N, "K": prob.K, "batch": prob.batch, "a": _lay(prob.a), "b": _lay(prob.b)})
     source = render(f"gemm_{main_ctx['kind']}.cu.j2", **main_ctx)
-    ws_bytes = splits * prob.batch * prob.M * prob.N * 4 if splits > 1 else 0
+    ws_bytes = splits * prob.batch * prob.M * prob.N * 4 if splits > 1 and not cluster else 0
     kernels = [
         KernelSource("gemm", name, source, grid, (threads, 1, 1), kargs, smem, params=p, workspace_bytes=ws_bytes)
     ]
-    if splits > 1 and not serial:
+    if splits > 1 and not serial and not cluster:
         kernels.append(split_reduce_kernel("gemm", name, common, out_decls, out_names, total, splits, ws_bytes))
     return kernels
 

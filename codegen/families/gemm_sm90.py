@@ -25,7 +25,17 @@ from typing import Any
 from graphc.codegen.cuda_types import cuda_type, dtype_from_numpy_name
 from graphc.codegen.epilogue import broadcast_index, render_epilogue, step_operands
 from graphc.codegen.expr import lit
-from graphc.codegen.families.gemm import SM_COUNT, Problem, _c_expr, _kernel_args, problem_of, split_reduce_kernel
+from graphc.codegen.families.gemm import (
+    SM_COUNT,
+    Problem,
+    _c_expr,
+    _generate,
+    _kernel_args,
+    cluster_heuristic,
+    problem_of,
+    public,
+    split_reduce_kernel,
+)
 from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, render
 from graphc.errors import CompileError
 from graphc.ir.types import DType
@@ -414,6 +424,18 @@ def select(ctx: StepContext) -> list[KernelSource]:
     except CompileError:
         return []
     if not selected(prob):
+        if cluster_selected(prob):
+            p = public(cluster_heuristic(prob))
+            log.debug("%s: cluster split-K mma.sync GEMM %s", ctx.step.name, p)
+            return _generate(ctx.with_params(p))
         log.debug("%s: not on the TMA GEMM (M=%d N=%d K=%d)", ctx.step.name, prob.M, prob.N, prob.K)
         return []
     return generate(ctx)
+
+
+def cluster_selected(prob: Problem) -> bool:
+    """Whether an sm_90 engine runs this problem on the mma.sync GEMM with split-K across a
+    thread-block cluster (gemm.cluster_heuristic) rather than the default mma.sync heuristic:
+    small-M fp16/bf16 problems (M <= SMALL_M_MAX, batches folded in) that the TMA GEMM does not
+    take. Measured: see CLUSTER_RULES."""
+    return prob.dtype in (DType.float16, DType.bfloat16) and prob.M <= SMALL_M_MAX
