@@ -1,6 +1,7 @@
 """Small-M GEMMs (batch-1 linear layers) on sm_90: every split-K form against cuBLAS in one run.
 
     python tools/bench_gemm_small_m.py [--shape MxNxK ...] [--layout mn|k] [--out DIR]
+    python tools/bench_gemm_small_m.py --rules      # main's old default, two-launch, the sm_90 rules
     python tools/bench_gemm_small_m.py --compile-only --limit 3      # NVRTC a few variants, no GPU
 
 Per shape it times graphc's default (today's heuristic: one-launch "serial" split-K, where the last
@@ -16,6 +17,7 @@ cuBLAS (torch.matmul) timed the same way. Rows stream to DIR/gemm_small_m.jsonl;
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -87,6 +89,57 @@ def variants(prob) -> list[tuple[str, dict[str, Any] | None]]:
     return uniq
 
 
+# The mma.sync configuration main's heuristic chose for each shape before this change (c5fc8de):
+# 64 x 64 tiles (BK 32, 4 stages), one-launch serial split-K; K = 3072 went to the TMA GEMM already.
+MAIN_SPLITS = {
+    (128, 768, 768): 6,
+    (128, 2304, 768): 3,
+    (128, 3072, 768): 1,
+    (197, 768, 768): 4,
+    (197, 2304, 768): 1,
+    (197, 3072, 768): 1,
+}
+
+
+def rule_kernels(ctx, prob) -> list[tuple[str, dict | None, list]]:
+    """--rules: main's default before this change (serial split-K), the same tile as a two-launch
+    split, and what an sm_90 engine runs now (gemm_sm90.select: the small-M rules)."""
+    from graphc.codegen.families import gemm_sm90 as g
+    from graphc.codegen.families.gemm import valid
+    from graphc.codegen.kernel import family_for
+
+    fam = family_for(ctx)
+    out = []
+    key = (prob.M, prob.N, prob.K)
+    old: list[tuple[str, dict]] = []
+    if key in MAIN_SPLITS:
+        s = MAIN_SPLITS[key]
+        old.append(("main-default", _mma(64, 64, 2, 2, SPLITS=s, SERIAL=1)))
+        if s > 1:
+            old.append(("two-launch", _mma(64, 64, 2, 2, SPLITS=s, SERIAL=0)))
+    elif prob.N > 8192:
+        old.append(("main-default", _mma(128, 128, 2, 2, SPLITS=1)))
+    if prob.N <= 8192:  # split-K across a cluster on the wgmma kernel too
+        old.append(("wgmma-nosplit", {"path": "wgmma", "BM": 64, "BN": 64, "BK": 64, "STAGES": 6, "SPLITS": 1}))
+        for bm, bn, splits in ((64, 64, 2), (64, 64, 3), (64, 64, 4), (64, 128, 2), (64, 128, 4), (128, 64, 4)):
+            wp = {"path": "wgmma", "BM": bm, "BN": bn, "BK": 64, "STAGES": 4, "SPLITS": splits, "CLUSTER": 1}
+            old.append((f"wgmma-cluster-{bm}x{bn}-s{splits}", wp))
+    for label, p in old:
+        if not valid(prob, p):
+            continue
+        ctx.params = p
+        try:
+            out.append((label, p, fam.generate(ctx)))
+        finally:
+            ctx.params = None
+    kind, p = g.small_m_params(prob)
+    chosen = g.select(dataclasses.replace(ctx, precision="fp16"))  # as an fp16 sm_90 engine's step
+    if not chosen:
+        raise RuntimeError(f"gemm_sm90.select chose nothing for {key}")
+    out.append((f"sm90-rules-{kind if kind == 'tma' else p['path']}", p, chosen))
+    return out
+
+
 def kernels_for(ctx, prob, limit: int | None = None) -> list[tuple[str, dict | None, list]]:
     from graphc.codegen.families import gemm_sm90 as g
     from graphc.codegen.kernel import family_for
@@ -139,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", type=Path, help="NVRTC cache directory")
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--limit", type=int, help="first N mma variants per shape only (with --compile-only)")
+    ap.add_argument("--rules", action="store_true", help="main's old default, two-launch, the sm_90 rules only")
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
 
@@ -151,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     for lay in args.layout or ["mn"]:
         for m, n, k in shapes:
             ctx = context(m, n, k, DType.float16, lay)
-            todo.append((lay, (m, n, k), kernels_for(ctx, problem_of(ctx), args.limit)))
+            prob = problem_of(ctx)
+            todo.append((lay, (m, n, k), rule_kernels(ctx, prob) if args.rules else kernels_for(ctx, prob, args.limit)))
     every = [k for *_, cands in todo for _, _, ks in cands for k in ks]
     t0 = time.time()
     cubins = iter(compile_sources(every, args.cache))

@@ -318,8 +318,8 @@ def valid(prob: Problem, p: dict[str, Any]) -> bool:
         return False  # fp32 partials would lose fp64 precision
     if prob.batch * s > MAX_GRID_Z:
         return False
-    if p.get("CLUSTER", 0) not in (0, 1) or (p.get("CLUSTER") and not (path in ("mma", "tf32") and 2 <= s <= 8)):
-        return False  # cluster split-K: mma.sync kernels, 2..8 K slices (the portable cluster size)
+    if p.get("CLUSTER", 0) not in (0, 1) or (p.get("CLUSTER") and not (path != "simt" and 2 <= s <= 8)):
+        return False  # cluster split-K: tensor-core kernels, 2..8 K slices (the portable cluster size)
     if path == "wgmma":
         if prob.dtype not in TC_DTYPES or bk != 64 or bm not in (64, 128) or bn not in (64, 128, 192, 256):
             return False
@@ -381,27 +381,60 @@ def estimate_seconds(prob: Problem, p: dict[str, Any]) -> float:
     return max(t_math, t_mem) + split_seconds(prob, p)
 
 
-# What each split-K form costs on top of its main loop (H200, see SPLIT_RULES below).
-_CTA_L2_BW = 60e9  # bytes/s one 128-thread CTA reads from L2 with dependent 4-byte loads (serial)
-_DSMEM_BW = 400e9  # bytes/s one CTA reads from its cluster peers' shared memory (16-byte loads)
-_SYNC = 1e-6  # a fence / cluster barrier round
+# What each split-K form costs on top of its main loop, fitted by least squares to the mma.sync rows
+# of tools/bench_gemm_small_m.py on an H200 (docs/results/gemm_small_m_h200_2026-12-01.md).
+# Serial (one launch): the last CTA of a tile sums the partials alone, one element per thread per
+# round, each round an L2 round trip (~0.28 us: BM * BN / THREADS rounds, 32 for a 64 x 64 tile), so
+# it costs 7-10 us at 64 x 64 whatever S is; that, not the fp32 traffic, made it 1.5-2x slower than
+# the two-launch split. Two-launch: a second launch (~1 us) and the partials' round trip.
+# Cluster: the tile's partials read from the peers' shared memory between two cluster barriers.
+_SERIAL_ROUND = 0.28e-6
+_SERIAL_PER_SPLIT = 0.26e-6
+_TWO_LAUNCH = 0.97e-6
+_TWO_LAUNCH_PER_MB = 0.25e-6  # per MB of fp32 partials (S * M * N * 4 bytes)
+_CLUSTER_PER_10KB = 0.73e-6  # per 10 KB of fp32 tile (BM * BN * 4 bytes)
+_CLUSTER_MIN = 0.3e-6
 
 
 def split_seconds(prob: Problem, p: dict[str, Any]) -> float:
-    """The split-K reduction as it runs: two-launch: every partial written and read back through
-    the workspace plus a second launch; serial (one launch): the last CTA of each tile reads all S
-    partial tiles alone, after a fence, so its whole tile sum sits on the critical path; cluster: each
-    CTA reads 1/S of the tile from each of its S peers' shared memory (one tile's bytes) between two
-    cluster barriers."""
+    """The split-K reduction as it runs (see the constants above): serial (one launch, the default
+    off sm_90), two-launch (SERIAL 0) or across a cluster (CLUSTER 1)."""
     s = p.get("SPLITS", 1)
     if s <= 1:
         return 0.0
-    tile_bytes = p["BM"] * p["BN"] * 4
+    partial_mb = s * prob.batch * prob.M * prob.N * 4 / 1e6
     if p.get("CLUSTER"):
-        return tile_bytes / _DSMEM_BW + 2 * _SYNC
+        return max(_CLUSTER_MIN, _CLUSTER_PER_10KB * p["BM"] * p["BN"] * 4 / 1e4 - 0.35e-6)
     if p.get("SERIAL", 1):
-        return 2 * s * prob.batch * prob.M * prob.N * 4 / _BW + s * tile_bytes / _CTA_L2_BW + _SYNC
-    return 2 * s * prob.batch * prob.M * prob.N * 4 / _BW + _LAUNCH
+        return _SERIAL_ROUND * p["BM"] * p["BN"] / threads_of(p) + _SERIAL_PER_SPLIT * s
+    return _TWO_LAUNCH + _TWO_LAUNCH_PER_MB * partial_mb
+
+
+# A latency model of the mma.sync kernels at small M (microseconds), fitted by least squares to the
+# same H200 rows (307 mma.sync variants of 8 shapes, rms error 1.6 us): a fixed cost, per wave of
+# resident CTAs, per K tile a CTA runs (and its MMA work, times the CTAs sharing an SM), per CTA
+# launched, per MB that the CTAs read from L2 (every tile column re-reads A, every tile row B),
+# plus the split-K form. The throughput model (estimate_seconds) ranks large problems; this one
+# ranks the small-M configurations of an sm_90 engine (cluster_heuristic), where launch, pipeline
+# fill and reduction latencies, not tensor-core throughput, set the time.
+_LAT = {"const": 1.79, "wave": 0.25, "ktile": 0.24, "work": 0.61, "cta": 0.64, "l2_mb": 0.052}
+
+
+def small_m_seconds(prob: Problem, p: dict[str, Any]) -> float:
+    bm, bn, bk, s = p["BM"], p["BN"], p["BK"], p.get("SPLITS", 1)
+    ctas = ceil_div(prob.M, bm) * ceil_div(prob.N, bn) * prob.batch * s
+    resident = _blocks_per_sm(prob, p)
+    waves = ceil_div(ctas, SM_COUNT * resident)
+    kt = ceil_div(ceil_div(prob.K, bk), s)
+    sharing = min(ceil_div(ctas, SM_COUNT), resident)
+    l2_mb = prob.batch * (ceil_div(prob.N, bn) * prob.M + ceil_div(prob.M, bm) * prob.N) * prob.K * 2 / 1e6
+    us = (
+        _LAT["const"]
+        + waves * (_LAT["wave"] + kt * (_LAT["ktile"] * bk / 32 + _LAT["work"] * bm * bn * bk * sharing / 1e6))
+        + _LAT["cta"] * ctas / SM_COUNT
+        + _LAT["l2_mb"] * l2_mb
+    )
+    return us * 1e-6 + split_seconds(prob, p)
 
 
 def _split_options(prob: Problem, bk: int) -> list[int]:
@@ -475,40 +508,34 @@ def heuristic(prob: Problem, path: str) -> dict[str, Any]:
 
 # Tiles of the cluster split-K search (sm_90): MMA_TILES' small ones and a 64 x 32 tile (cuBLAS runs
 # 64 x 16 and 64 x 32 tiles at these shapes).
-CLUSTER_TILES = [
-    (128, 128, 2, 2, 0.93),
-    (128, 64, 2, 2, 0.8),
-    (64, 128, 2, 2, 0.8),
-    (64, 64, 2, 2, 0.62),
-    (64, 32, 2, 2, 0.5),
-    (32, 64, 1, 2, 0.45),
-]
+CLUSTER_TILES = [(128, 128, 2, 2), (128, 64, 2, 2), (64, 128, 2, 2), (64, 64, 2, 2), (64, 32, 2, 2), (32, 64, 1, 2)]
 
 
 def cluster_candidates(prob: Problem) -> list[dict[str, Any]]:
     """mma.sync parameter sets with split-K across a thread-block cluster (2..8 K slices), and the
     same tiles without split, for an sm_90 engine."""
     out = []
-    ktiles = ceil_div(prob.K, 32)
-    for bm, bn, wm, wn, eff in CLUSTER_TILES:
-        for s in (1, 2, 3, 4, 6, 8):
-            if s > 1 and ktiles // s < 2:
-                continue
-            p = {"path": "mma", "BM": bm, "BN": bn, "BK": 32, "WM": wm, "WN": wn, "SPLITS": s, "_eff": eff}
-            p["STAGES"] = max(2, min(4, ceil_div(ktiles, s)))
-            if s > 1:
-                p["CLUSTER"] = 1
-            if valid(prob, p):
-                out.append(p)
+    for bm, bn, wm, wn in CLUSTER_TILES:
+        for bk in (32, 64):
+            ktiles = ceil_div(prob.K, bk)
+            for s in (1, 2, 3, 4, 6, 8):
+                if s > 1 and ceil_div(prob.K, 32) // s < 6:
+                    continue  # measured: K = 768 (24 K tiles of 32) was fastest at 2-4 slices everywhere
+                p = {"path": "mma", "BM": bm, "BN": bn, "BK": bk, "WM": wm, "WN": wn, "SPLITS": s}
+                p["STAGES"] = max(2, min(4 if bk == 32 else 3, ceil_div(ktiles, s)))
+                if s > 1:
+                    p["CLUSTER"] = 1
+                if valid(prob, p):
+                    out.append(p)
     return out
 
 
 def cluster_heuristic(prob: Problem) -> dict[str, Any]:
-    """The cheapest cluster split-K (or unsplit) mma.sync configuration by the cost model."""
+    """The cheapest cluster split-K (or unsplit) mma.sync configuration by the small-M latency model."""
     pool = cluster_candidates(prob)
     if not pool:
         raise ValueError("no valid cluster GEMM configuration")
-    return min(pool, key=lambda p: (estimate_seconds(prob, p), p["SPLITS"], -p["BM"] * p["BN"]))
+    return min(pool, key=lambda p: (small_m_seconds(prob, p), p["SPLITS"], -p["BM"] * p["BN"]))
 
 
 def public(p: dict[str, Any]) -> dict[str, Any]:

@@ -36,6 +36,9 @@ from graphc.codegen.families.gemm import (
     public,
     split_reduce_kernel,
 )
+from graphc.codegen.families.gemm import (
+    valid as gemm_valid,
+)
 from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, render
 from graphc.errors import CompileError
 from graphc.ir.types import DType
@@ -414,28 +417,65 @@ def selected(prob: Problem) -> bool:
     return prob.M >= SELECT_MIN_M or (prob.M <= SMALL_M_MAX and prob.K >= SMALL_M_MIN_K)
 
 
+# Small-M GEMMs (M <= SMALL_M_MAX with batches folded in: batch-1 linear layers) on an sm_90 engine,
+# measured on an H200 (2026-12-01, tools/bench_gemm_small_m.py, fp16, CUDA-graph replays, us per
+# launch, docs/results/gemm_small_m_h200_2026-12-01.md); the old default was one-launch (serial)
+# split-K mma.sync, 10.8-23 us:
+# - K >= 3072 (128/197 x 768 x 3072): TMA with 8 K slices 8.2 / 8.6 (cuBLAS 8.1 / 8.6); cluster
+#   split-K 8.7 / 11.1. -> TMA (the rule above).
+# - N >= 8192 (GPT-2's lm_head, 128 x 50257 x 768, B [N, K]): TMA BN 128 without split 28.4 (the
+#   default mma.sync 70.0, cuBLAS 144 through torch.matmul). -> TMA, BN 128, no split. With B
+#   [K, N] and N odd (no TMA: rows not 16-byte aligned) mma.sync 128 x 64 without split 157
+#   against 262 for the default 128 x 128. -> that tile.
+# - N in 2048..8191, K < 3072 (2304, 3072 x 768): M <= 128: the cp.async wgmma kernel, 64 x 64
+#   tiles without split, 6.7 / 6.8 (TMA 7.5-7.9, cluster 7.5 / 8.2, cuBLAS 4.8 / 4.9); M = 197:
+#   TMA BN 128 without split 7.9 / 8.0 (wgmma 8.4 / 8.5, cluster 10.1 / 11.6). -> those.
+# - otherwise (N = 768, K = 768): mma.sync with split-K across a cluster (gemm.cluster_heuristic)
+#   5.2 / 6.3 at M = 128 / 197 (two-launch split 7.0 / 8.3, serial 10.8 / 12.0, TMA 6.2 / 6.5,
+#   cuBLAS 3.8 / 4.2). -> cluster split-K.
+WIDE_N = 2048
+HUGE_N = 8192
+
+
+def small_m_params(prob: Problem) -> tuple[str, dict[str, Any]]:
+    """("tma" | "gemm", parameters) of a small-M problem on sm_90 by the rules above."""
+    tma_ok = unsupported(prob) is None and prob.N >= 128 and prob.K >= 128
+    if tma_ok and prob.K >= SMALL_M_MIN_K:
+        return "tma", heuristic(prob)
+    if prob.N >= HUGE_N:
+        if tma_ok:
+            return "tma", {"BN": 128, "STAGES": max_stages(128), "SPLITS": 1, "PINGPONG": 0}
+        return "gemm", {"path": "mma", "BM": 128, "BN": 64, "BK": 32, "WM": 2, "WN": 2, "STAGES": 4, "SPLITS": 1}
+    if prob.N >= WIDE_N and prob.K < SMALL_M_MIN_K:
+        wg = {"path": "wgmma", "BM": 64, "BN": 64, "BK": 64, "STAGES": 6, "SPLITS": 1}
+        if prob.M <= 128 and gemm_valid(prob, wg):
+            return "gemm", wg
+        if tma_ok:
+            return "tma", {"BN": 128, "STAGES": max_stages(128), "SPLITS": 1, "PINGPONG": 0}
+    return "gemm", public(cluster_heuristic(prob))
+
+
 def select(ctx: StepContext) -> list[KernelSource]:
-    """The TMA GEMM's kernels for a step where the rules choose it; [] elsewhere (the caller takes
-    another path, which is logged)."""
+    """The kernels of an sm_90 engine's GEMM step where the measured rules choose a Hopper path
+    (the TMA GEMM; for small M also the wgmma kernel or cluster split-K); [] elsewhere (the caller
+    takes the default path, which is logged)."""
     if ctx.precision not in ("fp16", "bf16"):
         return []
     try:
         prob = problem_of(ctx)
     except CompileError:
         return []
+    if small_m(prob):
+        kind, p = small_m_params(prob)
+        log.debug("%s: small-M GEMM on %s %s", ctx.step.name, kind, p)
+        return generate(ctx, p) if kind == "tma" else _generate(ctx.with_params(p))
     if not selected(prob):
-        if cluster_selected(prob):
-            p = public(cluster_heuristic(prob))
-            log.debug("%s: cluster split-K mma.sync GEMM %s", ctx.step.name, p)
-            return _generate(ctx.with_params(p))
         log.debug("%s: not on the TMA GEMM (M=%d N=%d K=%d)", ctx.step.name, prob.M, prob.N, prob.K)
         return []
     return generate(ctx)
 
 
-def cluster_selected(prob: Problem) -> bool:
-    """Whether an sm_90 engine runs this problem on the mma.sync GEMM with split-K across a
-    thread-block cluster (gemm.cluster_heuristic) rather than the default mma.sync heuristic:
-    small-M fp16/bf16 problems (M <= SMALL_M_MAX, batches folded in) that the TMA GEMM does not
-    take. Measured: see CLUSTER_RULES."""
+def small_m(prob: Problem) -> bool:
+    """Whether the small-M rules (small_m_params) decide: fp16/bf16 with M <= SMALL_M_MAX (batches
+    folded in)."""
     return prob.dtype in (DType.float16, DType.bfloat16) and prob.M <= SMALL_M_MAX

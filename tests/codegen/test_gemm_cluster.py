@@ -48,11 +48,13 @@ def test_cluster_kernel_compiles(case):
     ctx = case.context()
     (k,) = family_for(ctx).generate(ctx)
     s = k.params["SPLITS"]
-    assert k.params["CLUSTER"] == 1 and "SERIAL" not in k.params and k.params["requires_arch"] == "sm_90"
+    wgmma = k.params["path"] == "wgmma"
+    assert k.params["CLUSTER"] == 1 and "SERIAL" not in k.params
+    assert k.params["requires_arch"] == ("sm_90a" if wgmma else "sm_90")
     assert k.workspace_bytes == 0 and "@workspace" not in k.args
-    assert f"__cluster_dims__(1, 1, {s})" in k.source and "_arrived" not in k.source
+    assert f"__cluster_dims__(1, 1, {s}) __launch_bounds__" in k.source and "_arrived" not in k.source
     assert k.grid[2] % s == 0 and k.grid[2] == s * problem_of(ctx).batch
-    for arch in ("sm_90", "sm_90a"):
+    for arch in ("sm_90a",) if wgmma else ("sm_90", "sm_90a"):
         assert compile_cubin(k.source, k.name, arch)[:4] == b"\x7fELF"
 
 
@@ -61,7 +63,8 @@ def test_cluster_params_checked():
     base = {"path": "mma", "BM": 64, "BN": 64, "BK": 32, "WM": 2, "WN": 2, "STAGES": 4}
     assert valid(prob, {**base, "SPLITS": 8, "CLUSTER": 1})
     assert not valid(prob, {**base, "SPLITS": 12, "CLUSTER": 1})  # more than the portable cluster of 8
-    assert not valid(prob, {"path": "wgmma", "BM": 64, "BN": 64, "BK": 64, "STAGES": 4, "SPLITS": 4, "CLUSTER": 1})
+    assert valid(prob, {"path": "wgmma", "BM": 64, "BN": 64, "BK": 64, "STAGES": 4, "SPLITS": 4, "CLUSTER": 1})
+    assert not valid(prob, {"path": "wgmma", "BM": 64, "BN": 64, "BK": 64, "STAGES": 4, "SPLITS": 9, "CLUSTER": 1})
     fp32 = problem_of(standalone_context("MatMul", [(128, 768), (768, 768)], DType.float32))
     assert not valid(fp32, {"path": "simt", "BM": 64, "BN": 64, "BK": 8, "TM": 4, "TN": 4, "SPLITS": 4, "CLUSTER": 1})
     # the whole fp32 tile is staged in shared memory for the peers
@@ -129,11 +132,40 @@ def test_engine_plans_take_cluster_split_k_on_sm90_only():
                 assert ln.grid[2] % ln.params["SPLITS"] == 0
 
 
-def test_sm90_selection_rules():
-    for m, n, k in LINEAR:
+def test_sm90_small_m_rules():
+    """The measured rules of gemm_sm90.small_m_params on the batch-1 linear layers and lm_head."""
+    from graphc.ops.registry import get_op
+
+    want = {
+        (128, 768, 768): "cluster",
+        (197, 768, 768): "cluster",
+        (128, 2304, 768): "wgmma",
+        (128, 3072, 768): "wgmma",
+        (197, 2304, 768): "tma",
+        (197, 3072, 768): "tma",
+        (128, 768, 3072): "tma",
+        (197, 768, 3072): "tma",
+    }
+    for (m, n, k), kind in want.items():
         prob = _prob(m, n, k)
-        assert gemm_sm90.selected(prob) or gemm_sm90.cluster_selected(prob), (m, n, k)
-    assert not gemm_sm90.cluster_selected(_prob(4096, 768, 768))
-    assert not gemm_sm90.cluster_selected(
-        problem_of(standalone_context("MatMul", [(128, 64), (64, 64)], DType.float32))
+        assert gemm_sm90.small_m(prob)
+        got, p = gemm_sm90.small_m_params(prob)
+        label = got if got == "tma" else ("cluster" if p["path"] == "mma" else p["path"])
+        assert label == kind, ((m, n, k), got, p)
+        if kind == "cluster":
+            assert p["SPLITS"] > 1 and p["CLUSTER"] == 1
+        if got == "tma" and k == 768:
+            assert p["SPLITS"] == 1 and p["BN"] == 128
+    # lm_head: B [N, K] takes TMA; B [K, N] with an odd N (no 16-byte rows) the 128 x 64 mma.sync tile
+    kmaj = standalone_context(
+        "MatMul",
+        [(128, 768), (50257, 768)],
+        DType.float16,
+        domain="graphc",
+        attrs=get_op("MatMul", "graphc").attrs(trans_b=1),
     )
+    assert gemm_sm90.small_m_params(problem_of(kmaj))[0] == "tma"
+    kind, p = gemm_sm90.small_m_params(_prob(128, 50257, 768))
+    assert kind == "gemm" and (p["BM"], p["BN"], p["SPLITS"]) == (128, 64, 1)
+    assert not gemm_sm90.small_m(_prob(4096, 768, 768))
+    assert not gemm_sm90.small_m(problem_of(standalone_context("MatMul", [(128, 64), (64, 64)], DType.float32)))

@@ -38,6 +38,10 @@ def _tile(bm: int, bn: int, wm: int, wn: int, s: int, **kw) -> dict:
     }
 
 
+def _wgmma(bm: int, bn: int, s: int) -> dict:
+    return {"path": "wgmma", "BM": bm, "BN": bn, "BK": 64, "STAGES": 4, "SPLITS": s, "CLUSTER": 1}
+
+
 def _cases() -> list[Case]:
     out = [
         Case("fp16-128x768x768-64x32-s8", "fp16", "MatMul", [(128, 768), (768, 768)], params=_tile(64, 32, 2, 2, 8)),
@@ -98,7 +102,22 @@ def _cases() -> list[Case]:
             params=_tile(64, 128, 2, 2, 2),
         ),
         Case("bf16-128x768x3072-s8", "bf16", "MatMul", [(128, 3072), (3072, 768)], params=_tile(64, 64, 2, 2, 8)),
+        Case("fp16-wgmma-128x768x768-s4", "fp16", "MatMul", [(128, 768), (768, 768)], params=_wgmma(64, 64, 4)),
+        Case("fp16-wgmma-batched-qkv-s3", "fp16", "MatMul", [(1, 128, 768), (3, 768, 768)], params=_wgmma(64, 128, 3)),
     ]
+    g = _bias_gelu_residual(197, 776)
+    out.append(
+        Case(
+            "bf16-wgmma-197x776x768-bias-gelu-residual-s2",
+            "bf16",
+            "MatMul",
+            [(197, 768), (768, 776), *g["extra"]],
+            n_anchor=2,
+            epilogue=g["epilogue"],
+            outputs=g["outputs"],
+            params=_wgmma(64, 64, 2),
+        )
+    )
     return out
 
 
