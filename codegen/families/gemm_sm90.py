@@ -492,7 +492,15 @@ def select(ctx: StepContext) -> list[KernelSource]:
     return generate(ctx)
 
 
+# Smaller N or K than this keep the default path: the rules were measured from 768 up.
+SMALL_M_MIN_NK = 256
+
+
 def small_m(prob: Problem) -> bool:
     """Whether the small-M rules (small_m_params) decide: fp16/bf16 with M <= SMALL_M_MAX (batches
-    folded in)."""
-    return prob.dtype in (DType.float16, DType.bfloat16) and prob.M <= SMALL_M_MAX
+    folded in) and N, K >= SMALL_M_MIN_NK."""
+    return (
+        prob.dtype in (DType.float16, DType.bfloat16)
+        and prob.M <= SMALL_M_MAX
+        and min(prob.N, prob.K) >= SMALL_M_MIN_NK
+    )

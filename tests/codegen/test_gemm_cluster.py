@@ -168,4 +168,5 @@ def test_sm90_small_m_rules():
     kind, p = gemm_sm90.small_m_params(_prob(128, 50257, 768))
     assert kind == "gemm" and (p["BM"], p["BN"], p["SPLITS"]) == (128, 64, 1)
     assert not gemm_sm90.small_m(_prob(4096, 768, 768))
+    assert not gemm_sm90.small_m(_prob(128, 128, 64))  # below the measured range: the default path
     assert not gemm_sm90.small_m(problem_of(standalone_context("MatMul", [(128, 64), (64, 64)], DType.float32)))
