@@ -14,9 +14,12 @@ rows, the batch folds into M (one big GEMM).
 Kernel paths, one template each (templates/gemm_<path>.cu.j2, their shared pieces in
 gemm_common.cu.j2): fp16/bf16 on tensor cores (gemm_mma: mma.sync m16n8k16, cp.async pipeline,
 ldmatrix; gemm_wgmma: sm_90a warpgroup MMA); fp32 as SIMT register tiles (gemm_simt), or TF32
-tensor cores when allowed (gemm_mma); fp64 SIMT. Split-K writes fp32 partials to the workspace and
-a second kernel (gemm_reduce) sums them and runs the epilogue, so the epilogue sees each element
-once, after the full sum.
+tensor cores when allowed (gemm_mma); fp64 SIMT. Split-K has three forms, and the epilogue always
+sees each element once, after the full sum: serial (SERIAL 1, the default: fp32 partials in the
+workspace, the last CTA of a tile to arrive sums them under an atomic counter), two-launch
+(SERIAL 0: a second kernel, gemm_reduce, sums them) and, on sm_90, across a thread-block cluster
+(CLUSTER 1: the K slices of a tile are one cluster's CTAs and sum their partials from each other's
+shared memory; gemm_sm90.small_m_params chooses it). split_seconds charges each what it costs.
 """
 
 from __future__ import annotations
@@ -359,7 +362,6 @@ def _blocks_per_sm(prob: Problem, p: dict[str, Any]) -> int:
 # Rough rates for the cost model (H200): only ratios matter.
 _RATE = {"wgmma": 700e12, "mma": 330e12, "tf32": 150e12, "simt": 45e12}
 _BW = 4.0e12
-_LAUNCH = 3e-6
 
 
 def estimate_seconds(prob: Problem, p: dict[str, Any]) -> float:
