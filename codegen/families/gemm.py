@@ -14,9 +14,12 @@ rows, the batch folds into M (one big GEMM).
 Kernel paths, one template each (templates/gemm_<path>.cu.j2, their shared pieces in
 gemm_common.cu.j2): fp16/bf16 on tensor cores (gemm_mma: mma.sync m16n8k16, cp.async pipeline,
 ldmatrix; gemm_wgmma: sm_90a warpgroup MMA); fp32 as SIMT register tiles (gemm_simt), or TF32
-tensor cores when allowed (gemm_mma); fp64 SIMT. Split-K writes fp32 partials to the workspace and
-a second kernel (gemm_reduce) sums them and runs the epilogue, so the epilogue sees each element
-once, after the full sum.
+tensor cores when allowed (gemm_mma); fp64 SIMT. Split-K has three forms, and the epilogue always
+sees each element once, after the full sum: serial (SERIAL 1, the default: fp32 partials in the
+workspace, the last CTA of a tile to arrive sums them under an atomic counter), two-launch
+(SERIAL 0: a second kernel, gemm_reduce, sums them) and, on sm_90, across a thread-block cluster
+(CLUSTER 1: the K slices of a tile are one cluster's CTAs and sum their partials from each other's
+shared memory; gemm_sm90.small_m_params chooses it). split_seconds charges each what it costs.
 """
 
 from __future__ import annotations
@@ -287,7 +290,8 @@ def shared_bytes(prob: Problem, p: dict[str, Any]) -> int:
         return max(2 * p["BK"] * (p["BM"] + p["BN"]), ty * (p["BN"] + 4)) * cb
     _, ast, _, bst = _pitches(prob, path, p["BM"], p["BN"], p["BK"])
     eb = 4 if path == "tf32" else 2
-    return max(p["STAGES"] * (ast + bst) * eb, p["WM"] * 16 * (p["BN"] + 8) * 4)
+    rows = p["BM"] if p.get("CLUSTER") else p["WM"] * 16  # cluster split-K stages the whole tile
+    return max(p["STAGES"] * (ast + bst) * eb, rows * (p["BN"] + 8) * 4)
 
 
 def threads_of(p: dict[str, Any]) -> int:
@@ -317,6 +321,8 @@ def valid(prob: Problem, p: dict[str, Any]) -> bool:
         return False  # fp32 partials would lose fp64 precision
     if prob.batch * s > MAX_GRID_Z:
         return False
+    if p.get("CLUSTER", 0) not in (0, 1) or (p.get("CLUSTER") and not (path != "simt" and 2 <= s <= 8)):
+        return False  # cluster split-K: tensor-core kernels, 2..8 K slices (the portable cluster size)
     if path == "wgmma":
         if prob.dtype not in TC_DTYPES or bk != 64 or bm not in (64, 128) or bn not in (64, 128, 192, 256):
             return False
@@ -356,7 +362,6 @@ def _blocks_per_sm(prob: Problem, p: dict[str, Any]) -> int:
 # Rough rates for the cost model (H200): only ratios matter.
 _RATE = {"wgmma": 700e12, "mma": 330e12, "tf32": 150e12, "simt": 45e12}
 _BW = 4.0e12
-_LAUNCH = 3e-6
 
 
 def estimate_seconds(prob: Problem, p: dict[str, Any]) -> float:
@@ -375,8 +380,63 @@ def estimate_seconds(prob: Problem, p: dict[str, Any]) -> float:
     t_math = per_sm_blocks * 2.0 * bm * bn * kspan / (eff * per_sm * util)
     e = prob.dtype.itemsize
     t_mem = (prob.batch * (prob.M * prob.K + prob.K * prob.N) * e + prob.batch * prob.M * prob.N * e) / _BW
-    t_split = (2 * s * prob.batch * prob.M * prob.N * 4 / _BW + _LAUNCH) if s > 1 else 0.0
-    return max(t_math, t_mem) + t_split
+    return max(t_math, t_mem) + split_seconds(prob, p)
+
+
+# What each split-K form costs on top of its main loop, fitted by least squares to the mma.sync rows
+# of tools/bench_gemm_small_m.py on an H200 (docs/results/gemm_small_m_h200_2026-12-01.md).
+# Serial (one launch): the last CTA of a tile sums the partials alone, one element per thread per
+# round, each round an L2 round trip (~0.28 us: BM * BN / THREADS rounds, 32 for a 64 x 64 tile), so
+# it costs 7-10 us at 64 x 64 whatever S is; that, not the fp32 traffic, made it 1.5-2x slower than
+# the two-launch split. Two-launch: a second launch (~1 us) and the partials' round trip.
+# Cluster: the tile's partials read from the peers' shared memory between two cluster barriers.
+_SERIAL_ROUND = 0.28e-6
+_SERIAL_PER_SPLIT = 0.26e-6
+_TWO_LAUNCH = 0.97e-6
+_TWO_LAUNCH_PER_MB = 0.25e-6  # per MB of fp32 partials (S * M * N * 4 bytes)
+_CLUSTER_PER_10KB = 0.73e-6  # per 10 KB of fp32 tile (BM * BN * 4 bytes)
+_CLUSTER_MIN = 0.3e-6
+
+
+def split_seconds(prob: Problem, p: dict[str, Any]) -> float:
+    """The split-K reduction as it runs (see the constants above): serial (one launch, the default
+    off sm_90), two-launch (SERIAL 0) or across a cluster (CLUSTER 1)."""
+    s = p.get("SPLITS", 1)
+    if s <= 1:
+        return 0.0
+    partial_mb = s * prob.batch * prob.M * prob.N * 4 / 1e6
+    if p.get("CLUSTER"):
+        return max(_CLUSTER_MIN, _CLUSTER_PER_10KB * p["BM"] * p["BN"] * 4 / 1e4 - 0.35e-6)
+    if p.get("SERIAL", 1):
+        return _SERIAL_ROUND * p["BM"] * p["BN"] / threads_of(p) + _SERIAL_PER_SPLIT * s
+    return _TWO_LAUNCH + _TWO_LAUNCH_PER_MB * partial_mb
+
+
+# A latency model of the mma.sync kernels at small M (microseconds), fitted by least squares to the
+# same H200 rows (307 mma.sync variants of 8 shapes, rms error 1.6 us): a fixed cost, per wave of
+# resident CTAs, per K tile a CTA runs (and its MMA work, times the CTAs sharing an SM), per CTA
+# launched, per MB that the CTAs read from L2 (every tile column re-reads A, every tile row B),
+# plus the split-K form. The throughput model (estimate_seconds) ranks large problems; this one
+# ranks the small-M configurations of an sm_90 engine (cluster_heuristic), where launch, pipeline
+# fill and reduction latencies, not tensor-core throughput, set the time.
+_LAT = {"const": 1.79, "wave": 0.25, "ktile": 0.24, "work": 0.61, "cta": 0.64, "l2_mb": 0.052}
+
+
+def small_m_seconds(prob: Problem, p: dict[str, Any]) -> float:
+    bm, bn, bk, s = p["BM"], p["BN"], p["BK"], p.get("SPLITS", 1)
+    ctas = ceil_div(prob.M, bm) * ceil_div(prob.N, bn) * prob.batch * s
+    resident = _blocks_per_sm(prob, p)
+    waves = ceil_div(ctas, SM_COUNT * resident)
+    kt = ceil_div(ceil_div(prob.K, bk), s)
+    sharing = min(ceil_div(ctas, SM_COUNT), resident)
+    l2_mb = prob.batch * (ceil_div(prob.N, bn) * prob.M + ceil_div(prob.M, bm) * prob.N) * prob.K * 2 / 1e6
+    us = (
+        _LAT["const"]
+        + waves * (_LAT["wave"] + kt * (_LAT["ktile"] * bk / 32 + _LAT["work"] * bm * bn * bk * sharing / 1e6))
+        + _LAT["cta"] * ctas / SM_COUNT
+        + _LAT["l2_mb"] * l2_mb
+    )
+    return us * 1e-6 + split_seconds(prob, p)
 
 
 def _split_options(prob: Problem, bk: int) -> list[int]:
@@ -446,6 +506,38 @@ def heuristic(prob: Problem, path: str) -> dict[str, Any]:
                 best[key] = p
         pool = list(best.values()) or pool
     return min(pool, key=lambda p: (estimate_seconds(prob, p), p.get("SPLITS", 1), -p["BM"] * p["BN"]))
+
+
+# Tiles of the cluster split-K search (sm_90): MMA_TILES' small ones and a 64 x 32 tile (cuBLAS runs
+# 64 x 16 and 64 x 32 tiles at these shapes).
+CLUSTER_TILES = [(128, 128, 2, 2), (128, 64, 2, 2), (64, 128, 2, 2), (64, 64, 2, 2), (64, 32, 2, 2), (32, 64, 1, 2)]
+
+
+def cluster_candidates(prob: Problem) -> list[dict[str, Any]]:
+    """mma.sync parameter sets with split-K across a thread-block cluster (2..8 K slices), and the
+    same tiles without split, for an sm_90 engine."""
+    out = []
+    for bm, bn, wm, wn in CLUSTER_TILES:
+        for bk in (32, 64):
+            ktiles = ceil_div(prob.K, bk)
+            for s in (1, 2, 3, 4, 6, 8):
+                if s > 1 and ceil_div(prob.K, 32) // s < 6:
+                    continue  # measured: K = 768 (24 K tiles of 32) was fastest at 2-4 slices everywhere
+                p = {"path": "mma", "BM": bm, "BN": bn, "BK": bk, "WM": wm, "WN": wn, "SPLITS": s}
+                p["STAGES"] = max(2, min(4 if bk == 32 else 3, ceil_div(ktiles, s)))
+                if s > 1:
+                    p["CLUSTER"] = 1
+                if valid(prob, p):
+                    out.append(p)
+    return out
+
+
+def cluster_heuristic(prob: Problem) -> dict[str, Any]:
+    """The cheapest cluster split-K (or unsplit) mma.sync configuration by the small-M latency model."""
+    pool = cluster_candidates(prob)
+    if not pool:
+        raise ValueError("no valid cluster GEMM configuration")
+    return min(pool, key=lambda p: (small_m_seconds(prob, p), p["SPLITS"], -p["BM"] * p["BN"]))
 
 
 def public(p: dict[str, Any]) -> dict[str, Any]:
@@ -623,10 +715,22 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
     ab_names = [step.inputs[0], step.inputs[1]]
     # Split-K sums its fp32 partials in the same launch (the last block of a tile to finish does it:
     # templates' split_finish), unless SERIAL is 0, which keeps the second kernel (gemm_reduce).
-    serial = splits > 1 and bool(p.get("SERIAL", 1))
+    # CLUSTER 1: the K slices of a tile are the CTAs of one thread-block cluster and reduce through
+    # distributed shared memory (sm_90+; no workspace, no counters, one launch).
+    cluster = splits > 1 and bool(p.get("CLUSTER", 0))
+    serial = splits > 1 and not cluster and bool(p.get("SERIAL", 1))
+    if cluster and rownorm is not None:
+        raise ctx.fail("a row-norm epilogue with cluster split-K (use SERIAL 1)")
     if rownorm is not None and splits > 1 and not serial:
         raise ctx.fail("a row-norm epilogue needs split-K in one launch (SERIAL 1)")
-    if serial:
+    p.pop("CLUSTER", None)
+    if cluster:
+        p.pop("SERIAL", None)
+        p["CLUSTER"] = 1
+        p["requires_arch"] = "sm_90"
+        kparams = ab + out_decls
+        kargs = ab_names + out_names
+    elif serial:
         p["SERIAL"] = 1
         kparams = [*ab, *out_decls, *norm_decls, "float* __restrict__ ws"]
         kargs = [*ab_names, *out_names, *norm_names, "@workspace"]
@@ -655,6 +759,7 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         threads=threads,
         splits=splits,
         serial=serial,
+        cluster=cluster,
         tiles=tiles,
         rownorm=rownorm,
         tiles_m=ceil_div(prob.M, p["BM"]),
@@ -731,11 +836,11 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         )
     p.update({"M": prob.M, "N": prob.N, "K": prob.K, "batch": prob.batch, "a": _lay(prob.a), "b": _lay(prob.b)})
     source = render(f"gemm_{main_ctx['kind']}.cu.j2", **main_ctx)
-    ws_bytes = splits * prob.batch * prob.M * prob.N * 4 if splits > 1 else 0
+    ws_bytes = splits * prob.batch * prob.M * prob.N * 4 if splits > 1 and not cluster else 0
     kernels = [
         KernelSource("gemm", name, source, grid, (threads, 1, 1), kargs, smem, params=p, workspace_bytes=ws_bytes)
     ]
-    if splits > 1 and not serial:
+    if splits > 1 and not serial and not cluster:
         kernels.append(split_reduce_kernel("gemm", name, common, out_decls, out_names, total, splits, ws_bytes))
     return kernels
 

@@ -25,7 +25,20 @@ from typing import Any
 from graphc.codegen.cuda_types import cuda_type, dtype_from_numpy_name
 from graphc.codegen.epilogue import broadcast_index, render_epilogue, step_operands
 from graphc.codegen.expr import lit
-from graphc.codegen.families.gemm import SM_COUNT, Problem, _c_expr, _kernel_args, problem_of, split_reduce_kernel
+from graphc.codegen.families.gemm import (
+    SM_COUNT,
+    Problem,
+    _c_expr,
+    _generate,
+    _kernel_args,
+    cluster_heuristic,
+    problem_of,
+    public,
+    split_reduce_kernel,
+)
+from graphc.codegen.families.gemm import (
+    valid as gemm_valid,
+)
 from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, render
 from graphc.errors import CompileError
 from graphc.ir.types import DType
@@ -404,16 +417,90 @@ def selected(prob: Problem) -> bool:
     return prob.M >= SELECT_MIN_M or (prob.M <= SMALL_M_MAX and prob.K >= SMALL_M_MIN_K)
 
 
+# Small-M GEMMs (M <= SMALL_M_MAX with batches folded in: batch-1 linear layers) on an sm_90 engine,
+# measured on an H200 (2026-12-01, tools/bench_gemm_small_m.py [--rules], fp16, CUDA-graph replays,
+# us per launch, docs/results/gemm_small_m_h200_2026-12-01.md). Main's default before: mma.sync with
+# one-launch (serial) split-K, 10.7-17.6 us at K = 768.
+# - K >= 3072 (128/197 x 768 x 3072): TMA with 8 K slices 8.2-8.4 / 8.6-8.7 (cuBLAS 8.1 / 8.6-8.7);
+#   wgmma with cluster split-K 8.0 / 8.9, within noise. -> TMA (the rule above).
+# - N >= 8192 (GPT-2's lm_head, 128 x 50257 x 768, B [N, K]): TMA BN 128 without split 28.4-28.9
+#   (the default mma.sync 70.0-70.4, cuBLAS 144-145 through torch.matmul). -> TMA, BN 128, no
+#   split. With B [K, N] and N odd (no TMA, no wgmma: rows not 16-byte aligned) mma.sync 128 x 64
+#   without split 156-157 against 262 for the default 128 x 128. -> that tile.
+# - otherwise (N 768..3072, K 768): the cp.async wgmma kernel, 64 x 64 tiles, split-K across a
+#   cluster of S CTAs: 128x768x768 4.5 (S 4; cuBLAS 3.9, two-launch split 7.2, main 16.1),
+#   197x768x768 5.3 (S 4; cuBLAS 4.3), 128x2304x768 6.1 (S 3; unsplit 6.8, cuBLAS 4.9),
+#   128x3072x768 6.7 (S 2; unsplit 6.9, cuBLAS 4.9), 197x2304x768 7.7 and 197x3072x768 7.8 (S 2;
+#   TMA unsplit 8.0 / 8.1, cuBLAS 4.8 / 5.3). S is the largest of 4, 3, 2 that keeps tiles * S
+#   within 2 waves of CTAs (S 4 at 128x2304 was 6.5, S 3 at 128x3072 6.8) and 3 K tiles a slice;
+#   more than 2 waves of tiles: no split (not measured). -> WGMMA_CLUSTER_*.
+# - where the wgmma kernel cannot take the operands (rows not 16-byte aligned): mma.sync with
+#   cluster split-K (gemm.cluster_heuristic, its latency model): 5.2-5.3 / 6.3-6.4 us at N = K = 768.
+WIDE_N = 8192
+WGMMA_CLUSTER_TILE = (64, 64)
+WGMMA_CLUSTER_SPLITS = (4, 3, 2)
+
+
+def wgmma_cluster_params(prob: Problem) -> dict[str, Any] | None:
+    """The wgmma kernel with cluster split-K by the rule above, or None where it does not apply."""
+    bm, bn = WGMMA_CLUSTER_TILE
+    tiles = ceil_div(prob.M, bm) * ceil_div(prob.N, bn) * prob.batch
+    ktiles = ceil_div(prob.K, 64)
+    splits = 1
+    if tiles <= 2 * SM_COUNT:
+        fits = [s for s in WGMMA_CLUSTER_SPLITS if tiles * s <= 2 * SM_COUNT and ktiles // s >= 3]
+        splits = fits[0] if fits else (2 if ktiles >= 6 else 1)
+    p: dict[str, Any] = {"path": "wgmma", "BM": bm, "BN": bn, "BK": 64, "STAGES": 4 if splits > 1 else 6}
+    p["SPLITS"] = splits
+    if splits > 1:
+        p["CLUSTER"] = 1
+    return p if gemm_valid(prob, p) else None
+
+
+def small_m_params(prob: Problem) -> tuple[str, dict[str, Any]]:
+    """("tma" | "gemm", parameters) of a small-M problem on sm_90 by the rules above."""
+    tma_ok = unsupported(prob) is None and prob.N >= 128 and prob.K >= 128
+    if tma_ok and prob.K >= SMALL_M_MIN_K:
+        return "tma", heuristic(prob)
+    if prob.N >= WIDE_N:
+        if tma_ok:
+            return "tma", {"BN": 128, "STAGES": max_stages(128), "SPLITS": 1, "PINGPONG": 0}
+        return "gemm", {"path": "mma", "BM": 128, "BN": 64, "BK": 32, "WM": 2, "WN": 2, "STAGES": 4, "SPLITS": 1}
+    wg = wgmma_cluster_params(prob)
+    if wg is not None:
+        return "gemm", wg
+    return "gemm", public(cluster_heuristic(prob))
+
+
 def select(ctx: StepContext) -> list[KernelSource]:
-    """The TMA GEMM's kernels for a step where the rules choose it; [] elsewhere (the caller takes
-    another path, which is logged)."""
+    """The kernels of an sm_90 engine's GEMM step where the measured rules choose a Hopper path
+    (the TMA GEMM; for small M also the wgmma kernel or cluster split-K); [] elsewhere (the caller
+    takes the default path, which is logged)."""
     if ctx.precision not in ("fp16", "bf16"):
         return []
     try:
         prob = problem_of(ctx)
     except CompileError:
         return []
+    if small_m(prob):
+        kind, p = small_m_params(prob)
+        log.debug("%s: small-M GEMM on %s %s", ctx.step.name, kind, p)
+        return generate(ctx, p) if kind == "tma" else _generate(ctx.with_params(p))
     if not selected(prob):
         log.debug("%s: not on the TMA GEMM (M=%d N=%d K=%d)", ctx.step.name, prob.M, prob.N, prob.K)
         return []
     return generate(ctx)
+
+
+# Smaller N or K than this keep the default path: the rules were measured from 768 up.
+SMALL_M_MIN_NK = 256
+
+
+def small_m(prob: Problem) -> bool:
+    """Whether the small-M rules (small_m_params) decide: fp16/bf16 with M <= SMALL_M_MAX (batches
+    folded in) and N, K >= SMALL_M_MIN_NK."""
+    return (
+        prob.dtype in (DType.float16, DType.bfloat16)
+        and prob.M <= SMALL_M_MAX
+        and min(prob.N, prob.K) >= SMALL_M_MIN_NK
+    )

@@ -85,4 +85,24 @@ __device__ __forceinline__ float gc_gelu_fast(float x) {
   const float s = (0.5f * x) * (p * e);  // x/2 * (1 - erf(|z|))
   return x < 0.f ? s : x - s;            // x/2 * (1 + erf(z))
 }
+// Thread-block clusters (sm_90): a barrier of every thread of every CTA of the cluster, with
+// release/acquire semantics for shared-memory writes (the cluster's distributed shared memory);
+// the shared::cluster address of a 32-bit shared::cta address in the CTA of rank `rank`; a 16-byte
+// load from distributed shared memory (the address 16-byte aligned).
+__device__ __forceinline__ void gc_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ unsigned gc_dsmem_addr(unsigned addr, unsigned rank) {
+  unsigned r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float4 gc_ld_dsmem_f4(unsigned addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
 {% endraw %}
