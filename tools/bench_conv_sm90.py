@@ -156,6 +156,26 @@ def igemm_candidates(n, hw, c, k, r, stride, residual, relu) -> tuple[Any, list[
         vs.append({"BN": h["BN"], "SPLITS": 1})
     if h["B_MODE"] == "tma":
         vs.append({**h, "B_MODE": "cp"})
+    if ceil_div(g.m, conv_sm90.IGEMM_BM) * ceil_div(k, 128) < 132 and ktiles >= 24:
+        # too few tiles for the SMs: the split-K neighbourhood (one launch and two)
+        for bn, splits, extra in (
+            (64, 2, {}),
+            (64, 3, {}),
+            (128, 2, {"SERIAL": 0}),
+            (128, 3, {}),
+            (128, 4, {"MINB": 2, "STAGES": 3}),
+            (256, 4, {}),
+            (256, 5, {}),
+        ):
+            if bn // 2 < k:
+                vs.append({"BN": bn, "SPLITS": splits, **extra})
+    seen, uniq = set(), []
+    for p in vs:  # the heuristic's own choice once
+        key = None if p is None else tuple(sorted(p.items()))
+        if key not in seen:
+            seen.add(key)
+            uniq.append(p)
+    vs = uniq
     for p in vs:
         try:
             out.append(("ig" + ("*" if p is None else ""), p, conv_sm90.igemm_generate(ctx, p)))
@@ -334,9 +354,8 @@ def main(argv: list[str] | None = None) -> int:
             return f"{ok[lb]['ms'] * 1e3:7.1f} us {ok[lb]['tflops']:5.1f} TF {ok[lb]['ratio']:4.2f}x"
 
         bp = best["params"] if best else {}
-        what = "/".join(
-            str(bp.get(q, "-")) for q in (("BN", "PINGPONG") if fam == "tma" else ("BN", "STAGES", "SPLITS", "MINB"))
-        )
+        keys = ("BN", "PINGPONG") if fam == "tma" else ("BN", "STAGES", "SPLITS", "MINB", "SERIAL", "B_MODE")
+        what = "/".join(str(bp.get(q, "-")) for q in keys)
         line = (
             f"N={n:2} {hw:3}x{hw:3} {c:4}->{k:4} {r}x{r}/s{stride} {'res ' if residual else '    '}"
             f"{'relu' if relu else '    '} M={n * oh * oh:6} cuDNN {t_ref * 1e3:7.1f} us | tc {us('tc')} | "

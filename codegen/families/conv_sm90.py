@@ -152,30 +152,42 @@ def igemm_b_mode(g: ConvGeometry) -> str:
     return "tma" if g.rsc % 8 == 0 else "elem"
 
 
+# Relative throughput per tile of each width (BN 64 at 4 stages: two blocks share an SM and hide
+# each other's barrier and gather latency). Fitted to the H200 measurements of the selection comment.
+_IGEMM_EFF = {64: 0.9, 128: 0.92, 256: 1.0}
+
+
 def igemm_heuristic(g: ConvGeometry) -> dict[str, Any]:
-    """Tile width and K slices by the wave model of gemm_sm90.heuristic (busiest SM's padded tile
-    work, wider tiles a little faster per element, split-K charged its fp32 round trip); the
-    deepest pipeline that fits. Measured rules: the comment of the selection below."""
+    """Tile width and K slices by a wave model (the busiest SM's padded tile work over the tile's
+    efficiency; split-K charged its fp32 round trip through L2); the pipeline depth and blocks per
+    SM as measured (the comment of the selection rules below)."""
     ktiles = ceil_div(g.rsc, IGEMM_BK)
     best, best_cost = None, float("inf")
     for bn in IGEMM_BNS:
         if bn > 64 and g.k <= bn // 2:
             continue  # more than half of the tile would be zero columns
-        eff = {64: 0.78, 128: 0.92, 256: 1.0}[bn]
         for s in (1, 2, 3, 4, 6, 8):
             if s > 1 and ktiles // s < 6:
                 continue
             tiles = ceil_div(g.m, IGEMM_BM) * ceil_div(g.k, bn) * s
-            cost = ceil_div(tiles, SM_COUNT) * IGEMM_BM * bn * ceil_div(ktiles, s) * IGEMM_BK / eff
+            cost = ceil_div(tiles, SM_COUNT) * IGEMM_BM * bn * ceil_div(ktiles, s) * IGEMM_BK / _IGEMM_EFF[bn]
             if s > 1:
-                cost += 2 * s * g.m * g.k * 4 * 40 / SM_COUNT + 3e5
+                cost += 2 * s * g.m * g.k * 4 * 40 / SM_COUNT + 1e5
             if cost < best_cost * 0.999:
                 best, best_cost = {"BN": bn, "SPLITS": s}, cost
     assert best is not None
     mode = igemm_b_mode(g)
     best["B_MODE"] = mode
-    best["STAGES"] = igemm_max_stages(best["BN"], mode)
     best["MINB"] = 1
+    if best["BN"] == 64:
+        best["STAGES"] = 4  # 96 KB: two blocks per SM (measured faster than 8 stages, one block)
+    else:
+        best["STAGES"] = igemm_max_stages(best["BN"], mode)
+    tiles = ceil_div(g.m, IGEMM_BM) * ceil_div(g.k, best["BN"])
+    if g.c % 8 and best["BN"] <= 128 and tiles > SM_COUNT:
+        # the element gather (the stem) is latency-bound: two blocks per SM, 128 registers each
+        best["STAGES"], best["MINB"] = 4, 2
+    best["SERIAL"] = 1
     return best
 
 
@@ -194,6 +206,8 @@ def igemm_valid(g: ConvGeometry, p: dict[str, Any]) -> str | None:
         return "MINB 2 caps registers at 128 a thread: BN 256 holds 128 accumulators alone"
     if not isinstance(s, int) or s < 1 or s > ceil_div(g.rsc, IGEMM_BK):
         return f"SPLITS {s!r}"
+    if p.get("SERIAL", 1) not in (0, 1):
+        return f"SERIAL {p.get('SERIAL')!r} (0, 1)"
     return None
 
 
@@ -210,7 +224,7 @@ def igemm_generate(ctx: StepContext, params: dict[str, Any] | None = None) -> li
     where = f"{step.kind} node '{step.name}'"
     p = {**igemm_heuristic(g), **{k: v for k, v in (params or {}).items() if k in _IGEMM_KEYS}}
     if "BN" in (params or {}) and "STAGES" not in (params or {}):
-        p["STAGES"] = igemm_max_stages(p["BN"], p["B_MODE"])
+        p["STAGES"] = 4 if p["BN"] == 64 else igemm_max_stages(p["BN"], p["B_MODE"])
         if p.get("MINB") == 2:
             while p["STAGES"] > 3 and igemm_smem(p["BN"], p["STAGES"], p["B_MODE"]) > IGEMM_SMEM_2CTA:
                 p["STAGES"] -= 1
@@ -221,6 +235,9 @@ def igemm_generate(ctx: StepContext, params: dict[str, Any] | None = None) -> li
     kt_per = ceil_div(ktiles, p["SPLITS"])
     splits = ceil_div(ktiles, kt_per)  # no empty slice
     p["SPLITS"] = splits
+    # split-K in one launch (the last slice of a tile reduces) where partials move as float4
+    serial = splits > 1 and bool(p.get("SERIAL", 1)) and g.k % 4 == 0
+    p["SERIAL"] = int(serial)
     prob = _problem(ctx, g)
     ops = step_operands(ctx)
     name = ctx.kernel_name()
@@ -231,8 +248,8 @@ def igemm_generate(ctx: StepContext, params: dict[str, Any] | None = None) -> li
     out_names, out_decls = _kernel_args(ctx, prob, rendered, False)
     ct = cuda_type(prob.dtype)
     vec = None
-    if p.get("VEC_EPI", 1) and splits == 1:
-        vec = gemm_sm90._vec_epilogue_vars(prob, ops, out_specs, rendered, splits, name, where, 1)
+    if p.get("VEC_EPI", 1) and (splits == 1 or serial):
+        vec = gemm_sm90._vec_epilogue_vars(prob, ops, out_specs, rendered, 1, name, where, 1)
     p["VEC_EPI"] = 1 if vec is not None else 0
     st = ct.storage
     mode = p["B_MODE"]
@@ -244,12 +261,15 @@ def igemm_generate(ctx: StepContext, params: dict[str, Any] | None = None) -> li
     else:
         kparams.append(f"const {st}* __restrict__ gc_w")
         kargs.append(step.inputs[1])
-    if splits > 1:
+    if splits > 1 and not serial:
         kparams.append("float* __restrict__ ws")
         kargs.append("@workspace")
     else:
         kparams += out_decls
         kargs += out_names
+        if serial:
+            kparams.append("float* __restrict__ ws")
+            kargs.append("@workspace")
     h, w = g.in_spatial
     pq, q = g.out_spatial
     common = {
@@ -286,6 +306,8 @@ def igemm_generate(ctx: StepContext, params: dict[str, Any] | None = None) -> li
         STAGES=p["STAGES"],
         kt_per_split=kt_per,
         splits=splits,
+        serial=serial,
+        tiles=ceil_div(g.m, IGEMM_BM) * ceil_div(g.k, p["BN"]),
         min_blocks=p["MINB"],
         a_vec=g.c % 8 == 0,
         b_mode=mode,
@@ -329,12 +351,12 @@ def igemm_generate(ctx: StepContext, params: dict[str, Any] | None = None) -> li
             workspace_bytes=ws_bytes,
         )
     ]
-    if splits > 1:
+    if splits > 1 and not serial:
         kernels.append(split_reduce_kernel("conv", name, common, out_decls, out_names, total, splits, ws_bytes))
     return kernels
 
 
-_IGEMM_KEYS = ("BN", "STAGES", "SPLITS", "B_MODE", "MINB", "VEC_EPI")
+_IGEMM_KEYS = ("BN", "STAGES", "SPLITS", "B_MODE", "MINB", "VEC_EPI", "SERIAL")
 
 
 # ---- selection (measured on an H200, 2026-12-01: docs/results/gemm_sm90.md) --------------------
@@ -359,10 +381,14 @@ def selected(prob: Problem) -> bool:
     return prob.M >= SELECT_MIN_M or prob.K >= SELECT_MIN_CIN
 
 
-# The wgmma implicit GEMM (measured on an H200: docs/results/conv_sm90_igemm_2026-12-01.md).
-# Preliminary until measured: every one-group fp16/bf16 NHWC conv with M >= IGEMM_MIN_M output pixels
-# and at least IGEMM_MIN_COUT channels that the TMA GEMM does not take.
-IGEMM_MIN_M = 512
+# The wgmma implicit GEMM (measured on an H200, 2026-12-01: docs/results/conv_sm90_igemm_2026-12-01.md;
+# tools/bench_conv_sm90.py --set igemm, fp16, bias (+ ReLU) fused, CUDA-graph replays, ratio = cuDNN
+# time / ours, every distinct ResNet-50 conv that is not a stride-1 1x1):
+# - batch 32: the heuristic's kernel 0.86-1.99x cuDNN (the conv family's "tc" kernel 0.59-0.90x on
+#   the same layers); below 1.0x only stage 4's 3x3 convs (M = 1568, 512 -> 512; see the results);
+# - batch 1 (M = 49 .. 12544): 1.33-2.11x cuDNN on every layer, the stem included.
+# -> every one-group fp16/bf16 NHWC conv the TMA GEMM does not take. Fewer than 64 output channels
+# (a tile more than half empty) was not measured: those stay on the conv family's kernel.
 IGEMM_MIN_COUT = 64
 
 
@@ -371,8 +397,6 @@ def igemm_selected(g: ConvGeometry) -> str | None:
     why = igemm_why_not(g)
     if why is not None:
         return why
-    if g.m < IGEMM_MIN_M:
-        return f"M = {g.m} < {IGEMM_MIN_M}"
     if g.k < IGEMM_MIN_COUT:
         return f"Cout = {g.k} < {IGEMM_MIN_COUT}"
     return None

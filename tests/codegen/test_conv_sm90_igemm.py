@@ -59,17 +59,17 @@ def test_multi_arch_engine_keeps_the_old_kernel_for_sm80(tmp_path):
     assert [ln.params["variant"] for _, ln in _conv_launches(eng, "sm_90")] == ["igemm"]
 
 
-@pytest.mark.parametrize(
-    ("shape", "why"),
-    [
-        ((1, 64, 14, 64, 3, 1), "M = 196 < IGEMM_MIN_M"),
-        ((2, 64, 28, 32, 3, 1), "Cout = 32 < 64"),
-    ],
-)
-def test_small_convs_stay(tmp_path, shape, why):
-    model, _ = conv_model(*shape)
+def test_narrow_convs_stay(tmp_path):
+    model, _ = conv_model(2, 64, 28, 32, 3, 1)  # Cout = 32 < IGEMM_MIN_COUT: not measured
     eng = _compile(model, ["sm_90"], tmp_path)
-    assert [ln.params["variant"] for _, ln in _conv_launches(eng)] == ["tc"], why
+    assert [ln.params["variant"] for _, ln in _conv_launches(eng)] == ["tc"]
+
+
+def test_batch1_convs_taken(tmp_path):
+    model, _ = conv_model(1, 512, 7, 512, 3, 1)  # M = 49: split-K, in one launch
+    eng = _compile(model, ["sm_90"], tmp_path)
+    ((_, ln),) = _conv_launches(eng)
+    assert ln.params["variant"] == "igemm" and ln.params["SPLITS"] > 1 and ln.params["SERIAL"] == 1
 
 
 def test_fp32_engine_keeps_the_conv_kernel(tmp_path):
@@ -102,13 +102,17 @@ def test_bad_parameters_are_named(params, msg):
         conv_sm90.igemm_generate(ctx, params)
 
 
-def test_split_k_adds_the_reduce_kernel():
+def test_split_k_in_one_launch_or_two():
     from graphc.codegen.families import conv_sm90
 
-    ks = conv_sm90.igemm_generate(_ctx(256, 14, 256, 3, 1), {"BN": 128, "SPLITS": 3})
-    main, red = ks
-    assert main.grid == (4 * 2, 3, 1) and main.args[-1] == "@workspace" and red.args[-1] == "@workspace"
-    assert main.workspace_bytes == 3 * 392 * 256 * 4 and main.params["VEC_EPI"] == 0
+    ctx = _ctx(256, 14, 256, 3, 1)  # M = 392, K = 2304: 36 K tiles in 3 slices of 12
+    (main,) = conv_sm90.igemm_generate(ctx, {"BN": 128, "SPLITS": 3})  # serial: the last slice reduces
+    assert main.grid == (4 * 2, 3, 1) and main.args[-1] == "@workspace" and main.params["SERIAL"] == 1
+    assert main.workspace_bytes == 3 * 392 * 256 * 4 and main.params["VEC_EPI"] == 1
+    assert "_arrived[8]" in main.source  # one arrival counter per output tile
+    main, red = conv_sm90.igemm_generate(ctx, {"BN": 128, "SPLITS": 3, "SERIAL": 0})
+    assert main.args[-1] == "@workspace" and red.args[-1] == "@workspace" and red.params["reduce"]
+    assert main.params["VEC_EPI"] == 0 and main.params["SERIAL"] == 0
 
 
 @needs_cuobjdump
@@ -118,6 +122,7 @@ def test_split_k_adds_the_reduce_kernel():
         ((64, 28, 64, 3, 1), None, True),
         ((128, 14, 256, 3, 2), {"BN": 256}, True),
         ((256, 28, 512, 1, 2), {"BN": 128, "MINB": 2, "STAGES": 3}, True),
+        ((512, 7, 512, 3, 1), {"BN": 128, "SPLITS": 2}, True),  # serial split-K
         ((64, 28, 128, 3, 1), {"BN": 128, "B_MODE": "cp"}, False),
         ((3, 64, 64, 7, 2), None, False),
     ],

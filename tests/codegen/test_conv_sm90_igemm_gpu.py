@@ -27,13 +27,16 @@ TOL = {"fp16": 1e-2, "bf16": 4e-2}  # relative Frobenius error of an fp16/bf16 c
 CASES = [
     ("fp16", (2, 64, 28, 64, 3, 1), {"residual": True}, None),  # 3x3, bias + residual + ReLU
     ("fp16", (3, 128, 15, 200, 3, 1), {}, None),  # M = 675 (a tile tail), Cout = 200 (a column tail)
-    ("fp16", (2, 64, 29, 128, 3, 2), {"bias": False}, None),  # stride 2, odd input, no bias
+    ("fp16", (3, 64, 29, 128, 3, 2), {"bias": False}, None),  # stride 2, odd input, no bias
     ("fp16", (2, 3, 64, 64, 7, 2), {}, None),  # the stem: Cin = 3 gathered element by element
-    ("fp16", (2, 256, 28, 512, 1, 2), {"relu": False}, None),  # a strided 1x1 shortcut
-    ("fp16", (2, 256, 14, 256, 3, 1), {}, {"BN": 128, "SPLITS": 3}),  # split-K + the reduce kernel
+    ("fp16", (1, 3, 224, 64, 7, 2), {}, {"MINB": 2, "STAGES": 4}),  # the stem at 224, two blocks per SM
+    ("fp16", (3, 256, 28, 512, 1, 2), {"relu": False}, None),  # a strided 1x1 shortcut
+    ("fp16", (2, 256, 14, 256, 3, 1), {"residual": True}, {"BN": 128, "SPLITS": 3}),  # serial split-K
+    ("fp16", (2, 256, 14, 200, 3, 1), {}, {"BN": 128, "SPLITS": 3, "SERIAL": 0}),  # + the reduce kernel
+    ("fp16", (1, 512, 7, 512, 3, 1), {}, None),  # batch 1, M = 49: split-K by the heuristic
     ("fp16", (2, 64, 28, 64, 3, 1), {}, {"BN": 64, "B_MODE": "cp", "MINB": 2, "STAGES": 4}),
-    ("fp16", (2, 128, 14, 256, 3, 1), {"residual": True}, {"BN": 256, "VEC_EPI": 0}),
-    ("bf16", (2, 128, 14, 128, 3, 1), {"residual": True}, None),
+    ("fp16", (3, 128, 14, 256, 3, 1), {"residual": True}, {"BN": 256, "VEC_EPI": 0}),
+    ("bf16", (3, 128, 14, 128, 3, 1), {"residual": True}, None),
 ]
 
 
@@ -59,7 +62,7 @@ def test_conv_on_wgmma_igemm(tmp_path, monkeypatch, mode, shape, kw, params):
         def forced(g):
             p = {**real(g), **params}
             if "STAGES" not in params:
-                p["STAGES"] = conv_sm90.igemm_max_stages(p["BN"], p["B_MODE"])
+                p["STAGES"] = 4 if p["BN"] == 64 else conv_sm90.igemm_max_stages(p["BN"], p["B_MODE"])
             return p
 
         monkeypatch.setattr(conv_sm90, "igemm_heuristic", forced)
