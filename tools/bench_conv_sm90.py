@@ -5,6 +5,7 @@ for the stem, 3x3 and strided 1x1 convs, "ig") and cuDNN (PyTorch conv2d, channe
 
     python tools/bench_conv_sm90.py [--batch 32 --batch 1] [--set 1x1|igemm|all] [--out DIR]
     python tools/bench_conv_sm90.py --compile-only      # NVRTC every kernel, no GPU
+    python tools/bench_conv_sm90.py --model --batch 32  # ResNet-50 engines with and without the igemm
 
 Each graphc variant's output is poisoned (NaN), compared with PyTorch's (relative Frobenius error,
 must be < 1e-2), then timed: `iters` launches over rotating inputs (together over 3x the L2) in one
@@ -211,6 +212,47 @@ def time_graph(torch, cupy, go, iters: int, reps: int = 7) -> float:
     return statistics.median(times)
 
 
+def model_bench(batches: list[int], cache: Path | None, compile_only: bool) -> int:
+    """ResNet-50 (models/resnet.py full, fp16, sm_90) as one engine per batch, twice: with the wgmma
+    implicit GEMM where conv_sm90's rules select it, and with it switched off (those convs on the conv
+    family's kernel); both CUDA-graph replays (graphc.bench), outputs compared."""
+    import graphc
+    import models
+    from graphc.codegen.families import conv_sm90
+
+    real = conv_sm90.igemm_selected
+    engines = {}
+    for n in batches:
+        model = models.build("resnet", size="full", batch=n)
+        for label in ("igemm", "no-igemm"):
+            conv_sm90.igemm_selected = real if label == "igemm" else (lambda g: "switched off by the benchmark")
+            t0 = time.time()
+            eng = graphc.compile(model, target="cuda", precision="fp16", arch=["sm_90"], cache_dir=cache)
+            conv_sm90.igemm_selected = real
+            count = sum(ln.params.get("variant") == "igemm" for s in eng.plan.steps for ln in s.launches)
+            print(f"# batch {n} {label}: compiled in {time.time() - t0:.1f} s, {count} igemm launches", flush=True)
+            engines[(n, label)] = eng
+    if compile_only:
+        return 0
+    from graphc.bench import benchmark
+
+    for n in batches:
+        feeds = {"pixel_values": np.random.default_rng(0).standard_normal((n, 3, 224, 224)).astype(np.float32)}
+        outs, ms = {}, {}
+        for label in ("igemm", "no-igemm"):
+            eng = engines[(n, label)]
+            outs[label] = np.asarray(next(iter(eng.run(feeds, to_numpy=True).values())), np.float64)
+            ms[label] = benchmark(eng, feeds, iterations=100, warmup=10)["latency"]["median_ms"]
+        ref = outs["no-igemm"]
+        err = float(np.linalg.norm(outs["igemm"] - ref) / np.linalg.norm(ref))
+        print(
+            f"ResNet-50 batch {n} fp16 sm_90: igemm {ms['igemm']:.3f} ms, without {ms['no-igemm']:.3f} ms "
+            f"({ms['no-igemm'] / ms['igemm']:.2f}x); outputs rel. diff {err:.1e}",
+            flush=True,
+        )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, action="append")
@@ -221,7 +263,10 @@ def main(argv: list[str] | None = None) -> int:
         "--set", choices=("1x1", "igemm", "all"), default="1x1", help="stride-1 1x1 layers, the others, or both"
     )
     ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--model", action="store_true", help="whole ResNet-50 engines with and without the igemm")
     args = ap.parse_args(argv)
+    if args.model:
+        return model_bench(args.batch or [32], args.cache, args.compile_only)
     from graphc.codegen.nvrtc import CompileJob, compile_all
 
     todo = []
