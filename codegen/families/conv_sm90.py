@@ -152,9 +152,12 @@ def igemm_b_mode(g: ConvGeometry) -> str:
     return "tma" if g.rsc % 8 == 0 else "elem"
 
 
-# Relative throughput per tile of each width (BN 64 at 4 stages: two blocks share an SM and hide
-# each other's barrier and gather latency). Fitted to the H200 measurements of the selection comment.
-_IGEMM_EFF = {64: 0.9, 128: 0.92, 256: 1.0}
+# Relative throughput per tile of each width, fitted to the H200 runs (docs/results/
+# conv_sm90_igemm_2026-12-01.md): with these the heuristic picks the fastest measured variant, or one
+# within 3% of it, on every layer of the selection comment below. (BN 64 runs at 4 stages, two blocks
+# per SM, yet a 64-column tile still costs about 0.7 of a 128-column one: at 14x14, 256 -> 256,
+# batch 32, BN 64 took 27.9-28.3 us against 22.3 for BN 128.)
+_IGEMM_EFF = {64: 0.65, 128: 0.92, 256: 1.0}
 
 
 def igemm_heuristic(g: ConvGeometry) -> dict[str, Any]:
@@ -187,7 +190,10 @@ def igemm_heuristic(g: ConvGeometry) -> dict[str, Any]:
     if g.c % 8 and best["BN"] <= 128 and tiles > SM_COUNT:
         # the element gather (the stem) is latency-bound: two blocks per SM, 128 registers each
         best["STAGES"], best["MINB"] = 4, 2
-    best["SERIAL"] = 1
+    # K slices reduce in a second launch (the GEMM family's reduce kernel): at batch 1 with 3-8
+    # slices the one-launch variant (the last slice reduces) was 0.3-1.5 us slower (7.7-9.0 us
+    # against 7.3-7.9); it stays a parameter (SERIAL 1) for the tuner.
+    best["SERIAL"] = 0
     return best
 
 
@@ -236,7 +242,7 @@ def igemm_generate(ctx: StepContext, params: dict[str, Any] | None = None) -> li
     splits = ceil_div(ktiles, kt_per)  # no empty slice
     p["SPLITS"] = splits
     # split-K in one launch (the last slice of a tile reduces) where partials move as float4
-    serial = splits > 1 and bool(p.get("SERIAL", 1)) and g.k % 4 == 0
+    serial = splits > 1 and bool(p.get("SERIAL", 0)) and g.k % 4 == 0
     p["SERIAL"] = int(serial)
     prob = _problem(ctx, g)
     ops = step_operands(ctx)

@@ -66,10 +66,11 @@ def test_narrow_convs_stay(tmp_path):
 
 
 def test_batch1_convs_taken(tmp_path):
-    model, _ = conv_model(1, 512, 7, 512, 3, 1)  # M = 49: split-K, in one launch
+    model, _ = conv_model(1, 512, 7, 512, 3, 1)  # M = 49: 8 K slices, then the reduce kernel
     eng = _compile(model, ["sm_90"], tmp_path)
-    ((_, ln),) = _conv_launches(eng)
-    assert ln.params["variant"] == "igemm" and ln.params["SPLITS"] > 1 and ln.params["SERIAL"] == 1
+    (_, ln), (_, red) = _conv_launches(eng)
+    assert ln.params["variant"] == "igemm" and ln.params["SPLITS"] == 8 and ln.params["SERIAL"] == 0
+    assert red.params["reduce"] and red.args[-1] == "@workspace"
 
 
 def test_fp32_engine_keeps_the_conv_kernel(tmp_path):
@@ -106,11 +107,11 @@ def test_split_k_in_one_launch_or_two():
     from graphc.codegen.families import conv_sm90
 
     ctx = _ctx(256, 14, 256, 3, 1)  # M = 392, K = 2304: 36 K tiles in 3 slices of 12
-    (main,) = conv_sm90.igemm_generate(ctx, {"BN": 128, "SPLITS": 3})  # serial: the last slice reduces
+    (main,) = conv_sm90.igemm_generate(ctx, {"BN": 128, "SPLITS": 3, "SERIAL": 1})  # the last slice reduces
     assert main.grid == (4 * 2, 3, 1) and main.args[-1] == "@workspace" and main.params["SERIAL"] == 1
     assert main.workspace_bytes == 3 * 392 * 256 * 4 and main.params["VEC_EPI"] == 1
     assert "_arrived[8]" in main.source  # one arrival counter per output tile
-    main, red = conv_sm90.igemm_generate(ctx, {"BN": 128, "SPLITS": 3, "SERIAL": 0})
+    main, red = conv_sm90.igemm_generate(ctx, {"BN": 128, "SPLITS": 3})  # the default: two launches
     assert main.args[-1] == "@workspace" and red.args[-1] == "@workspace" and red.params["reduce"]
     assert main.params["VEC_EPI"] == 0 and main.params["SERIAL"] == 0
 
@@ -122,7 +123,7 @@ def test_split_k_in_one_launch_or_two():
         ((64, 28, 64, 3, 1), None, True),
         ((128, 14, 256, 3, 2), {"BN": 256}, True),
         ((256, 28, 512, 1, 2), {"BN": 128, "MINB": 2, "STAGES": 3}, True),
-        ((512, 7, 512, 3, 1), {"BN": 128, "SPLITS": 2}, True),  # serial split-K
+        ((512, 7, 512, 3, 1), {"BN": 128, "SPLITS": 2, "SERIAL": 1}, True),  # split-K in one launch
         ((64, 28, 128, 3, 1), {"BN": 128, "B_MODE": "cp"}, False),
         ((3, 64, 64, 7, 2), None, False),
     ],

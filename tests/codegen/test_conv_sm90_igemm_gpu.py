@@ -31,7 +31,7 @@ CASES = [
     ("fp16", (2, 3, 64, 64, 7, 2), {}, None),  # the stem: Cin = 3 gathered element by element
     ("fp16", (1, 3, 224, 64, 7, 2), {}, {"MINB": 2, "STAGES": 4}),  # the stem at 224, two blocks per SM
     ("fp16", (3, 256, 28, 512, 1, 2), {"relu": False}, None),  # a strided 1x1 shortcut
-    ("fp16", (2, 256, 14, 256, 3, 1), {"residual": True}, {"BN": 128, "SPLITS": 3}),  # serial split-K
+    ("fp16", (2, 256, 14, 256, 3, 1), {"residual": True}, {"BN": 128, "SPLITS": 3, "SERIAL": 1}),  # one launch
     ("fp16", (2, 256, 14, 200, 3, 1), {}, {"BN": 128, "SPLITS": 3, "SERIAL": 0}),  # + the reduce kernel
     ("fp16", (1, 512, 7, 512, 3, 1), {}, None),  # batch 1, M = 49: split-K by the heuristic
     ("fp16", (2, 64, 28, 64, 3, 1), {}, {"BN": 64, "B_MODE": "cp", "MINB": 2, "STAGES": 4}),
