@@ -390,9 +390,9 @@ def selected(prob: Problem) -> bool:
 # The wgmma implicit GEMM (measured on an H200, 2026-12-01: docs/results/conv_sm90_igemm_2026-12-01.md;
 # tools/bench_conv_sm90.py --set igemm, fp16, bias (+ ReLU) fused, CUDA-graph replays, ratio = cuDNN
 # time / ours, every distinct ResNet-50 conv that is not a stride-1 1x1):
-# - batch 32: the heuristic's kernel 0.86-1.99x cuDNN (the conv family's "tc" kernel 0.59-0.90x on
-#   the same layers); below 1.0x only stage 4's 3x3 convs (M = 1568, 512 -> 512; see the results);
-# - batch 1 (M = 49 .. 12544): 1.33-2.11x cuDNN on every layer, the stem included.
+# - batch 32: the heuristic's kernel 0.86-1.97x cuDNN (the conv family's "tc" kernel 0.57-0.90x on
+#   the same layers); below 1.0x only stage 4's 3x3 convs (M = 1568, 512 -> 512: 0.86-0.88x);
+# - batch 1 (M = 49 .. 12544): 1.38-2.24x cuDNN on every layer, the stem included.
 # -> every one-group fp16/bf16 NHWC conv the TMA GEMM does not take. Fewer than 64 output channels
 # (a tile more than half empty) was not measured: those stay on the conv family's kernel.
 IGEMM_MIN_COUT = 64
