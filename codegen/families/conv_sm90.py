@@ -358,7 +358,9 @@ def igemm_generate(ctx: StepContext, params: dict[str, Any] | None = None) -> li
         )
     ]
     if splits > 1 and not serial:
-        kernels.append(split_reduce_kernel("conv", name, common, out_decls, out_names, total, splits, ws_bytes))
+        red = split_reduce_kernel("conv", name, common, out_decls, out_names, total, splits, ws_bytes)
+        red.params["variant"] = "igemm_reduce"  # every conv launch names its variant
+        kernels.append(red)
     return kernels
 
 
