@@ -9,7 +9,9 @@ Timing: CUDA events around each replay of a CUDA graph of the launches (so the h
 overhead, which dominates PyTorch's three ops at batch 1, counts for neither side; --no-graphs
 times plain launches), after a warm-up, median of many; inputs rotate over enough buffers to
 exceed the L2 cache. Each graphc output is checked against PyTorch's first.
-Needs a GPU with cupy, torch and NVRTC.
+Needs a GPU with cupy, torch and NVRTC. These are the conv family's own kernels (every arch); what an
+sm_90 engine runs instead (the wgmma implicit GEMM, the TMA GEMM) is timed by tools/bench_conv_sm90.py
+(--set igemm for these layers and the rest of ResNet-50's).
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""1x1 NHWC convolutions (stride 1, no padding, one group) on the Hopper TMA GEMM (gemm_sm90).
+"""NHWC convolutions on Hopper (sm_90a): 1x1 stride-1 convs on the TMA GEMM (gemm_sm90), every other
+one-group fp16/bf16 conv (3x3 stride 1 and 2, the 7x7 stem with 3 channels, strided 1x1) on the
+wgmma implicit GEMM (templates/conv_sm90_igemm.cu.j2, "igemm" below).
+
+1x1 NHWC convolutions (stride 1, no padding, one group) on the Hopper TMA GEMM (gemm_sm90).
 
 Such a convolution is a GEMM in place: the input [N, H, W, Cin] is A [M = N*H*W, K = Cin] (K
 contiguous), the weight [Cout, 1, 1, Cin] is B stored [N = Cout, K] (K-major), the output
@@ -6,19 +10,24 @@ contiguous), the weight [Cout, 1, 1, Cin] is B stored [N = Cout, K] (K-major), t
 the GEMM's epilogue, followed by the conv's own fused epilogue (residual add, ReLU, ...), so the
 GEMM kernel runs every fused op; tensor maps address x and w directly.
 
-Strided 1x1 convolutions (ResNet's downsampling shortcuts) and every other geometry stay on the
-conv family's kernels: a strided A needs a gather or an im2col tensor map, not done here.
+Strided 1x1 convolutions (ResNet's downsampling shortcuts) and every other geometry need a gather:
+the implicit GEMM gathers im2col rows of A with cp.async (zero-filled padding), its weights by TMA.
+The 3-channel stem: channels are not padded in memory; the gather loads elements (zeros past
+R*S*Cin fill the last K tile), so no layout conversion or weight copy changes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
+from graphc.codegen.cuda_types import cuda_type
+from graphc.codegen.epilogue import render_epilogue, step_operands
 from graphc.codegen.families import gemm_sm90
 from graphc.codegen.families.conv import ConvGeometry, conv_step, geometry
-from graphc.codegen.families.gemm import OperandLayout, Problem
-from graphc.codegen.kernel import KernelSource, StepContext
+from graphc.codegen.families.gemm import SM_COUNT, OperandLayout, Problem, _kernel_args, split_reduce_kernel
+from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, render
 from graphc.errors import CompileError
 from graphc.ir.types import DType
 from graphc.ops.fused import ACC, IN, OP, EpilogueOp, Ref
@@ -58,13 +67,21 @@ def gemm_problem(ctx: StepContext) -> Problem | str:
     why = why_not(g, pads)
     if why is not None:
         return why
+    return _problem(ctx, g)
+
+
+def _problem(ctx: StepContext, g: ConvGeometry) -> Problem:
+    """The conv as a GEMM problem [M = N*P*Q, K = R*S*Cin] x [Cout, K]^T, its bias (anchor input 2)
+    the first op of the epilogue."""
+    cs = conv_step(ctx)
+    assert cs is not None
     step = ctx.step
     epilogue, outputs = tuple(cs.epilogue), tuple(cs.outputs)
     if cs.n_anchor >= 3 and len(step.inputs) > 2 and step.inputs[2] is not None:
         bias = EpilogueOp("Add", get_op("Add").attrs(), (ACC, IN(2)))
         epilogue = (bias,) + tuple(dataclasses.replace(e, args=tuple(_shift(r) for r in e.args)) for e in epilogue)
         outputs = tuple(_shift(r) for r in outputs)
-    m, n, k = g.m, g.k, g.c
+    m, n, k = g.m, g.k, g.rsc
     return Problem(
         dtype=g.dtype,
         M=m,
@@ -91,6 +108,265 @@ def generate(ctx: StepContext, params: dict | None = None) -> list[KernelSource]
     return ks
 
 
+# ---- the wgmma implicit GEMM (templates/conv_sm90_igemm.cu.j2) ----------------------------------
+IGEMM_BM = 128
+IGEMM_BK = 64
+IGEMM_BNS = (64, 128, 256)
+IGEMM_THREADS = 256  # two consumer warpgroups, 64 rows each; every thread also gathers
+IGEMM_SMEM_LIMIT = 227 * 1024
+IGEMM_SMEM_2CTA = 113 * 1024  # two blocks per SM (228 KB, less 1 KB reserved per block)
+B_MODES = ("tma", "cp", "elem")
+
+
+def igemm_why_not(g: ConvGeometry) -> str | None:
+    """Why the implicit-GEMM kernel cannot run this convolution, or None."""
+    if g.layout != "nhwc":
+        return "not NHWC"
+    if g.dtype not in (DType.float16, DType.bfloat16):
+        return f"{g.dtype.name} (the wgmma conv takes float16 and bfloat16)"
+    if g.group != 1:
+        return f"group {g.group} (one group only)"
+    if len(g.kernel) != 2:
+        return f"{len(g.kernel)}-D"
+    if g.m < 1 or g.k < 1 or g.rsc < 1:
+        return "an empty problem"
+    return None
+
+
+def igemm_smem(bn: int, stages: int, b_mode: str) -> int:
+    main = stages * (IGEMM_BM + bn) * IGEMM_BK * 2
+    epi = IGEMM_BM * (bn + 8) * 4  # the fp32 accumulator tile, in the stages after the main loop
+    return max(main, epi) + (8 * stages if b_mode == "tma" else 0) + 1024  # + slack to align to 1024
+
+
+def igemm_max_stages(bn: int, b_mode: str = "tma") -> int:
+    st = 3
+    while st < 8 and igemm_smem(bn, st + 1, b_mode) <= IGEMM_SMEM_LIMIT:
+        st += 1
+    return st
+
+
+def igemm_b_mode(g: ConvGeometry) -> str:
+    """TMA for the weights where their rows are 16-byte aligned (R*S*Cin % 8 == 0); element loads
+    otherwise (the stem's 147)."""
+    return "tma" if g.rsc % 8 == 0 else "elem"
+
+
+# Relative throughput per tile of each width, fitted to the H200 runs (docs/results/
+# conv_sm90_igemm_2026-12-01.md): with these the heuristic picks the fastest measured variant, or one
+# within 3% of it, on every layer of the selection comment below. (BN 64 runs at 4 stages, two blocks
+# per SM, yet a 64-column tile still costs about 0.7 of a 128-column one: at 14x14, 256 -> 256,
+# batch 32, BN 64 took 27.9-28.3 us against 22.3 for BN 128.)
+_IGEMM_EFF = {64: 0.65, 128: 0.92, 256: 1.0}
+
+
+def igemm_heuristic(g: ConvGeometry) -> dict[str, Any]:
+    """Tile width and K slices by a wave model (the busiest SM's padded tile work over the tile's
+    efficiency; split-K charged its fp32 round trip through L2); the pipeline depth and blocks per
+    SM as measured (the comment of the selection rules below)."""
+    ktiles = ceil_div(g.rsc, IGEMM_BK)
+    best, best_cost = None, float("inf")
+    for bn in IGEMM_BNS:
+        if bn > 64 and g.k <= bn // 2:
+            continue  # more than half of the tile would be zero columns
+        for s in (1, 2, 3, 4, 6, 8):
+            if s > 1 and ktiles // s < 6:
+                continue
+            tiles = ceil_div(g.m, IGEMM_BM) * ceil_div(g.k, bn) * s
+            cost = ceil_div(tiles, SM_COUNT) * IGEMM_BM * bn * ceil_div(ktiles, s) * IGEMM_BK / _IGEMM_EFF[bn]
+            if s > 1:
+                cost += 2 * s * g.m * g.k * 4 * 40 / SM_COUNT + 1e5
+            if cost < best_cost * 0.999:
+                best, best_cost = {"BN": bn, "SPLITS": s}, cost
+    assert best is not None
+    mode = igemm_b_mode(g)
+    best["B_MODE"] = mode
+    best["MINB"] = 1
+    if best["BN"] == 64:
+        best["STAGES"] = 4  # 96 KB: two blocks per SM (measured faster than 8 stages, one block)
+    else:
+        best["STAGES"] = igemm_max_stages(best["BN"], mode)
+    tiles = ceil_div(g.m, IGEMM_BM) * ceil_div(g.k, best["BN"])
+    if g.c % 8 and best["BN"] <= 128 and tiles > SM_COUNT:
+        # the element gather (the stem) is latency-bound: two blocks per SM, 128 registers each
+        best["STAGES"], best["MINB"] = 4, 2
+    # K slices reduce in a second launch (the GEMM family's reduce kernel): at batch 1 with 3-8
+    # slices the one-launch variant (the last slice reduces) was 0.3-1.5 us slower (7.7-9.0 us
+    # against 7.3-7.9); it stays a parameter (SERIAL 1) for the tuner.
+    best["SERIAL"] = 0
+    return best
+
+
+def igemm_valid(g: ConvGeometry, p: dict[str, Any]) -> str | None:
+    bn, st, s, mode, minb = p.get("BN"), p.get("STAGES"), p.get("SPLITS", 1), p.get("B_MODE"), p.get("MINB", 1)
+    if bn not in IGEMM_BNS or mode not in B_MODES or minb not in (1, 2):
+        return f"BN {bn!r} (one of {IGEMM_BNS}), B_MODE {mode!r} (one of {B_MODES}), MINB {minb!r} (1, 2)"
+    if mode in ("tma", "cp") and g.rsc % 8:
+        return f"B_MODE {mode}: R*S*Cin = {g.rsc} is not a multiple of 8 (16-byte weight rows)"
+    if not isinstance(st, int) or not 3 <= st <= 8:
+        return f"STAGES {st!r} (3..8)"
+    limit = IGEMM_SMEM_2CTA if minb == 2 else IGEMM_SMEM_LIMIT
+    if igemm_smem(bn, st, mode) > limit:
+        return f"{igemm_smem(bn, st, mode)} bytes of shared memory (at most {limit} with MINB {minb})"
+    if minb == 2 and bn > 128:
+        return "MINB 2 caps registers at 128 a thread: BN 256 holds 128 accumulators alone"
+    if not isinstance(s, int) or s < 1 or s > ceil_div(g.rsc, IGEMM_BK):
+        return f"SPLITS {s!r}"
+    if p.get("SERIAL", 1) not in (0, 1):
+        return f"SERIAL {p.get('SERIAL')!r} (0, 1)"
+    return None
+
+
+def igemm_generate(ctx: StepContext, params: dict[str, Any] | None = None) -> list[KernelSource]:
+    """The implicit-GEMM kernel (and, with split-K, the GEMM family's reduce kernel) of a conv step."""
+    cs = conv_step(ctx)
+    if cs is None:
+        raise ctx.fail("not a convolution")
+    g = geometry(ctx, cs)
+    why = igemm_why_not(g)
+    if why is not None:
+        raise ctx.fail(f"no wgmma implicit-GEMM conv: {why}")
+    step = ctx.step
+    where = f"{step.kind} node '{step.name}'"
+    p = {**igemm_heuristic(g), **{k: v for k, v in (params or {}).items() if k in _IGEMM_KEYS}}
+    if "BN" in (params or {}) and "STAGES" not in (params or {}):
+        p["STAGES"] = 4 if p["BN"] == 64 else igemm_max_stages(p["BN"], p["B_MODE"])
+        if p.get("MINB") == 2:
+            while p["STAGES"] > 3 and igemm_smem(p["BN"], p["STAGES"], p["B_MODE"]) > IGEMM_SMEM_2CTA:
+                p["STAGES"] -= 1
+    bad = igemm_valid(g, p)
+    if bad is not None:
+        raise ctx.fail(f"wgmma conv parameters {p}: {bad}")
+    ktiles = ceil_div(g.rsc, IGEMM_BK)
+    kt_per = ceil_div(ktiles, p["SPLITS"])
+    splits = ceil_div(ktiles, kt_per)  # no empty slice
+    p["SPLITS"] = splits
+    # split-K in one launch (the last slice of a tile reduces) where partials move as float4
+    serial = splits > 1 and bool(p.get("SERIAL", 0)) and g.k % 4 == 0
+    p["SERIAL"] = int(serial)
+    prob = _problem(ctx, g)
+    ops = step_operands(ctx)
+    name = ctx.kernel_name()
+    out_specs = [ctx.tensors[o] for o in step.outputs]
+    rendered = render_epilogue(
+        prob.epilogue, prob.outputs, ops, out_specs, prob.out_shape, prob.dtype, where=where, name=f"{name}_epi"
+    )
+    out_names, out_decls = _kernel_args(ctx, prob, rendered, False)
+    ct = cuda_type(prob.dtype)
+    vec = None
+    if p.get("VEC_EPI", 1) and (splits == 1 or serial):
+        vec = gemm_sm90._vec_epilogue_vars(prob, ops, out_specs, rendered, 1, name, where, 1)
+    p["VEC_EPI"] = 1 if vec is not None else 0
+    st = ct.storage
+    mode = p["B_MODE"]
+    kparams = [f"const {st}* __restrict__ gc_x"]
+    kargs = [step.inputs[0]]
+    if mode == "tma":
+        kparams.append("const gc_tmap* __restrict__ tB")
+        kargs.append("@tmap:0")
+    else:
+        kparams.append(f"const {st}* __restrict__ gc_w")
+        kargs.append(step.inputs[1])
+    if splits > 1 and not serial:
+        kparams.append("float* __restrict__ ws")
+        kargs.append("@workspace")
+    else:
+        kparams += out_decls
+        kargs += out_names
+        if serial:
+            kparams.append("float* __restrict__ ws")
+            kargs.append("@workspace")
+    h, w = g.in_spatial
+    pq, q = g.out_spatial
+    common = {
+        "epilogue": rendered,
+        "epilogue_name": f"{name}_epi",
+        "st": st,
+        "ct": ct.compute,
+        "alpha_lit": None,
+        "c_param": False,
+        "c_expr": None,
+        "out_args": list(rendered.args),
+    }
+    source = render(
+        "conv_sm90_igemm.cu.j2",
+        **common,
+        name=name,
+        kparams=kparams,
+        H=h,
+        W=w,
+        C=g.c,
+        P=pq,
+        Q=q,
+        S=g.kernel[1],
+        SH=g.strides[0],
+        SW=g.strides[1],
+        PH=g.pads[0],
+        PW=g.pads[1],
+        DH=g.dilations[0],
+        DW=g.dilations[1],
+        M=g.m,
+        N=g.k,
+        K=g.rsc,
+        BN=p["BN"],
+        STAGES=p["STAGES"],
+        kt_per_split=kt_per,
+        splits=splits,
+        serial=serial,
+        tiles=ceil_div(g.m, IGEMM_BM) * ceil_div(g.k, p["BN"]),
+        min_blocks=p["MINB"],
+        a_vec=g.c % 8 == 0,
+        b_mode=mode,
+        ab_type="f16" if g.dtype is DType.float16 else "bf16",
+        vec=vec,
+    )
+    kp: dict[str, Any] = {
+        "variant": "igemm",
+        **p,
+        "M": g.m,
+        "N": g.k,
+        "K": g.rsc,
+        "a": "gather16" if g.c % 8 == 0 else "gather1",
+        "requires_arch": "sm_90a",
+    }
+    if mode == "tma":
+        e = g.dtype.itemsize
+        kp["tmaps"] = [
+            {
+                "tensor": step.inputs[1],
+                "dtype": g.dtype.numpy.name,
+                "dims": [g.rsc, g.k, 1],
+                "strides": [g.rsc * e, g.rsc * g.k * e],
+                "box": [IGEMM_BK, min(p["BN"], 256), 1],
+                "swizzle": "128B",
+            }
+        ]
+    tiles = ceil_div(g.m, IGEMM_BM) * ceil_div(g.k, p["BN"])
+    total = g.m * g.k
+    ws_bytes = splits * total * 4 if splits > 1 else 0
+    kernels = [
+        KernelSource(
+            "conv",
+            name,
+            source,
+            (tiles, splits, 1),
+            (IGEMM_THREADS, 1, 1),
+            kargs,
+            igemm_smem(p["BN"], p["STAGES"], mode),
+            params=kp,
+            workspace_bytes=ws_bytes,
+        )
+    ]
+    if splits > 1 and not serial:
+        red = split_reduce_kernel("conv", name, common, out_decls, out_names, total, splits, ws_bytes)
+        red.params["variant"] = "igemm_reduce"  # every conv launch names its variant
+        kernels.append(red)
+    return kernels
+
+
+_IGEMM_KEYS = ("BN", "STAGES", "SPLITS", "B_MODE", "MINB", "VEC_EPI", "SERIAL")
+
+
 # ---- selection (measured on an H200, 2026-12-01: docs/results/gemm_sm90.md) --------------------
 # tools/bench_conv_sm90.py, ResNet-50's 13 distinct stride-1 1x1 convs, fp16, bias (+ residual) + ReLU
 # fused, ratio = cuDNN time / ours (the last of two runs, with the epilogue that loads its inputs
@@ -113,19 +389,48 @@ def selected(prob: Problem) -> bool:
     return prob.M >= SELECT_MIN_M or prob.K >= SELECT_MIN_CIN
 
 
+# The wgmma implicit GEMM (measured on an H200, 2026-12-01: docs/results/conv_sm90_igemm_2026-12-01.md;
+# tools/bench_conv_sm90.py --set igemm, fp16, bias (+ ReLU) fused, CUDA-graph replays, ratio = cuDNN
+# time / ours, every distinct ResNet-50 conv that is not a stride-1 1x1):
+# - batch 32: the heuristic's kernel 0.86-1.97x cuDNN (the conv family's "tc" kernel 0.57-0.90x on
+#   the same layers); below 1.0x only stage 4's 3x3 convs (M = 1568, 512 -> 512: 0.86-0.88x);
+# - batch 1 (M = 49 .. 12544): 1.38-2.24x cuDNN on every layer, the stem included.
+# -> every one-group fp16/bf16 NHWC conv the TMA GEMM does not take. Fewer than 64 output channels
+# (a tile more than half empty) was not measured: those stay on the conv family's kernel.
+IGEMM_MIN_COUT = 64
+
+
+def igemm_selected(g: ConvGeometry) -> str | None:
+    """Why the rules keep this conv off the implicit GEMM, or None (it is selected)."""
+    why = igemm_why_not(g)
+    if why is not None:
+        return why
+    if g.k < IGEMM_MIN_COUT:
+        return f"Cout = {g.k} < {IGEMM_MIN_COUT}"
+    return None
+
+
 def select(ctx: StepContext) -> list[KernelSource]:
-    """The TMA GEMM's kernels for a conv step where the rules choose it; [] elsewhere (the conv
-    family's own kernel runs; logged)."""
+    """The sm_90a kernels for a conv step where the rules choose them: the TMA GEMM (1x1, stride 1),
+    else the wgmma implicit GEMM; [] elsewhere (the conv family's own kernel runs; logged)."""
     if ctx.precision not in ("fp16", "bf16"):
         return []
     try:
         prob = gemm_problem(ctx)
     except CompileError:
         return []
-    if isinstance(prob, str):
-        log.debug("%s: conv not on the TMA GEMM: %s", ctx.step.name, prob)
-        return []
-    if not selected(prob):
+    if not isinstance(prob, str):
+        if selected(prob):
+            return generate(ctx)
         log.debug("%s: conv not on the TMA GEMM (M=%d N=%d K=%d)", ctx.step.name, prob.M, prob.N, prob.K)
+    else:
+        log.debug("%s: conv not on the TMA GEMM: %s", ctx.step.name, prob)
+    cs = conv_step(ctx)
+    if cs is None:
         return []
-    return generate(ctx)
+    g = geometry(ctx, cs)
+    why = igemm_selected(g)
+    if why is not None:
+        log.info("%s: conv on the conv family's kernel, not the wgmma implicit GEMM: %s", ctx.step.name, why)
+        return []
+    return igemm_generate(ctx)

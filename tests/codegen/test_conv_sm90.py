@@ -29,7 +29,7 @@ def test_1x1_conv_runs_on_the_tma_gemm(tmp_path):
     model, _ = conv1x1_model(2, 64, 56, 256)  # M = 2 * 56 * 56 = 6272
     eng = _compile(model, ["sm_90"], tmp_path)
     (c3, l3), (c1, l1) = _conv_launches(eng)
-    assert l3.params["variant"] == "tc"  # the 3x3 conv stays on the conv family's kernel
+    assert l3.params["variant"] == "igemm"  # the 3x3 conv in front: the wgmma implicit GEMM
     p = l1.params
     assert (p["variant"], p["path"], p["M"], p["N"], p["K"], p["a"], p["b"]) == (
         "tma_gemm",

@@ -1,0 +1,142 @@
+"""The wgmma implicit-GEMM convolution (codegen/families/conv_sm90.py, templates/conv_sm90_igemm.cu.j2)
+without a GPU: which convs an sm_90 engine routes to it, its launch (grid, tensor map of the weights,
+arguments), parameter checks, and the SASS of its cubins (HGMMA; UTMALDG where TMA loads the weights;
+cp.async gathers; no local memory)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import graphc
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conv_igemm_models import conv_model  # noqa: E402
+from test_sass_sm90 import _opcodes, needs_cuobjdump, sass  # noqa: E402
+
+
+def _compile(model, arch, tmp_path, precision="fp16"):
+    return graphc.compile(model, target="cuda", precision=precision, arch=arch, cache_dir=str(tmp_path / "cache"))
+
+
+def _conv_launches(eng, arch: str = "sm_90"):
+    return [(s, ln) for s in eng.plan.steps for ln in s.launches_for(arch) if ln.family == "conv"]
+
+
+def test_3x3_conv_runs_on_the_igemm(tmp_path):
+    model, _ = conv_model(2, 64, 28, 128, 3, 1, residual=True)  # M = 1568, K = 576
+    eng = _compile(model, ["sm_90"], tmp_path)
+    ((step, ln),) = _conv_launches(eng)
+    p = ln.params
+    assert (p["variant"], p["M"], p["N"], p["K"], p["a"], p["B_MODE"]) == ("igemm", 1568, 128, 576, "gather16", "tma")
+    assert p["requires_arch"] == "sm_90a" and p["VEC_EPI"] == 1
+    (tb,) = p["tmaps"]  # the [Cout, 3, 3, Cin] weight read in place as [Cout, 576], K inner
+    assert (tb["tensor"], tb["dims"], tb["strides"], tb["box"]) == (
+        step.inputs[1],
+        [576, 128, 1],
+        [1152, 147456],
+        [64, p["BN"], 1],
+    )
+    assert ln.args[:2] == [step.inputs[0], "@tmap:0"]
+    assert ln.grid[0] == 13 * (128 // p["BN"]) and ln.block == [256, 1, 1]
+
+
+def test_stem_gathers_elements_and_loads_weights_without_tma(tmp_path):
+    model, _ = conv_model(2, 3, 64, 64, 7, 2)  # K = 147: 16-byte rows nowhere
+    eng = _compile(model, ["sm_90"], tmp_path)
+    ((step, ln),) = _conv_launches(eng)
+    p = ln.params
+    assert (p["variant"], p["a"], p["B_MODE"], p["K"]) == ("igemm", "gather1", "elem", 147)
+    assert "tmaps" not in p and ln.args[:2] == [step.inputs[0], step.inputs[1]]
+
+
+def test_multi_arch_engine_keeps_the_old_kernel_for_sm80(tmp_path):
+    model, _ = conv_model(2, 64, 56, 64, 3, 2)  # M = 2 * 28 * 28
+    eng = _compile(model, ["sm_80", "sm_90"], tmp_path)
+    assert [ln.params["variant"] for _, ln in _conv_launches(eng, "sm_80")] == ["tc"]
+    assert [ln.params["variant"] for _, ln in _conv_launches(eng, "sm_90")] == ["igemm"]
+
+
+def test_narrow_convs_stay(tmp_path):
+    model, _ = conv_model(2, 64, 28, 32, 3, 1)  # Cout = 32 < IGEMM_MIN_COUT: not measured
+    eng = _compile(model, ["sm_90"], tmp_path)
+    assert [ln.params["variant"] for _, ln in _conv_launches(eng)] == ["tc"]
+
+
+def test_batch1_convs_taken(tmp_path):
+    model, _ = conv_model(1, 512, 7, 512, 3, 1)  # M = 49: 8 K slices, then the reduce kernel
+    eng = _compile(model, ["sm_90"], tmp_path)
+    (_, ln), (_, red) = _conv_launches(eng)
+    assert ln.params["variant"] == "igemm" and ln.params["SPLITS"] == 8 and ln.params["SERIAL"] == 0
+    assert red.params["reduce"] and red.args[-1] == "@workspace"
+
+
+def test_fp32_engine_keeps_the_conv_kernel(tmp_path):
+    model, _ = conv_model(2, 64, 28, 64, 3, 1)
+    eng = _compile(model, ["sm_90"], tmp_path, precision="fp32")
+    assert all(ln.params["variant"] != "igemm" for _, ln in _conv_launches(eng))
+
+
+def _ctx(c, hw, k, r, stride, n=2):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    from bench_conv_sm90 import conv_ctx
+
+    return conv_ctx(n, hw, c, k, False, True, r, stride)
+
+
+@pytest.mark.parametrize(
+    ("params", "msg"),
+    [
+        ({"BN": 96}, "BN 96"),
+        ({"BN": 256, "MINB": 2}, "shared memory"),
+        ({"B_MODE": "tma", "BN": 64}, "not a multiple of 8"),
+    ],
+)
+def test_bad_parameters_are_named(params, msg):
+    from graphc.codegen.families import conv_sm90
+    from graphc.errors import CompileError
+
+    ctx = _ctx(3, 32, 64, 7, 2) if params.get("B_MODE") == "tma" else _ctx(64, 28, 128, 3, 1)
+    with pytest.raises(CompileError, match=msg):
+        conv_sm90.igemm_generate(ctx, params)
+
+
+def test_split_k_in_one_launch_or_two():
+    from graphc.codegen.families import conv_sm90
+
+    ctx = _ctx(256, 14, 256, 3, 1)  # M = 392, K = 2304: 36 K tiles in 3 slices of 12
+    (main,) = conv_sm90.igemm_generate(ctx, {"BN": 128, "SPLITS": 3, "SERIAL": 1})  # the last slice reduces
+    assert main.grid == (4 * 2, 3, 1) and main.args[-1] == "@workspace" and main.params["SERIAL"] == 1
+    assert main.workspace_bytes == 3 * 392 * 256 * 4 and main.params["VEC_EPI"] == 1
+    assert "_arrived[8]" in main.source  # one arrival counter per output tile
+    main, red = conv_sm90.igemm_generate(ctx, {"BN": 128, "SPLITS": 3})  # the default: two launches
+    assert main.args[-1] == "@workspace" and red.args[-1] == "@workspace" and red.params["reduce"]
+    assert main.params["VEC_EPI"] == 0 and main.params["SERIAL"] == 0
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize(
+    ("geom", "params", "tma"),
+    [
+        ((64, 28, 64, 3, 1), None, True),
+        ((128, 14, 256, 3, 2), {"BN": 256}, True),
+        ((256, 28, 512, 1, 2), {"BN": 128, "MINB": 2, "STAGES": 3}, True),
+        ((512, 7, 512, 3, 1), {"BN": 128, "SPLITS": 2, "SERIAL": 1}, True),  # split-K in one launch
+        ((64, 28, 128, 3, 1), {"BN": 128, "B_MODE": "cp"}, False),
+        ((3, 64, 64, 7, 2), None, False),
+    ],
+)
+def test_igemm_sass(tmp_path, geom, params, tma):
+    from graphc.codegen.families import conv_sm90
+    from graphc.codegen.nvrtc import compile_cubin
+
+    main = conv_sm90.igemm_generate(_ctx(*geom), params)[0]
+    ops = _opcodes(sass(compile_cubin(main.source, main.name, "sm_90a"), tmp_path, main.name))
+    assert "HGMMA" in ops, "no warpgroup MMA"
+    assert ("UTMALDG" in ops) == tma
+    if geom[0] % 8 == 0:
+        assert "LDGSTS" in ops, "the A gather is not cp.async"
+    assert not {"LDL", "STL"} & ops, "registers spilled to local memory"
+    assert "HMMA" not in ops
