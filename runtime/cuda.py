@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from graphc.runtime.errors import EngineError
+from graphc.runtime.pdl import arch_has_pdl, env_pdl, programmatic_launches
 from graphc.runtime.plan import ALIAS, ARENA, INPUT, WEIGHT, KernelPlan, MemoryPlan, alias_byte_offset
 from graphc.runtime.tensormap import TensorMapTable, is_tmap_arg, tmap_index, validate_launch
 
@@ -86,6 +87,53 @@ def allow_large_shared_memory(fn: Any, nbytes: int) -> None:
         raise EngineError(f"kernel {getattr(fn, 'name', '?')} needs {nbytes} bytes of shared memory: {e}") from None
 
 
+# Programmatic dependent launch on sm_90+ unless switched off (CompileOptions.pdl, load(pdl=False),
+# GRAPHC_PDL=0): measured on the H200 (docs/launches.md).
+DEFAULT_PDL = True
+
+
+def _cuda_driver() -> Any:
+    """cuda.bindings.driver (cuLaunchKernelEx), or None where cuda-bindings is not installed."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        return None
+    return driver
+
+
+class ProgrammaticLaunch:
+    """One kernel launch through cuLaunchKernelEx with programmatic stream serialization: the
+    kernel may start while the one before it on the stream finishes (it waits in GC_PDL_ENTRY()),
+    and a captured graph gets a programmatic edge. The configuration and the argument array are
+    built once; a launch is one driver call."""
+
+    def __init__(self, driver: Any, fn: Any, grid: tuple, block: tuple, args: tuple, smem: int, stream: Any, name: str):
+        cfg = driver.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (int(g) for g in grid)
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = (int(b) for b in block)
+        cfg.sharedMemBytes = int(smem)
+        cfg.hStream = driver.CUstream(int(stream.ptr))
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        cfg.attrs = [attr]
+        cfg.numAttrs = 1
+        # every argument is a device pointer (tensor, workspace, tensor-map slot): an array of the
+        # values and an array of pointers to them, kept alive with the launch
+        self.values = np.array([int(a.data.ptr) for a in args], dtype=np.uint64)
+        base = int(self.values.ctypes.data) if len(args) else 0
+        self.params = np.array([base + 8 * i for i in range(len(args))], dtype=np.uint64)
+        self.driver, self.cfg, self.name = driver, cfg, name
+        self.fn = driver.CUfunction(int(fn.ptr))
+        self.params_ptr = int(self.params.ctypes.data) if len(args) else 0
+        self.ok = driver.CUresult.CUDA_SUCCESS
+
+    def __call__(self) -> None:
+        (err,) = self.driver.cuLaunchKernelEx(self.cfg, self.fn, self.params_ptr, 0)
+        if err != self.ok:
+            raise EngineError(f"step '{self.name}': cuLaunchKernelEx failed: {err}")
+
+
 def _sm_count(cupy: Any, device: int) -> int:
     return int(cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"])
 
@@ -127,8 +175,16 @@ class CUDAContext:
     """An execution context: its own arena, workspace, stream and CUDA graph; weights shared."""
 
     def __init__(
-        self, plan: KernelPlan, memory: MemoryPlan, weights: DeviceWeights, functions: dict[str, Any], device: int
+        self,
+        plan: KernelPlan,
+        memory: MemoryPlan,
+        weights: DeviceWeights,
+        functions: dict[str, Any],
+        device: int,
+        pdl_kernels: frozenset[str] = frozenset(),
     ):
+        # pdl_kernels: the digests launched programmatically (CUDAExecutor.pdl_kernels: PDL-ready
+        # kernels, on sm_90+, with PDL on); every other launch is an ordinary cupy launch
         cupy = import_cupy()
         self.cupy = cupy
         self.plan = plan
@@ -170,6 +226,7 @@ class CUDAContext:
                     if ln.params.get("persistent"):  # a CTA per SM at most: the kernel strides by gridDim
                         grid = (min(grid[0], sms), *grid[1:])
                     self.launches.append((fn, grid, tuple(ln.block), args, ln.shared_bytes, step.name))
+            self.programmatic = self._programmatic(plan, pdl_kernels)
         self.graph = None
         self.lock = threading.Lock()
         self.prepare_io()
@@ -207,9 +264,27 @@ class CUDAContext:
             return self.tensormaps.arg(first + tmap_index(a, f"step '{step}'"))
         return views[a]
 
+    def _programmatic(self, plan: KernelPlan, pdl_kernels: frozenset[str]) -> list[ProgrammaticLaunch | None]:
+        """Per launch, its programmatic launcher, or None for an ordinary launch."""
+        digests = [ln.digest for s in plan.steps for ln in s.launches]
+        chosen = programmatic_launches(digests, pdl_kernels)
+        if not any(chosen):
+            return [None] * len(self.launches)
+        driver = _cuda_driver()
+        if driver is None:
+            log.warning("programmatic dependent launch off: cuda.bindings is not installed (pip install cuda-bindings)")
+            return [None] * len(self.launches)
+        return [
+            ProgrammaticLaunch(driver, fn, grid, block, args, smem, self.stream, name) if pdl else None
+            for (fn, grid, block, args, smem, name), pdl in zip(self.launches, chosen, strict=True)
+        ]
+
     def launch_all(self) -> None:
-        for fn, grid, block, args, smem, _name in self.launches:
-            fn(grid, block, args, shared_mem=smem, stream=self.stream)
+        for (fn, grid, block, args, smem, _name), pdl in zip(self.launches, self.programmatic, strict=True):
+            if pdl is None:
+                fn(grid, block, args, shared_mem=smem, stream=self.stream)
+            else:
+                pdl()
 
     def run(
         self,
@@ -299,8 +374,12 @@ class CUDAExecutor:
         device: int = 0,
         launch_arch: str | None = None,
         device_weights: DeviceWeights | None = None,
+        pdl_ready: Iterable[str] = (),
+        pdl: bool | None = None,
     ):
         # device_weights: weights already on the device (a shape bucket shares the engine's)
+        # pdl_ready: digests of the PDL-ready kernels (runtime/pdl.py); pdl: launch them
+        # programmatically (None: GRAPHC_PDL if set, else DEFAULT_PDL); only on sm_90+ cubins
         cupy = self.cupy = import_cupy()
         # `plan` is already one arch's (KernelPlan.for_arch); launch_arch says whose, for tests and reports
         self.plan, self.memory, self.device, self.launch_arch = plan, memory, device, launch_arch
@@ -313,10 +392,22 @@ class CUDAExecutor:
         # Only this plan's kernels are kept (another arch's, or one the plan does not launch, are not).
         self._cubins = {d: c for d, c in cubins.items() if d in used}
         self._names = names
+        self.pdl_kernels = self._pdl_kernels(set(pdl_ready) & used, pdl, launch_arch or device_arch(device))
         with cupy.cuda.Device(device):
             self.functions, self.modules = self._load_functions()
             self.weights = device_weights if device_weights is not None else DeviceWeights(plan, weights, device)
-        self.default = CUDAContext(plan, memory, self.weights, self.functions, device)
+        self.default = CUDAContext(plan, memory, self.weights, self.functions, device, self.pdl_kernels)
+
+    @staticmethod
+    def _pdl_kernels(ready: set[str], pdl: bool | None, arch: str) -> frozenset[str]:
+        """The kernels this executor launches programmatically: the PDL-ready ones where the switch
+        is on and the cubins are for sm_90+ (griddepcontrol does not exist before)."""
+        on = pdl if pdl is not None else (env_pdl() if env_pdl() is not None else DEFAULT_PDL)
+        if not on or not arch_has_pdl(arch):
+            return frozenset()
+        if ready:
+            log.info("%d kernels launched programmatically (PDL) on %s", len(ready), arch)
+        return frozenset(ready)
 
     def _load_functions(self) -> tuple[dict[str, Any], list[Any]]:
         """The plan's kernels, loaded as modules of their own. Some kernels keep state in module
@@ -340,7 +431,7 @@ class CUDAExecutor:
     def create_context(self) -> CUDAContext:
         with self.cupy.cuda.Device(self.device):
             functions, modules = self._load_functions()
-        ctx = CUDAContext(self.plan, self.memory, self.weights, functions, self.device)
+        ctx = CUDAContext(self.plan, self.memory, self.weights, functions, self.device, self.pdl_kernels)
         ctx.modules = modules  # the context's kernels live as long as it does
         return ctx
 

@@ -97,4 +97,20 @@ def env_pdl() -> bool | None:
     return None
 
 
-__all__ = ["ENTRY", "KernelEntry", "add_pdl_entries", "arch_has_pdl", "env_pdl", "kernel_entries", "pdl_ready"]
+def programmatic_launches(digests: list[str], ready: set[str] | frozenset[str]) -> list[bool]:
+    """Per launch of a sequence, whether it is launched programmatically: a PDL-ready kernel that
+    follows a kernel of the same sequence. The first launch stays plain: what is before it on the
+    stream (input copies, the previous call's output copies) is not a kernel of this plan."""
+    return [i > 0 and d in ready for i, d in enumerate(digests)]
+
+
+__all__ = [
+    "ENTRY",
+    "KernelEntry",
+    "add_pdl_entries",
+    "arch_has_pdl",
+    "env_pdl",
+    "kernel_entries",
+    "pdl_ready",
+    "programmatic_launches",
+]
