@@ -274,10 +274,23 @@ class CUDAContext:
         if driver is None:
             log.warning("programmatic dependent launch off: cuda.bindings is not installed (pip install cuda-bindings)")
             return [None] * len(self.launches)
+        # the driver API launches in the thread's current context: the one cupy made current here
+        err, self._driver_ctx = driver.cuCtxGetCurrent()
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise EngineError(f"cuCtxGetCurrent failed: {err}")
+        self._driver = driver
         return [
             ProgrammaticLaunch(driver, fn, grid, block, args, smem, self.stream, name) if pdl else None
             for (fn, grid, block, args, smem, name), pdl in zip(self.launches, chosen, strict=True)
         ]
+
+    def _bind_driver_context(self) -> None:
+        """Make this context's CUDA context current for the driver API's launches (another thread
+        that ran only runtime-API calls may have none current); before a capture begins."""
+        if getattr(self, "_driver", None) is not None:
+            (err,) = self._driver.cuCtxSetCurrent(self._driver_ctx)
+            if err != self._driver.CUresult.CUDA_SUCCESS:
+                raise EngineError(f"cuCtxSetCurrent failed: {err}")
 
     def launch_all(self) -> None:
         for (fn, grid, block, args, smem, _name), pdl in zip(self.launches, self.programmatic, strict=True):
@@ -312,6 +325,7 @@ class CUDAContext:
                     view[...] = cupy.asarray(x) if hasattr(x, "__cuda_array_interface__") else cupy.from_dlpack(x)
             if use_graph:
                 if self.graph is None:
+                    self._bind_driver_context()
                     self.stream.begin_capture()
                     try:
                         self.launch_all()
@@ -319,6 +333,7 @@ class CUDAContext:
                         self.graph = self.stream.end_capture()
                 self.graph.launch(stream=self.stream)
             else:
+                self._bind_driver_context()
                 self.launch_all()
             if out is not None:
                 self._copy_out(out)

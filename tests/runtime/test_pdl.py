@@ -10,6 +10,7 @@ import sys
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import graphc
@@ -164,6 +165,13 @@ class FakeDriver:
     def CUfunction(self, ptr):
         return ("function", ptr)
 
+    def cuCtxGetCurrent(self):
+        return (0, "ctx")
+
+    def cuCtxSetCurrent(self, ctx):
+        self.bound = ctx
+        return (0,)
+
     def cuLaunchKernelEx(self, cfg, fn, params, extra):
         # read the argument values through the pointer array, as the driver does
         n = self.nargs
@@ -217,6 +225,9 @@ def test_programmatic_launches_exactly_for_ready_kernels_after_the_first(monkeyp
     assert (cfg.gridDimX, cfg.blockDimX, cfg.sharedMemBytes, cfg.numAttrs) == (4, 128, 128, 1)
     assert cfg.attrs[0].id == 6 and cfg.attrs[0].value.programmaticStreamSerializationAllowed == 1
     assert vals == [int(ctx.views["t2"].data.ptr), int(ctx.views["t3"].data.ptr)]
+    # through run(): the driver's context is bound first, then the same launches again
+    ctx.run({"t0": F.array(np.ones(4, np.float32))}, use_graph=False, sync=False)
+    assert driver.bound == "ctx" and len(driver.calls) == 2 and len(plain) == 4
 
 
 def test_no_programmatic_launch_without_ready_kernels_or_driver(monkeypatch, caplog):
