@@ -98,6 +98,29 @@ def gpu(model: str, size: str, calls: int, rounds: int) -> dict[str, Any]:
         r["run_noop_launch"] = per_call_us(lambda: engine.run(dev, sync=False), calls, rounds, sync)
     finally:
         ctx.graph = graph
+    # the pieces of a call, each alone (what a fix would save)
+    first_out = next(iter(out.values()))
+    src = first_out
+    dst = cupy.empty_like(first_out)
+    d2d = cupy.cuda.runtime.memcpyDeviceToDevice
+    dev_ctx = cupy.cuda.Device(ctx.device)
+
+    def with_device() -> None:
+        with dev_ctx:
+            pass
+
+    def with_stream() -> None:
+        with stream:
+            pass
+
+    r["part_check_feeds"] = per_call_us(lambda: engine.check_feeds(dev), calls, rounds)
+    r["part_device_ctx"] = per_call_us(with_device, calls, rounds)
+    r["part_stream_ctx"] = per_call_us(with_stream, calls, rounds)
+    r["part_empty"] = per_call_us(lambda: cupy.empty(first_out.shape, dtype=first_out.dtype), calls, rounds)
+    r["part_memcpy"] = per_call_us(
+        lambda: cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, src.nbytes, d2d, stream.ptr),
+        calls, rounds, sync,
+    )  # fmt: skip
     r["overhead"] = r["run"] - r["launch"]
     r["overhead_out"] = r["run_out"] - r["launch"]
     r["overhead_sync"] = r["run_sync"] - r["launch_sync"]

@@ -2,16 +2,17 @@
 twice in one process (graphc.runtime.load(path, pdl=True) and pdl=False), timed interleaved.
 
     python tools/bench_pdl.py --exports DIR --models bert,gpt2,resnet50 --batch 1,32 --json pdl.json --md pdl.md
-    python tools/bench_pdl.py --zoo bert:full,resnet:full --batch 1,32 ...
+    python tools/bench_pdl.py --models bert:full,resnet:full --batch 1,32 ...
 
-DIR holds tools/export_torch.py's exports (NAME.torchscript.onnx, symbolic batch, sequence 128);
---zoo builds models of graphc's zoo instead (NAME:SIZE). Per model and batch, an fp16 engine for
+A model without a colon is an export in DIR (tools/export_torch.py's NAME.torchscript.onnx, symbolic
+batch, sequence 128); NAME:SIZE is a model of graphc's zoo. Per model and batch, an fp16 engine for
 this GPU, and for each of the two loads:
-- `replay_ms`: GPU time of one CUDA-graph replay (CUDA events around `calls` back-to-back replays);
-- `run_ms`: the ordinary call, back to back: `calls` engine.run(cupy feeds, sync=False), then one
-  sync, host wall time per call (what a serving loop sees; its device work is the replay);
-- `stream_ms`: the same with use_graph=False (every kernel launched from Python, no graph);
-best (lowest) mean over `rounds` rounds, the two loads alternating round by round. `exact`: the
+- `replay_ms`: GPU time of one CUDA-graph replay (CUDA events around N back-to-back replays);
+- `run_ms`: the ordinary call, back to back: N engine.run(cupy feeds, sync=False), then one sync,
+  host wall time per call (what a serving loop sees; its device work is the replay);
+- `stream_ms`: the same with use_graph=False (every kernel launched from Python, no graph; N/5 calls);
+N makes a measurement about --window-ms long (10 to --calls); best (lowest) mean over `rounds`
+rounds, the two loads alternating round by round. `exact`: the
 PDL engine's outputs equal the plain engine's bit for bit, over several replays of changing inputs.
 """
 
@@ -42,7 +43,9 @@ def _feeds_export(name: str, batch: int, seed: int) -> dict[str, np.ndarray]:
 
 def _source(spec: str, exports: Path | None, batch: int) -> tuple[Any, Callable[[int], dict[str, np.ndarray]]]:
     """(the model to compile, feeds of this batch by seed)."""
-    if exports is not None:
+    if ":" not in spec:
+        if exports is None:
+            raise ValueError(f"model {spec}: an export needs --exports DIR (or give a zoo model as NAME:SIZE)")
         return str(exports / f"{spec}.torchscript.onnx"), lambda seed: _feeds_export(spec, batch, seed)
     import models
 
@@ -74,7 +77,9 @@ def _numpy(outs: dict[str, Any]) -> dict[str, np.ndarray]:
     return {k: (v.get() if hasattr(v, "get") else np.asarray(v)) for k, v in outs.items()}
 
 
-def bench_one(spec: str, exports: Path | None, batch: int, calls: int, rounds: int, workdir: Path) -> dict[str, Any]:
+def bench_one(
+    spec: str, exports: Path | None, batch: int, max_calls: int, rounds: int, window_ms: float, workdir: Path
+) -> dict[str, Any]:
     import cupy
 
     import graphc
@@ -122,6 +127,8 @@ def bench_one(spec: str, exports: Path | None, batch: int, calls: int, rounds: i
         for _ in range(10):
             e.run(feeds_dev[k], sync=False)
         ctxs[k].stream.synchronize()
+    calls = int(min(max_calls, max(10, window_ms / max(_replay_ms(cupy, ctxs["plain"], 5), 1e-3))))
+    row["calls"] = calls
     times: dict[str, dict[str, list[float]]] = {k: {"replay_ms": [], "run_ms": [], "stream_ms": []} for k in engines}
     for _ in range(rounds):
         for k, e in engines.items():
@@ -205,17 +212,16 @@ def markdown(env: dict[str, Any], rows: list[dict[str, Any]], command: str) -> s
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--exports", type=Path, help="tools/export_torch.py's output folder")
-    src.add_argument("--zoo", help="zoo models as NAME:SIZE, comma-separated")
-    p.add_argument("--models", default="bert,gpt2,resnet50", help="with --exports: the models")
+    p.add_argument("--exports", type=Path, help="tools/export_torch.py's output folder")
+    p.add_argument("--models", default="bert,gpt2,resnet50", help="exports by name, zoo models as NAME:SIZE")
     p.add_argument("--batch", default="1,32")
-    p.add_argument("--calls", type=int, default=50)
+    p.add_argument("--calls", type=int, default=50, help="the most calls per measurement")
+    p.add_argument("--window-ms", type=float, default=40.0, help="about how long one measurement takes")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", type=Path)
     p.add_argument("--md", type=Path)
     a = p.parse_args(argv)
-    specs = a.zoo.split(",") if a.zoo else a.models.split(",")
+    specs = a.models.split(",")
     batches = [int(b) for b in a.batch.split(",")]
     env = environment()
     rows: list[dict[str, Any]] = []
@@ -224,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         for batch in batches:  # every model at the first batch first: the figures that matter most
             for spec in specs:
                 try:
-                    row = bench_one(spec, a.exports, batch, a.calls, a.rounds, Path(tmp))
+                    row = bench_one(spec, a.exports, batch, a.calls, a.rounds, a.window_ms, Path(tmp))
                 except Exception as e:  # one model failing must not lose the others' figures
                     row = {"model": spec, "batch": batch, "error": f"{type(e).__name__}: {str(e).splitlines()[0]}"}
                 rows.append(row)
