@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from graphc.runtime.errors import EngineError
-from graphc.runtime.pdl import arch_has_pdl, env_pdl, programmatic_launches
+from graphc.runtime.pdl import arch_has_pdl, env_max_ctas, env_pdl, programmatic_launches
 from graphc.runtime.plan import ALIAS, ARENA, INPUT, WEIGHT, KernelPlan, MemoryPlan, alias_byte_offset
 from graphc.runtime.tensormap import TensorMapTable, is_tmap_arg, tmap_index, validate_launch
 
@@ -90,6 +90,9 @@ def allow_large_shared_memory(fn: Any, nbytes: int) -> None:
 # Programmatic dependent launch on sm_90+ unless switched off (CompileOptions.pdl, load(pdl=False),
 # GRAPHC_PDL=0): measured on the H200 (docs/launches.md).
 DEFAULT_PDL = True
+# Programmatic only between launches of at most this many CTAs ("sms": the GPU's SM count, one
+# wave; None: every PDL-ready launch); GRAPHC_PDL_MAX_CTAS overrides it (0: no limit).
+DEFAULT_PDL_MAX_CTAS: int | str | None = "sms"
 
 
 def _cuda_driver() -> Any:
@@ -182,9 +185,11 @@ class CUDAContext:
         functions: dict[str, Any],
         device: int,
         pdl_kernels: frozenset[str] = frozenset(),
+        pdl_max_ctas: int | str | None = None,
     ):
         # pdl_kernels: the digests launched programmatically (CUDAExecutor.pdl_kernels: PDL-ready
-        # kernels, on sm_90+, with PDL on); every other launch is an ordinary cupy launch
+        # kernels, on sm_90+, with PDL on); every other launch is an ordinary cupy launch.
+        # pdl_max_ctas: only between launches of at most that many CTAs ("sms": the SM count)
         cupy = import_cupy()
         self.cupy = cupy
         self.plan = plan
@@ -211,9 +216,10 @@ class CUDAContext:
             self.views = views
             self.tensormaps = self._tensor_maps(plan, views)
             self.launches = []
+            need_sms = pdl_max_ctas == "sms" and bool(pdl_kernels)
             sms = (
                 _sm_count(cupy, device)
-                if any(ln.params.get("persistent") for s in plan.steps for ln in s.launches)
+                if need_sms or any(ln.params.get("persistent") for s in plan.steps for ln in s.launches)
                 else 0
             )
             first = 0  # index of the launch's first tensor map in the context's table
@@ -226,7 +232,7 @@ class CUDAContext:
                     if ln.params.get("persistent"):  # a CTA per SM at most: the kernel strides by gridDim
                         grid = (min(grid[0], sms), *grid[1:])
                     self.launches.append((fn, grid, tuple(ln.block), args, ln.shared_bytes, step.name))
-            self.programmatic = self._programmatic(plan, pdl_kernels)
+            self.programmatic = self._programmatic(plan, pdl_kernels, sms if pdl_max_ctas == "sms" else pdl_max_ctas)
         self.graph = None
         self.lock = threading.Lock()
         self.prepare_io()
@@ -264,10 +270,13 @@ class CUDAContext:
             return self.tensormaps.arg(first + tmap_index(a, f"step '{step}'"))
         return views[a]
 
-    def _programmatic(self, plan: KernelPlan, pdl_kernels: frozenset[str]) -> list[ProgrammaticLaunch | None]:
+    def _programmatic(
+        self, plan: KernelPlan, pdl_kernels: frozenset[str], max_ctas: int | None
+    ) -> list[ProgrammaticLaunch | None]:
         """Per launch, its programmatic launcher, or None for an ordinary launch."""
         digests = [ln.digest for s in plan.steps for ln in s.launches]
-        chosen = programmatic_launches(digests, pdl_kernels)
+        ctas = [int(np.prod(grid)) for _fn, grid, *_ in self.launches]
+        chosen = programmatic_launches(digests, pdl_kernels, ctas, max_ctas)
         if not any(chosen):
             return [None] * len(self.launches)
         driver = _cuda_driver()
@@ -408,10 +417,14 @@ class CUDAExecutor:
         self._cubins = {d: c for d, c in cubins.items() if d in used}
         self._names = names
         self.pdl_kernels = self._pdl_kernels(set(pdl_ready) & used, pdl, launch_arch or device_arch(device))
+        limit = env_max_ctas()
+        self.pdl_max_ctas = DEFAULT_PDL_MAX_CTAS if limit == "default" else limit
         with cupy.cuda.Device(device):
             self.functions, self.modules = self._load_functions()
             self.weights = device_weights if device_weights is not None else DeviceWeights(plan, weights, device)
-        self.default = CUDAContext(plan, memory, self.weights, self.functions, device, self.pdl_kernels)
+        self.default = CUDAContext(
+            plan, memory, self.weights, self.functions, device, self.pdl_kernels, self.pdl_max_ctas
+        )
 
     @staticmethod
     def _pdl_kernels(ready: set[str], pdl: bool | None, arch: str) -> frozenset[str]:
@@ -446,7 +459,9 @@ class CUDAExecutor:
     def create_context(self) -> CUDAContext:
         with self.cupy.cuda.Device(self.device):
             functions, modules = self._load_functions()
-        ctx = CUDAContext(self.plan, self.memory, self.weights, functions, self.device, self.pdl_kernels)
+        ctx = CUDAContext(
+            self.plan, self.memory, self.weights, functions, self.device, self.pdl_kernels, self.pdl_max_ctas
+        )
         ctx.modules = modules  # the context's kernels live as long as it does
         return ctx
 

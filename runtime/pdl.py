@@ -15,6 +15,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from graphc.runtime.errors import EngineError
+
 ENTRY = "GC_PDL_ENTRY();"
 # the macro as common.cuh defines it for sm_90+ (the wait must be its first instruction)
 _DEFINE = re.compile(r'#define GC_PDL_ENTRY\(\) asm volatile\("griddepcontrol\.wait;')
@@ -97,11 +99,36 @@ def env_pdl() -> bool | None:
     return None
 
 
-def programmatic_launches(digests: list[str], ready: set[str] | frozenset[str]) -> list[bool]:
+def programmatic_launches(
+    digests: list[str],
+    ready: set[str] | frozenset[str],
+    ctas: list[int] | None = None,
+    max_ctas: int | None = None,
+) -> list[bool]:
     """Per launch of a sequence, whether it is launched programmatically: a PDL-ready kernel that
     follows a kernel of the same sequence. The first launch stays plain: what is before it on the
-    stream (input copies, the previous call's output copies) is not a kernel of this plan."""
-    return [i > 0 and d in ready for i, d in enumerate(digests)]
+    stream (input copies, the previous call's output copies) is not a kernel of this plan. With
+    `max_ctas`, only where this launch and the one before have at most that many CTAs (`ctas`, per
+    launch): the overlap PDL buys is a launch's ramp-up under a short kernel's tail."""
+    out = []
+    for i, d in enumerate(digests):
+        on = i > 0 and d in ready
+        if on and max_ctas is not None and ctas is not None:
+            on = ctas[i] <= max_ctas and ctas[i - 1] <= max_ctas
+        out.append(on)
+    return out
+
+
+def env_max_ctas() -> int | None | str:
+    """GRAPHC_PDL_MAX_CTAS: an int (0: no limit) overrides the default CTA limit; unset: "default"."""
+    v = os.environ.get("GRAPHC_PDL_MAX_CTAS", "").strip()
+    if not v:
+        return "default"
+    try:
+        n = int(v)
+    except ValueError:
+        raise EngineError(f"GRAPHC_PDL_MAX_CTAS={v!r}: give a number of CTAs (0: no limit)") from None
+    return None if n <= 0 else n
 
 
 __all__ = [
@@ -109,6 +136,7 @@ __all__ = [
     "KernelEntry",
     "add_pdl_entries",
     "arch_has_pdl",
+    "env_max_ctas",
     "env_pdl",
     "kernel_entries",
     "pdl_ready",

@@ -86,6 +86,24 @@ def test_arch_gate_and_sequence_choice():
     ]  # fmt: skip
     assert programmatic_launches(["a", "b", "a", "c"], {"a", "c"}) == [False, False, True, True]
     assert programmatic_launches([], {"a"}) == []
+    # a CTA limit: only between launches that both fit it
+    ctas = [10, 500, 10, 10, 10]
+    assert programmatic_launches(["a"] * 5, {"a"}, ctas, 132) == [False, False, False, True, True]
+    assert programmatic_launches(["a"] * 5, {"a"}, ctas, None) == [False, True, True, True, True]
+
+
+def test_cta_limit_from_the_environment(monkeypatch):
+    from graphc.runtime.pdl import env_max_ctas
+
+    monkeypatch.delenv("GRAPHC_PDL_MAX_CTAS", raising=False)
+    assert env_max_ctas() == "default"
+    monkeypatch.setenv("GRAPHC_PDL_MAX_CTAS", "0")
+    assert env_max_ctas() is None
+    monkeypatch.setenv("GRAPHC_PDL_MAX_CTAS", "264")
+    assert env_max_ctas() == 264
+    monkeypatch.setenv("GRAPHC_PDL_MAX_CTAS", "many")
+    with pytest.raises(EngineError, match="GRAPHC_PDL_MAX_CTAS='many'"):
+        env_max_ctas()
 
 
 # ---- the engine: every rendered kernel is PDL-ready, recorded, checked at load ----------------
@@ -189,7 +207,7 @@ class FakeFunction:
         self.log.append((self.ptr, grid, [int(a.data.ptr) for a in args]))
 
 
-def _context(monkeypatch, digests, ready, driver):
+def _context(monkeypatch, digests, ready, driver, max_ctas=None):
     from graphc.runtime import cuda
     from graphc.runtime.plan import ARENA, KernelPlan, Launch, MemoryPlan, Step, TensorPlacement, TensorSpec
 
@@ -206,7 +224,7 @@ def _context(monkeypatch, digests, ready, driver):
     log: list = []
     functions = {d * 64: FakeFunction(1000 + ord(d), log) for d in set(digests)}
     weights = types.SimpleNamespace(arrays={})
-    ctx = cuda.CUDAContext(plan, memory, weights, functions, 0, frozenset(r * 64 for r in ready))
+    ctx = cuda.CUDAContext(plan, memory, weights, functions, 0, frozenset(r * 64 for r in ready), max_ctas)
     if driver is not None:
         driver.nargs = 2
     return ctx, log
@@ -228,6 +246,13 @@ def test_programmatic_launches_exactly_for_ready_kernels_after_the_first(monkeyp
     # through run(): the driver's context is bound first, then the same launches again
     ctx.run({"t0": F.array(np.ones(4, np.float32))}, use_graph=False, sync=False)
     assert driver.bound == "ctx" and len(driver.calls) == 2 and len(plain) == 4
+
+
+def test_cta_limit_keeps_large_grids_plain(monkeypatch):
+    driver = FakeDriver()
+    ctx, _plain = _context(monkeypatch, ["a", "b", "a"], {"a", "b"}, driver, max_ctas=3)
+    # grids of 2, 3 and 4 CTAs: the second launch (3 after 2) fits, the third (4) does not
+    assert [p is not None for p in ctx.programmatic] == [False, True, False]
 
 
 def test_no_programmatic_launch_without_ready_kernels_or_driver(monkeypatch, caplog):

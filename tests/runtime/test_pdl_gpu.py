@@ -36,8 +36,9 @@ def _outs(engine, feeds, **kw):
     return {k: np.asarray(v) for k, v in engine.run(feeds, to_numpy=True, **kw).items()}
 
 
-def test_pdl_engine_matches_plain_engine_bit_for_bit(engine_file):
+def test_pdl_engine_matches_plain_engine_bit_for_bit(engine_file, monkeypatch):
     path, feeds = engine_file
+    monkeypatch.setenv("GRAPHC_PDL_MAX_CTAS", "0")  # every PDL-ready launch programmatic, whatever its grid
     on, off = graphc.runtime.load(path, pdl=True), graphc.runtime.load(path, pdl=False)
     ctx_on, ctx_off = on.executor.default, off.executor.default
     programmatic = sum(p is not None for p in ctx_on.programmatic)
@@ -57,6 +58,19 @@ def test_pdl_engine_matches_plain_engine_bit_for_bit(engine_file):
     for k in want:
         np.testing.assert_array_equal(got[k], want[k])
         assert np.isfinite(want[k].astype(np.float32)).all()
+
+
+def test_default_cta_limit_keeps_multi_wave_launches_plain(engine_file, monkeypatch):
+    import cupy
+
+    path, _ = engine_file
+    monkeypatch.delenv("GRAPHC_PDL_MAX_CTAS", raising=False)
+    ctx = graphc.runtime.load(path, pdl=True).executor.default
+    sms = cupy.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
+    ctas = [int(np.prod(g)) for _fn, g, *_ in ctx.launches]
+    for i, p in enumerate(ctx.programmatic):
+        if p is not None:
+            assert i > 0 and ctas[i] <= sms and ctas[i - 1] <= sms
 
 
 def test_environment_switch_turns_pdl_off(engine_file, monkeypatch):
