@@ -87,12 +87,18 @@ def allow_large_shared_memory(fn: Any, nbytes: int) -> None:
         raise EngineError(f"kernel {getattr(fn, 'name', '?')} needs {nbytes} bytes of shared memory: {e}") from None
 
 
-# Programmatic dependent launch on sm_90+ unless switched off (CompileOptions.pdl, load(pdl=False),
-# GRAPHC_PDL=0): measured on the H200 (docs/launches.md).
+# Programmatic dependent launch on sm_90+, by default for engines of short kernels: those whose
+# launches average at most PDL_DEFAULT_MEAN_WAVES waves (CTAs per launch / SM count). Measured on
+# the H200 (docs/launches.md): PDL made batch 1 1-5% faster (BERT-base, GPT-2, ResNet-50; launches
+# average under one wave) and batch 32 up to 3.5% slower (averages of 5-10 waves). load(pdl=True)
+# or GRAPHC_PDL=1 turns it on for any engine, load(pdl=False), GRAPHC_PDL=0 or an engine compiled
+# with --no-pdl off.
 DEFAULT_PDL = True
+PDL_DEFAULT_MEAN_WAVES = 2.0
 # Programmatic only between launches of at most this many CTAs ("sms": the GPU's SM count, one
-# wave; None: every PDL-ready launch); GRAPHC_PDL_MAX_CTAS overrides it (0: no limit).
-DEFAULT_PDL_MAX_CTAS: int | str | None = "sms"
+# wave; None: every PDL-ready launch); GRAPHC_PDL_MAX_CTAS=N sets it (0: no limit). One wave
+# alone kept most of the batch-1 gain away (BERT-base 0.98x against 0.95x), so there is no limit.
+DEFAULT_PDL_MAX_CTAS: int | str | None = None
 
 
 def _cuda_driver() -> Any:
@@ -416,7 +422,9 @@ class CUDAExecutor:
         # Only this plan's kernels are kept (another arch's, or one the plan does not launch, are not).
         self._cubins = {d: c for d, c in cubins.items() if d in used}
         self._names = names
-        self.pdl_kernels = self._pdl_kernels(set(pdl_ready) & used, pdl, launch_arch or device_arch(device))
+        self.pdl_kernels = self._pdl_kernels(
+            set(pdl_ready) & used, pdl, launch_arch or device_arch(device), lambda: self._short_kernels(cupy)
+        )
         limit = env_max_ctas()
         self.pdl_max_ctas = DEFAULT_PDL_MAX_CTAS if limit == "default" else limit
         with cupy.cuda.Device(device):
@@ -427,15 +435,36 @@ class CUDAExecutor:
         )
 
     @staticmethod
-    def _pdl_kernels(ready: set[str], pdl: bool | None, arch: str) -> frozenset[str]:
+    def _pdl_kernels(ready: set[str], pdl: bool | None, arch: str, short_kernels: Any = lambda: True) -> frozenset[str]:
         """The kernels this executor launches programmatically: the PDL-ready ones where the switch
-        is on and the cubins are for sm_90+ (griddepcontrol does not exist before)."""
-        on = pdl if pdl is not None else (env_pdl() if env_pdl() is not None else DEFAULT_PDL)
-        if not on or not arch_has_pdl(arch):
+        is on and the cubins are for sm_90+ (griddepcontrol does not exist before). The switch:
+        `pdl`, else GRAPHC_PDL, else the default (DEFAULT_PDL and `short_kernels()`)."""
+        if not ready or not arch_has_pdl(arch):
             return frozenset()
-        if ready:
-            log.info("%d kernels launched programmatically (PDL) on %s", len(ready), arch)
+        on = pdl if pdl is not None else env_pdl()
+        if on is None:
+            on = DEFAULT_PDL and bool(short_kernels())
+        if not on:
+            return frozenset()
+        log.info("%d kernels launched programmatically (PDL) on %s", len(ready), arch)
         return frozenset(ready)
+
+    def _short_kernels(self, cupy: Any) -> bool:
+        """Whether this plan's launches average at most PDL_DEFAULT_MEAN_WAVES waves of CTAs (a
+        persistent kernel counted as one CTA per SM): the engines PDL was measured faster on."""
+        sms = _sm_count(cupy, self.device)
+        ctas = [
+            min(int(np.prod(ln.grid)), sms) if ln.params.get("persistent") else int(np.prod(ln.grid))
+            for s in self.plan.steps
+            for ln in s.launches
+        ]
+        mean = sum(ctas) / max(len(ctas), 1)
+        short = mean <= PDL_DEFAULT_MEAN_WAVES * sms
+        log.info(
+            "PDL %s by default: %.0f CTAs per launch on average, %d SMs (on up to %.1f waves)",
+            "on" if short else "off", mean, sms, PDL_DEFAULT_MEAN_WAVES,
+        )  # fmt: skip
+        return short
 
     def _load_functions(self) -> tuple[dict[str, Any], list[Any]]:
         """The plan's kernels, loaded as modules of their own. Some kernels keep state in module

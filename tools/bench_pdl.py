@@ -93,7 +93,8 @@ def bench_one(
     path = workdir / f"{spec.replace(':', '_')}_b{batch}.engine"
     built.save(path)
     del built
-    engines = {"pdl": _load(path, True, "0"), "wave": _load(path, True, None), "plain": _load(path, False, None)}
+    sms = str(cupy.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"])
+    engines = {"pdl": _load(path, True, "0"), "wave": _load(path, True, sms), "plain": _load(path, False, None)}
     row: dict[str, Any] = {"model": spec, "batch": batch, "compile_s": round(compile_s, 2)}
     ctxs = {k: e.executor.default for k, e in engines.items()}
     row["launches"] = len(ctxs["pdl"].launches)
@@ -155,8 +156,8 @@ def bench_one(
 
 
 def _load(path: Path, pdl: bool, max_ctas: str | None) -> Any:
-    """The engine loaded with PDL on or off; max_ctas: GRAPHC_PDL_MAX_CTAS for this load ("0": every
-    PDL-ready launch; None: the runtime's default limit)."""
+    """The engine loaded with PDL on or off (forced: not the runtime's default choice); max_ctas:
+    GRAPHC_PDL_MAX_CTAS for this load ("0": every PDL-ready launch; None: the runtime's default)."""
     import os
 
     import graphc.runtime
@@ -213,7 +214,8 @@ def markdown(env: dict[str, Any], rows: list[dict[str, Any]], command: str) -> s
         f"    {command}",
         "",
         "Best mean of the rounds (ms). PDL: every PDL-ready launch programmatic (GRAPHC_PDL_MAX_CTAS=0); "
-        "one-wave: only between launches of at most one CTA per SM (the default limit); ratios against plain; "
+        "one-wave: only between launches of at most one CTA per SM (GRAPHC_PDL_MAX_CTAS=SM count); "
+        "ratios against plain; "
         "exact: both PDL loads give the plain load's outputs bit for bit.",
         "",
         "| model | batch | launches (PDL / one-wave) | replay plain | PDL | ratio | one-wave | ratio "

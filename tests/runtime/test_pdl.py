@@ -267,26 +267,52 @@ def test_no_programmatic_launch_without_ready_kernels_or_driver(monkeypatch, cap
 
 
 @pytest.mark.parametrize(
-    "arch, switch, env, expect",
+    "arch, switch, env, short, expect",
     [
-        ("sm_90", None, None, True),
-        ("sm_90a", None, None, True),
-        ("sm_100", None, None, True),
-        ("sm_86", None, None, False),
-        ("sm_90", False, None, False),
-        ("sm_90", None, "0", False),
-        ("sm_90", True, "0", True),  # the explicit switch wins over the environment
+        ("sm_90", None, None, True, True),
+        ("sm_90a", None, None, True, True),
+        ("sm_100", None, None, True, True),
+        ("sm_86", None, None, True, False),
+        ("sm_86", True, "1", True, False),  # no griddepcontrol before sm_90, whatever is asked
+        ("sm_90", None, None, False, False),  # long kernels: off by default
+        ("sm_90", None, "1", False, True),  # ... unless asked for
+        ("sm_90", True, None, False, True),
+        ("sm_90", False, None, True, False),
+        ("sm_90", None, "0", True, False),
+        ("sm_90", True, "0", True, True),  # the explicit switch wins over the environment
     ],
 )
-def test_executor_switch(monkeypatch, arch, switch, env, expect):
+def test_executor_switch(monkeypatch, arch, switch, env, short, expect):
     from graphc.runtime.cuda import CUDAExecutor
 
     if env is None:
         monkeypatch.delenv("GRAPHC_PDL", raising=False)
     else:
         monkeypatch.setenv("GRAPHC_PDL", env)
-    got = CUDAExecutor._pdl_kernels({"d1", "d2"}, switch, arch)
+    got = CUDAExecutor._pdl_kernels({"d1", "d2"}, switch, arch, lambda: short)
     assert got == (frozenset({"d1", "d2"}) if expect else frozenset())
+
+
+def test_default_is_on_for_engines_of_short_kernels(monkeypatch):
+    from graphc.runtime import cuda
+    from graphc.runtime.plan import Launch, Step
+
+    monkeypatch.setattr(cuda, "_sm_count", lambda cupy, device: 100)
+
+    def executor(grids, persistent=False):
+        ex = object.__new__(cuda.CUDAExecutor)
+        steps = [
+            Step(i, f"s{i}", "Relu", "Relu", "", {}, [], [], launches=[
+                Launch("k", "d" * 64, [g, 1, 1], [128, 1, 1], [], params={"persistent": persistent})
+            ])
+            for i, g in enumerate(grids)
+        ]  # fmt: skip
+        ex.plan, ex.device = types.SimpleNamespace(steps=steps), 0
+        return ex
+
+    assert executor([50, 150, 400])._short_kernels(None)  # mean 200 = 2 waves
+    assert not executor([50, 150, 401])._short_kernels(None)
+    assert executor([5000, 5000], persistent=True)._short_kernels(None)  # one CTA per SM each
 
 
 def test_manifest_kernels_field_is_a_bool(tmp_path, bert):

@@ -60,13 +60,13 @@ def test_pdl_engine_matches_plain_engine_bit_for_bit(engine_file, monkeypatch):
         assert np.isfinite(want[k].astype(np.float32)).all()
 
 
-def test_default_cta_limit_keeps_multi_wave_launches_plain(engine_file, monkeypatch):
+def test_cta_limit_keeps_multi_wave_launches_plain(engine_file, monkeypatch):
     import cupy
 
     path, _ = engine_file
-    monkeypatch.delenv("GRAPHC_PDL_MAX_CTAS", raising=False)
-    ctx = graphc.runtime.load(path, pdl=True).executor.default
     sms = cupy.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
+    monkeypatch.setenv("GRAPHC_PDL_MAX_CTAS", str(sms))
+    ctx = graphc.runtime.load(path, pdl=True).executor.default
     ctas = [int(np.prod(g)) for _fn, g, *_ in ctx.launches]
     for i, p in enumerate(ctx.programmatic):
         if p is not None:
