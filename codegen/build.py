@@ -362,7 +362,8 @@ def build_cuda_engine(
         "families": _count(kernels.families.values()),
         "nvrtc": nvrtc_version(),
     }
-    build_info = {"target": "cuda", "archs": archs, "nvrtc": nvrtc_version(), "precision": opts.precision}
+    pdl = bool(getattr(opts, "pdl", True))  # runtime/pdl.py: the engine records the PDL-ready kernels
+    build_info = {"target": "cuda", "archs": archs, "nvrtc": nvrtc_version(), "precision": opts.precision, "pdl": pdl}
     executor = None
     if local is not None:
         from graphc.runtime.cuda import CUDAExecutor
@@ -370,7 +371,13 @@ def build_cuda_engine(
         cubins = kernels.cubins.get(local)
         if cubins is None:
             raise CompileError(f"no cubin for the local GPU ({local})")
-        executor = CUDAExecutor(final.for_arch(local), memory, weights, cubins, kernels.names, launch_arch=local)
+        from graphc.runtime.pdl import pdl_ready
+
+        ready = {d for d, src in kernels.sources.items() if pdl and pdl_ready(src, kernels.names[d])}
+        executor = CUDAExecutor(
+            final.for_arch(local), memory, weights, cubins, kernels.names, launch_arch=local,
+            pdl_ready=ready, pdl=None if pdl else False,
+        )  # fmt: skip
     engine = Engine("cuda", final, memory, weights, executor, report, build_info)
     engine.kernels = kernels
     return engine

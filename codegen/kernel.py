@@ -22,6 +22,7 @@ from graphc.errors import CompileError
 from graphc.ir.attrs import Attrs
 from graphc.ir.graph import Node
 from graphc.ir.types import TensorType
+from graphc.runtime.pdl import add_pdl_entries
 from graphc.runtime.plan import Step, TensorSpec
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
@@ -165,9 +166,11 @@ def _env() -> jinja2.Environment:
 
 def render(template: str, **context: Any) -> str:
     """Render templates/<template> (a .cu.j2), with common.cuh inlined so that the source is a
-    self-contained translation unit (NVRTC needs no include path)."""
+    self-contained translation unit (NVRTC needs no include path). Every kernel's body starts with
+    GC_PDL_ENTRY() (common.cuh; runtime/pdl.py): written here, once, rather than in each template,
+    so that no template can forget it and a kernel may be launched programmatically on sm_90+."""
     common = (TEMPLATE_DIR / "common.cuh").read_text()
-    body = _env().get_template(template).render(**context)
+    body = add_pdl_entries(_env().get_template(template).render(**context))
     return "// ---- common.cuh ----\n" + common + "\n// ---- " + template + " ----\n" + body
 
 

@@ -264,6 +264,7 @@ def _check_target_flags(args: argparse.Namespace) -> None:
             ("--tune", args.tune not in (None, "off")),
             ("--tune-budget-s", args.tune_budget_s is not None),
             ("--allow-tf32", args.allow_tf32),
+            ("--no-pdl", args.no_pdl),
         )
         if on
     ]
@@ -302,6 +303,9 @@ def _add_compile(sub) -> None:
         "--tune-budget-s", type=float, default=None, help="the tuner's wall-clock budget (default fast 60, full 600)"
     )
     c.add_argument("--allow-tf32", action="store_true", help="let fp32 GEMMs/convolutions use TF32 tensor cores")
+    c.add_argument(
+        "--no-pdl", action="store_true", help="no programmatic dependent launch (sm_90+): every kernel launched plainly"
+    )
     c.add_argument("--report", help="write the compile report (JSON) here")
     c.add_argument("--dump-ir", help="write the IR after every pass into this folder")
     c.add_argument("-q", "--quiet", action="store_true", help="print only the result line")
@@ -367,6 +371,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         tune=args.tune or "off",
         tune_budget_s=args.tune_budget_s,
         allow_tf32=args.allow_tf32,
+        pdl=not args.no_pdl,
         progress=_progress_printer(console) if not args.quiet else None,
         **profile_opts,
     )

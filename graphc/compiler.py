@@ -35,6 +35,8 @@ class CompileOptions:
     allow_tf32: let fp32 GEMMs and convolutions use TF32 tensor cores.
     row_norm_epilogues: CUDA: a GEMM, its residual and the LayerNorm/RMSNorm after it as one kernel
         (fewer launches; off by default until it is measured faster: passes/target.py).
+    pdl: CUDA: record the kernels as PDL-ready, launched programmatically on sm_90+ (docs/launches.md);
+        False: every kernel is launched the ordinary way.
     calibration_*: precision "int8" (graphc/calibrate.py): the samples (CALIB.npz of [N, *shape]
     per input, a folder of .npz feeds, or an iterable of feed dicts), "minmax" | "entropy" |
     "percentile" (of |x|), the percentile, a JSON cache of the thresholds, a (done, total) callback.
@@ -51,6 +53,7 @@ class CompileOptions:
     tune_budget_s: float | None = None
     allow_tf32: bool = False
     row_norm_epilogues: bool = False
+    pdl: bool = True
     cache_dir: str | Path | None = None
     progress: Callable[[str, str], None] | None = None  # (phase, "start" | "done"), for progress bars
     extra: dict[str, Any] = field(default_factory=dict)

@@ -9,12 +9,13 @@ from graphc.runtime.batcher import Batcher, BatcherStats
 from graphc.runtime.errors import EngineError, EngineInputError
 
 
-def load(path: Any, device: int = 0, *, verify_key: Any = None):
+def load(path: Any, device: int = 0, *, verify_key: Any = None, pdl: bool | None = None):
     """Load an engine file (validated before it touches the GPU); with `verify_key` (a PEM ed25519
-    public key), only an engine signed by its private key (`graphc sign`)."""
+    public key), only an engine signed by its private key (`graphc sign`). `pdl=False` launches
+    every kernel the ordinary way (programmatic dependent launch, sm_90+: docs/launches.md)."""
     from graphc.runtime.format import load as _load
 
-    return _load(path, device, verify_key=verify_key)
+    return _load(path, device, verify_key=verify_key, pdl=pdl)
 
 
 __all__ = ["Batcher", "BatcherStats", "EngineError", "EngineInputError", "load"]

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from graphc.runtime.errors import EngineError
+from graphc.runtime.pdl import arch_has_pdl, env_max_ctas, env_pdl, programmatic_launches
 from graphc.runtime.plan import ALIAS, ARENA, INPUT, WEIGHT, KernelPlan, MemoryPlan, alias_byte_offset
 from graphc.runtime.tensormap import TensorMapTable, is_tmap_arg, tmap_index, validate_launch
 
@@ -86,6 +87,62 @@ def allow_large_shared_memory(fn: Any, nbytes: int) -> None:
         raise EngineError(f"kernel {getattr(fn, 'name', '?')} needs {nbytes} bytes of shared memory: {e}") from None
 
 
+# Programmatic dependent launch on sm_90+, by default for engines of short kernels: those whose
+# launches average at most PDL_DEFAULT_MEAN_WAVES waves (CTAs per launch / SM count). Measured on
+# the H200 (docs/launches.md): PDL made batch 1 1-5% faster (BERT-base, GPT-2, ResNet-50; launches
+# average under one wave) and batch 32 up to 3.5% slower (averages of 5-10 waves). load(pdl=True)
+# or GRAPHC_PDL=1 turns it on for any engine, load(pdl=False), GRAPHC_PDL=0 or an engine compiled
+# with --no-pdl off.
+DEFAULT_PDL = True
+PDL_DEFAULT_MEAN_WAVES = 2.0
+# Programmatic only between launches of at most this many CTAs ("sms": the GPU's SM count, one
+# wave; None: every PDL-ready launch); GRAPHC_PDL_MAX_CTAS=N sets it (0: no limit). One wave
+# alone kept most of the batch-1 gain away (BERT-base 0.98x against 0.95x), so there is no limit.
+DEFAULT_PDL_MAX_CTAS: int | str | None = None
+
+
+def _cuda_driver() -> Any:
+    """cuda.bindings.driver (cuLaunchKernelEx), or None where cuda-bindings is not installed."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        return None
+    return driver
+
+
+class ProgrammaticLaunch:
+    """One kernel launch through cuLaunchKernelEx with programmatic stream serialization: the
+    kernel may start while the one before it on the stream finishes (it waits in GC_PDL_ENTRY()),
+    and a captured graph gets a programmatic edge. The configuration and the argument array are
+    built once; a launch is one driver call."""
+
+    def __init__(self, driver: Any, fn: Any, grid: tuple, block: tuple, args: tuple, smem: int, stream: Any, name: str):
+        cfg = driver.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (int(g) for g in grid)
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = (int(b) for b in block)
+        cfg.sharedMemBytes = int(smem)
+        cfg.hStream = driver.CUstream(int(stream.ptr))
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        cfg.attrs = [attr]
+        cfg.numAttrs = 1
+        # every argument is a device pointer (tensor, workspace, tensor-map slot): an array of the
+        # values and an array of pointers to them, kept alive with the launch
+        self.values = np.array([int(a.data.ptr) for a in args], dtype=np.uint64)
+        base = int(self.values.ctypes.data) if len(args) else 0
+        self.params = np.array([base + 8 * i for i in range(len(args))], dtype=np.uint64)
+        self.driver, self.cfg, self.name = driver, cfg, name
+        self.fn = driver.CUfunction(int(fn.ptr))
+        self.params_ptr = int(self.params.ctypes.data) if len(args) else 0
+        self.ok = driver.CUresult.CUDA_SUCCESS
+
+    def __call__(self) -> None:
+        (err,) = self.driver.cuLaunchKernelEx(self.cfg, self.fn, self.params_ptr, 0)
+        if err != self.ok:
+            raise EngineError(f"step '{self.name}': cuLaunchKernelEx failed: {err}")
+
+
 def _sm_count(cupy: Any, device: int) -> int:
     return int(cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"])
 
@@ -127,8 +184,18 @@ class CUDAContext:
     """An execution context: its own arena, workspace, stream and CUDA graph; weights shared."""
 
     def __init__(
-        self, plan: KernelPlan, memory: MemoryPlan, weights: DeviceWeights, functions: dict[str, Any], device: int
+        self,
+        plan: KernelPlan,
+        memory: MemoryPlan,
+        weights: DeviceWeights,
+        functions: dict[str, Any],
+        device: int,
+        pdl_kernels: frozenset[str] = frozenset(),
+        pdl_max_ctas: int | str | None = None,
     ):
+        # pdl_kernels: the digests launched programmatically (CUDAExecutor.pdl_kernels: PDL-ready
+        # kernels, on sm_90+, with PDL on); every other launch is an ordinary cupy launch.
+        # pdl_max_ctas: only between launches of at most that many CTAs ("sms": the SM count)
         cupy = import_cupy()
         self.cupy = cupy
         self.plan = plan
@@ -155,9 +222,10 @@ class CUDAContext:
             self.views = views
             self.tensormaps = self._tensor_maps(plan, views)
             self.launches = []
+            need_sms = pdl_max_ctas == "sms" and bool(pdl_kernels)
             sms = (
                 _sm_count(cupy, device)
-                if any(ln.params.get("persistent") for s in plan.steps for ln in s.launches)
+                if need_sms or any(ln.params.get("persistent") for s in plan.steps for ln in s.launches)
                 else 0
             )
             first = 0  # index of the launch's first tensor map in the context's table
@@ -170,6 +238,7 @@ class CUDAContext:
                     if ln.params.get("persistent"):  # a CTA per SM at most: the kernel strides by gridDim
                         grid = (min(grid[0], sms), *grid[1:])
                     self.launches.append((fn, grid, tuple(ln.block), args, ln.shared_bytes, step.name))
+            self.programmatic = self._programmatic(plan, pdl_kernels, sms if pdl_max_ctas == "sms" else pdl_max_ctas)
         self.graph = None
         self.lock = threading.Lock()
         self.prepare_io()
@@ -207,9 +276,43 @@ class CUDAContext:
             return self.tensormaps.arg(first + tmap_index(a, f"step '{step}'"))
         return views[a]
 
+    def _programmatic(
+        self, plan: KernelPlan, pdl_kernels: frozenset[str], max_ctas: int | None
+    ) -> list[ProgrammaticLaunch | None]:
+        """Per launch, its programmatic launcher, or None for an ordinary launch."""
+        digests = [ln.digest for s in plan.steps for ln in s.launches]
+        ctas = [int(np.prod(grid)) for _fn, grid, *_ in self.launches]
+        chosen = programmatic_launches(digests, pdl_kernels, ctas, max_ctas)
+        if not any(chosen):
+            return [None] * len(self.launches)
+        driver = _cuda_driver()
+        if driver is None:
+            log.warning("programmatic dependent launch off: cuda.bindings is not installed (pip install cuda-bindings)")
+            return [None] * len(self.launches)
+        # the driver API launches in the thread's current context: the one cupy made current here
+        err, self._driver_ctx = driver.cuCtxGetCurrent()
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise EngineError(f"cuCtxGetCurrent failed: {err}")
+        self._driver = driver
+        return [
+            ProgrammaticLaunch(driver, fn, grid, block, args, smem, self.stream, name) if pdl else None
+            for (fn, grid, block, args, smem, name), pdl in zip(self.launches, chosen, strict=True)
+        ]
+
+    def _bind_driver_context(self) -> None:
+        """Make this context's CUDA context current for the driver API's launches (another thread
+        that ran only runtime-API calls may have none current); before a capture begins."""
+        if getattr(self, "_driver", None) is not None:
+            (err,) = self._driver.cuCtxSetCurrent(self._driver_ctx)
+            if err != self._driver.CUresult.CUDA_SUCCESS:
+                raise EngineError(f"cuCtxSetCurrent failed: {err}")
+
     def launch_all(self) -> None:
-        for fn, grid, block, args, smem, _name in self.launches:
-            fn(grid, block, args, shared_mem=smem, stream=self.stream)
+        for (fn, grid, block, args, smem, _name), pdl in zip(self.launches, self.programmatic, strict=True):
+            if pdl is None:
+                fn(grid, block, args, shared_mem=smem, stream=self.stream)
+            else:
+                pdl()
 
     def run(
         self,
@@ -237,6 +340,7 @@ class CUDAContext:
                     view[...] = cupy.asarray(x) if hasattr(x, "__cuda_array_interface__") else cupy.from_dlpack(x)
             if use_graph:
                 if self.graph is None:
+                    self._bind_driver_context()
                     self.stream.begin_capture()
                     try:
                         self.launch_all()
@@ -244,6 +348,7 @@ class CUDAContext:
                         self.graph = self.stream.end_capture()
                 self.graph.launch(stream=self.stream)
             else:
+                self._bind_driver_context()
                 self.launch_all()
             if out is not None:
                 self._copy_out(out)
@@ -299,8 +404,12 @@ class CUDAExecutor:
         device: int = 0,
         launch_arch: str | None = None,
         device_weights: DeviceWeights | None = None,
+        pdl_ready: Iterable[str] = (),
+        pdl: bool | None = None,
     ):
         # device_weights: weights already on the device (a shape bucket shares the engine's)
+        # pdl_ready: digests of the PDL-ready kernels (runtime/pdl.py); pdl: launch them
+        # programmatically (None: GRAPHC_PDL if set, else DEFAULT_PDL); only on sm_90+ cubins
         cupy = self.cupy = import_cupy()
         # `plan` is already one arch's (KernelPlan.for_arch); launch_arch says whose, for tests and reports
         self.plan, self.memory, self.device, self.launch_arch = plan, memory, device, launch_arch
@@ -316,6 +425,11 @@ class CUDAExecutor:
         # Only this plan's kernels are kept (another arch's, or one the plan does not launch, are not).
         self._cubins = {d: c for d, c in cubins.items() if d in used}
         self._names = names
+        self.pdl_kernels = self._pdl_kernels(
+            set(pdl_ready) & used, pdl, launch_arch or device_arch(device), lambda: self._short_kernels(cupy)
+        )
+        limit = env_max_ctas()
+        self.pdl_max_ctas = DEFAULT_PDL_MAX_CTAS if limit == "default" else limit
         with cupy.cuda.Device(device):
             self.functions, self.modules = self._load_functions()
             self.weights = device_weights if device_weights is not None else DeviceWeights(plan, weights, device)
@@ -325,7 +439,42 @@ class CUDAExecutor:
         # a plan with data-dependent If steps gets a context that chooses branches on the host
         from graphc.runtime.host_if_cuda import make_context
 
-        return make_context(self.plan, self.memory, self.weights, functions, self.device, self.launch_arch)
+        return make_context(
+            self.plan, self.memory, self.weights, functions, self.device, self.launch_arch,
+            self.pdl_kernels, self.pdl_max_ctas,
+        )  # fmt: skip
+
+    @staticmethod
+    def _pdl_kernels(ready: set[str], pdl: bool | None, arch: str, short_kernels: Any = lambda: True) -> frozenset[str]:
+        """The kernels this executor launches programmatically: the PDL-ready ones where the switch
+        is on and the cubins are for sm_90+ (griddepcontrol does not exist before). The switch:
+        `pdl`, else GRAPHC_PDL, else the default (DEFAULT_PDL and `short_kernels()`)."""
+        if not ready or not arch_has_pdl(arch):
+            return frozenset()
+        on = pdl if pdl is not None else env_pdl()
+        if on is None:
+            on = DEFAULT_PDL and bool(short_kernels())
+        if not on:
+            return frozenset()
+        log.info("%d kernels launched programmatically (PDL) on %s", len(ready), arch)
+        return frozenset(ready)
+
+    def _short_kernels(self, cupy: Any) -> bool:
+        """Whether this plan's launches average at most PDL_DEFAULT_MEAN_WAVES waves of CTAs (a
+        persistent kernel counted as one CTA per SM): the engines PDL was measured faster on."""
+        sms = _sm_count(cupy, self.device)
+        ctas = [
+            min(int(np.prod(ln.grid)), sms) if ln.params.get("persistent") else int(np.prod(ln.grid))
+            for s in self.plan.steps
+            for ln in s.launches
+        ]
+        mean = sum(ctas) / max(len(ctas), 1)
+        short = mean <= PDL_DEFAULT_MEAN_WAVES * sms
+        log.info(
+            "PDL %s by default: %.0f CTAs per launch on average, %d SMs (on up to %.1f waves)",
+            "on" if short else "off", mean, sms, PDL_DEFAULT_MEAN_WAVES,
+        )  # fmt: skip
+        return short
 
     def _load_functions(self) -> tuple[dict[str, Any], list[Any]]:
         """The plan's kernels, loaded as modules of their own. Some kernels keep state in module

@@ -24,6 +24,7 @@ import numpy as np
 from graphc.runtime.attrs_schema import SCHEMA_VERSION as ATTRS_SCHEMA_VERSION
 from graphc.runtime.container import MANIFEST, WEIGHTS, Container, Limits, make_comment
 from graphc.runtime.errors import EngineError
+from graphc.runtime.pdl import pdl_ready
 from graphc.runtime.plan import (
     WEIGHT,
     KernelPlan,
@@ -100,6 +101,7 @@ def save_engine(engine: Any, path: str | Path) -> None:
         for arch, cubins in kernels.cubins.items():
             for digest, cubin in cubins.items():
                 members[f"kernels/{arch}/{digest}.cubin"] = cubin
+    pdl_on = bool((engine.build_info or {}).get("pdl", True))  # CompileOptions.pdl (graphc compile --no-pdl)
     dynamic = getattr(engine, "dynamic", None)
     profiles_json = None
     if dynamic is not None:
@@ -121,6 +123,9 @@ def save_engine(engine: Any, path: str | Path) -> None:
                 "family": kernels.families.get(d, ""),
                 "args": arg_counts[d],
                 "requires_arch": kernels.requires.get(d),
+                # launched programmatically on sm_90+ (runtime/pdl.py); written only where true, so
+                # an engine built with --no-pdl stays readable by a graphc from before the field
+                **({"pdl": True} if pdl_on and pdl_ready(kernels.sources[d], kernels.names[d]) else {}),
             }
             for d in (kernels.sources if kernels else {})
         },
@@ -254,11 +259,28 @@ def read_engine(path: str | Path, limits: Limits | None = None, verify_key: str 
             cubins.setdefault(parts[1], {})[parts[2][:-6]] = raw[n]
             cubin_members.append((parts[1], parts[2][:-6]))
     validate_kernels(doc, plan, sources, cubin_members, path)
+    _check_pdl_records(doc, sources, path)
     weights = _load_weights(raw[WEIGHTS], plan, path)
     profiles = None
     if doc.profiles is not None:
         profiles = _read_profiles(doc, plan, raw, limits, path, sources, cubin_members)
     return EngineFile(obj, plan, memory, weights, sources, cubins, manifest_digest, signature, profiles)
+
+
+def _check_pdl_records(doc: ManifestDoc, sources: dict[str, str], path: Path) -> None:
+    """A kernel recorded as PDL-ready must wait for the grids before it first thing: launched
+    programmatically without that wait, it would race with the kernel before it."""
+    for digest, k in doc.kernels.items():
+        if k.pdl and not pdl_ready(sources.get(digest, ""), k.name):
+            raise EngineError(
+                f"{path}: kernel {k.name} is recorded as PDL-ready but its source does not start with "
+                "GC_PDL_ENTRY() (edited engine)"
+            )
+
+
+def pdl_kernels(manifest: dict[str, Any]) -> set[str]:
+    """The digests of the kernels a (validated) manifest records as PDL-ready."""
+    return {d for d, k in manifest["kernels"].items() if k.get("pdl")}
 
 
 class _WeightsOf:
@@ -371,9 +393,18 @@ def _load_weights(data: bytes, plan: KernelPlan, path: Path) -> dict[str, np.nda
     return out
 
 
-def load(path: str | Path, device: int = 0, *, verify_key: str | Path | None = None, limits: Limits | None = None):
+def load(
+    path: str | Path,
+    device: int = 0,
+    *,
+    verify_key: str | Path | None = None,
+    limits: Limits | None = None,
+    pdl: bool | None = None,
+):
     """Load an engine file: validated first, then weights uploaded and kernels loaded.
-    `verify_key`: a PEM ed25519 public key the engine's signature must verify against."""
+    `verify_key`: a PEM ed25519 public key the engine's signature must verify against.
+    `pdl`: launch the PDL-ready kernels programmatically on sm_90+ (None: GRAPHC_PDL if set, else
+    runtime/cuda.py DEFAULT_PDL; docs/launches.md)."""
     from graphc.runtime.engine import Engine
 
     ef = read_engine(path, limits, verify_key)
@@ -389,7 +420,7 @@ def load(path: str | Path, device: int = 0, *, verify_key: str | Path | None = N
         device_arch(device)  # no GPU (or no cupy) is said first, as before the memory check
         _check_device_memory(ef, device, Path(path))
     engine = Engine(m["target"], ef.plan, ef.memory, ef.weights, None, report, m["build"])
-    engine.executor = _executor(ef, ef.plan, ef.memory, ef.weights, device, Path(path))
+    engine.executor = _executor(ef, ef.plan, ef.memory, ef.weights, device, Path(path), pdl=pdl)
     if ef.profiles is not None:
         from graphc.runtime.profiles import DynamicShapes
 
@@ -403,7 +434,7 @@ def load(path: str | Path, device: int = 0, *, verify_key: str | Path | None = N
             shared = None
             if m["target"] == "cuda":
                 shared = _bucket_device_weights(engine.executor.weights, bucket, device)
-            ex = _executor(ef, bucket.plan, bucket.memory, weights, device, Path(path), shared)
+            ex = _executor(ef, bucket.plan, bucket.memory, weights, device, Path(path), shared, pdl=pdl)
             return Engine(m["target"], bucket.plan, bucket.memory, weights, ex, report, m["build"])
 
         engine.dynamic = DynamicShapes(ef.profiles, make_engine)
@@ -430,6 +461,7 @@ def _executor(
     device: int,
     path: Path,
     device_weights: Any = None,
+    pdl: bool | None = None,
 ):
     """The executor of one (validated) plan of the engine: the CPU reference kernels, or this GPU's
     cubins (JIT-compiled from the sources where the engine has none for its arch)."""
@@ -455,7 +487,16 @@ def _executor(
         sources = {d: ef.sources[d] for d in sorted(digests)}
         cubins = jit_kernels(sources, names, needs, arch, sorted(ef.cubins), path)
     return CUDAExecutor(
-        arch_plan, memory, weights, cubins, names, device=device, launch_arch=arch, device_weights=device_weights
+        arch_plan,
+        memory,
+        weights,
+        cubins,
+        names,
+        device=device,
+        launch_arch=arch,
+        device_weights=device_weights,
+        pdl_ready=pdl_kernels(m),
+        pdl=pdl,
     )
 
 

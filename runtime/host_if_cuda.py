@@ -97,12 +97,23 @@ def sub_plan_digests(plan: KernelPlan, arch: str | None) -> set[str]:
 
 
 def make_context(
-    plan: KernelPlan, memory: MemoryPlan, weights: Any, functions: dict[str, Any], device: int, arch: str | None
+    plan: KernelPlan,
+    memory: MemoryPlan,
+    weights: Any,
+    functions: dict[str, Any],
+    device: int,
+    arch: str | None,
+    pdl_kernels: frozenset[str] = frozenset(),
+    pdl_max_ctas: int | str | None = None,
 ) -> CUDAContext:
-    """The execution context of a plan: a HostIfContext where it has host-If steps."""
+    """The execution context of a plan: a HostIfContext where it has host-If steps. Such a plan
+    launches without PDL: its segments are captured apart and start after a host decision, so a
+    programmatic edge would have no kernel of the same graph before it."""
     if any(is_host_if(s) for s in plan.steps):
+        if pdl_kernels:
+            log.info("plan with data-dependent If steps: launched without PDL")
         return HostIfContext(plan, memory, weights, functions, device, arch)
-    return CUDAContext(plan, memory, weights, functions, device)
+    return CUDAContext(plan, memory, weights, functions, device, pdl_kernels, pdl_max_ctas)
 
 
 def capture(stream: Any, work: Any) -> Any:
@@ -285,11 +296,12 @@ class HostIfContext(CUDAContext):
         )
 
     def _launch_range(self, start: int, end: int) -> None:
-        self.launches = self.all_launches[start:end]
+        programmatic = self.programmatic
+        self.launches, self.programmatic = self.all_launches[start:end], programmatic[start:end]
         try:
             CUDAContext.launch_all(self)
         finally:
-            self.launches = self.all_launches
+            self.launches, self.programmatic = self.all_launches, programmatic
 
     def launch_all(self) -> None:
         self.run_segments(use_graph=False)

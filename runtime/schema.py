@@ -138,6 +138,7 @@ class KernelDoc(_Strict):
     family: str
     args: Annotated[int, msgspec.Meta(ge=0, le=MAX_ARGS)]
     requires_arch: Arch | None = None
+    pdl: bool = False  # PDL-ready (runtime/pdl.py); engines before it have no such field
 
 
 class IODoc(_Strict):

@@ -188,8 +188,8 @@ def _asnumpy(x: FakeArray, stream: Any = None) -> np.ndarray:
 
 cupy = types.SimpleNamespace(
     ndarray=FakeArray,
+    empty=lambda shape, dtype=None: FakeArray(shape if isinstance(shape, tuple) else (shape,), dtype),
     uint8=np.uint8,
-    empty=lambda shape, dtype=None: FakeArray(shape, dtype),
     asarray=lambda x: x if isinstance(x, FakeArray) else _upload(x),
     from_dlpack=lambda x: _upload(np.from_dlpack(x)),
     asnumpy=_asnumpy,

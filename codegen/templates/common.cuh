@@ -70,3 +70,19 @@ __device__ __forceinline__ float gc_min_nan(float a, float b) { return (a != a |
 __device__ __forceinline__ float gc_max_nan(float a, float b) { return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b); }
 __device__ __forceinline__ double gc_min_nan(double a, double b) { return (a != a || b != b) ? a + b : fmin(a, b); }
 __device__ __forceinline__ double gc_max_nan(double a, double b) { return (a != a || b != b) ? a + b : fmax(a, b); }
+
+// Programmatic dependent launch (sm_90+). codegen/kernel.py puts GC_PDL_ENTRY() first in every
+// kernel's body, so that no thread touches global memory before it: griddepcontrol.wait returns
+// once the grids this one depends on have completed and their writes are visible (reads of their
+// outputs are safe, and so are writes to arena bytes they still read: the plan reuses regions).
+// launch_dependents, right after, lets the next kernel of the stream be scheduled while this one
+// runs; the next one waits in its own GC_PDL_ENTRY() for this one to complete, so ordering is
+// transitive along the stream whatever a kernel does later (early returns, persistent loops,
+// clusters, the module-global split-K counters, reset before the grid completes). Without a
+// programmatic launch (plain launches, other GPUs) both instructions are no-ops; before sm_90 the
+// macro is empty.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GC_PDL_ENTRY() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define GC_PDL_ENTRY() ((void)0)
+#endif

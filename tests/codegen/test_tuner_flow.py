@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(not HAVE_NVRTC, reason="needs NVRTC (cuda-bindin
 
 
 class FakeExecutor:
-    def __init__(self, plan, memory, weights, cubins, names, device=0, launch_arch=None):
+    def __init__(self, plan, memory, weights, cubins, names, device=0, launch_arch=None, **pdl):  # pdl_ready, pdl
         self.plan, self.cubins, self.launch_arch = plan, cubins, launch_arch
 
 
