@@ -45,8 +45,11 @@ Ordering rules (why the list is in this order; each is repeated beside the passe
 10. Precision after layout and before the GEMM weight layout: it retypes everything layout made
     (the NHWC weights, the edge transposes) in one sweep, and the weight layout's choice depends
     on the final dtype (16-byte chunks hold 8 fp16 or 4 fp32 elements).
-11. K-major GEMM weights (CUDA) last: a pure re-layout of constant weights for the kernels' loads;
-    nothing after it matches GEMM weights.
+11. K-major GEMM weights (CUDA) after precision: a pure re-layout of constant weights for the
+    kernels' loads; nothing after it matches GEMM weights.
+12. Cast folding last: the precision pass makes the boundary Casts (after fusion, so that fusion
+    sees the model's own graph), and the Casts go into the epilogue of the kernel before them or
+    the load of the kernels after; it wraps whatever GEMM form rule 11 left.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ from graphc.passes.fold_affine import fold_affine
 from graphc.passes.fold_batchnorm import fold_batchnorm
 from graphc.passes.fold_control_flow import fold_control_flow
 from graphc.passes.fuse_attention import fuse_attention
+from graphc.passes.fuse_casts import fuse_casts
 from graphc.passes.fuse_elementwise import fuse_elementwise
 from graphc.passes.fuse_epilogue import fuse_epilogues
 from graphc.passes.fuse_gelu import fuse_gelu
@@ -194,4 +198,5 @@ def stages() -> list[Stage]:
         # Rule 10: at every opt level (the precision is the user's choice, not an optimization).
         Pass("convert_precision", precision_pass, min_level=0, when=for_reduced_precision, takes_target=True),
         Pass("k_major_gemm_weights", k_major_gemm_weights, when=for_cuda),  # rule 11
+        Pass("fuse_casts", _with_capabilities(fuse_casts), min_level=2, takes_target=True),  # rule 12
     ]
