@@ -10,12 +10,14 @@ replay, after the LM head's GEMM). Two rules, tried in this order:
 
 The producer rule takes a Cast whose input is made by a Fused node with one output (any anchor
 whose kernel stores through the epilogue hook: GEMM, conv, pools, reductions and row-wise ops,
-or none) or by such an anchor standing alone, when that value is read by the Cast alone and is
-no graph output: the Cast becomes the epilogue's last op, so the kernel computes in its own
-dtype and stores the cast one. The consumer rule takes a Cast whose every reader is a fused
-elementwise node, or a fused node that reads it only in its epilogue (never as an anchor
-operand: the GEMM/conv operand loads are typed by the anchor's dtype): each reader loads the
-Cast's input and casts it as its first op, and the Cast goes away.
+or none) or by such an anchor standing alone: the Cast becomes the epilogue's last op, so the
+kernel computes in its own dtype and stores the cast one. Where that value is also read
+elsewhere (or is a graph output: BERT's last hidden state, cast to fp32 and read by the pooler),
+the kernel stores both, if its family stores several outputs (GEMM, reduction and row-wise,
+elementwise). The consumer rule takes a Cast whose every reader is a fused elementwise node, or
+a fused node that reads it only in its epilogue (never as an anchor operand: the GEMM/conv
+operand loads are typed by the anchor's dtype): each reader loads the Cast's input and casts it
+as its first op, and the Cast goes away.
 
 Bit for bit what the separate Cast gave: codegen/epilogue.py rounds a 16-bit value to its type
 before a Cast reads it and after a Cast makes it, so fp16 -> fp32 after a GEMM stores
@@ -23,8 +25,8 @@ float(half(acc)), and fp32 -> fp16 before an elementwise op feeds it half(x), ex
 stored fp16 tensor would (the CPU engine's fused node runs the ops' numpy references, which round
 every op anyway). Not folded: a Cast after an Attention, Gather, Transpose or another data
 movement kernel (their templates move elements without an epilogue), after a node with several
-outputs (LayerNormalization with its Mean output, a row-norm GEMM), or whose input someone else
-also reads (the kernel would have to store both dtypes).
+outputs (LayerNormalization with its Mean output, a row-norm GEMM), or after a conv or pool
+whose value someone else also reads (their templates store one output).
 """
 
 from __future__ import annotations
@@ -44,46 +46,40 @@ log = logging.getLogger(__name__)
 
 # Ops whose kernels store their result through the fused epilogue hook (codegen/epilogue.py),
 # standing alone or as a Fused node's anchor: the GEMM, conv, pool and reduction families.
-EPILOGUE_ANCHORS = frozenset(
-    {
-        ("", "Conv"),
-        ("", "Gemm"),
-        ("", "MatMul"),
-        (INTERNAL_DOMAIN, "MatMul"),
-        (LAYOUT_DOMAIN, "ConvNHWC"),
-        ("", "MaxPool"),
-        ("", "AveragePool"),
-        (LAYOUT_DOMAIN, "MaxPoolNHWC"),
-        (LAYOUT_DOMAIN, "AveragePoolNHWC"),
-        (LAYOUT_DOMAIN, "GlobalMaxPoolNHWC"),
-        (LAYOUT_DOMAIN, "GlobalAveragePoolNHWC"),
-        *(
-            ("", op)
-            for op in (
-                "ReduceSum",
-                "ReduceMean",
-                "ReduceMax",
-                "ReduceMin",
-                "ReduceProd",
-                "ReduceL1",
-                "ReduceL2",
-                "ReduceSumSquare",
-                "ReduceLogSum",
-                "ReduceLogSumExp",
-                "GlobalAveragePool",
-                "GlobalMaxPool",
-                "Softmax",
-                "LogSoftmax",
-                "Hardmax",
-                "LayerNormalization",
-                "RMSNormalization",
-                "InstanceNormalization",
-                "GroupNormalization",
-                "LpNormalization",
-            )
-        ),
-    }
+# The reduction family's ops (codegen/families/reduction.py: Reduce*, the global pools, the
+# row-wise Softmax and normalizations).
+REDUCTION_OPS = (
+    "ReduceSum",
+    "ReduceMean",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceSumSquare",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "Softmax",
+    "LogSoftmax",
+    "Hardmax",
+    "LayerNormalization",
+    "RMSNormalization",
+    "InstanceNormalization",
+    "GroupNormalization",
+    "LpNormalization",
 )
+GEMMS = frozenset({("", "Gemm"), ("", "MatMul"), (INTERNAL_DOMAIN, "MatMul")})
+EPILOGUE_ANCHORS = frozenset(
+    GEMMS
+    | {("", "Conv"), (LAYOUT_DOMAIN, "ConvNHWC"), ("", "MaxPool"), ("", "AveragePool")}
+    | {(LAYOUT_DOMAIN, f"{op}NHWC") for op in ("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool")}
+    | {("", op) for op in REDUCTION_OPS}
+)
+# Anchors whose kernels store several outputs of different dtypes through the epilogue hook: the
+# GEMM and reduction families (and the elementwise one); the conv and pool templates store one.
+MULTI_OUTPUT_ANCHORS = GEMMS | {("", op) for op in REDUCTION_OPS}
 
 
 def _kind(op: str | None, domain: str) -> str:
@@ -120,48 +116,50 @@ def _anchor_of(node: Node) -> tuple[str | None, str] | None:
 def _producer_fold(graph: Graph, cast: Node, caps: FusionCapabilities) -> Replacement | None:
     x = cast.inputs[0]
     p = graph.producer(x.name)
-    if p is None or graph.is_output(x.name) or len(graph.users(x.name)) != 1:
+    if p is None:
         return None
     anchor = _anchor_of(p)
     if anchor is None:
+        return None
+    # Read by the Cast alone: the kernel stores the cast dtype only. Read elsewhere too (or a
+    # graph output): the kernel stores both, where its family stores several outputs.
+    alone = not graph.is_output(x.name) and len(graph.users(x.name)) == 1
+    if not alone and anchor[0] is not None and (anchor[1], anchor[0]) not in MULTI_OUTPUT_ANCHORS:
         return None
     out_t = cast.outputs[0].ttype
     if not caps.fuses_epilogue(_kind(*anchor), "Cast", out_t.dtype) or not supported_value(x, caps):
         return None
     if p.op == "Fused" and p.domain == FUSED_DOMAIN:
         a: FusedAttrs = p.attrs
+        j = len(a.epilogue)
         attrs = replace(a, epilogue=(*a.epilogue, EpilogueOp("Cast", cast.attrs, (a.outputs[0],))),
-                        outputs=(OP(len(a.epilogue)),))  # fmt: skip
+                        outputs=(OP(j),) if alone else (a.outputs[0], OP(j)))  # fmt: skip
         inputs = list(p.inputs)
     else:
-        attrs = FusedAttrs(
-            anchor_op=p.op,
-            anchor_domain=p.domain,
-            anchor_attrs=p.attrs,
-            anchor_inputs=len(p.inputs),
-            epilogue=(EpilogueOp("Cast", cast.attrs, (ACC,)),),
-            outputs=(OP(0),),
-        )
         inputs = list(p.inputs)
         while inputs and inputs[-1] is None:  # a fused node's input list cannot end in an omitted input
             inputs.pop()
         if any(v is None for v in inputs):
-            return None  # an omitted input in the middle (Conv without B is fine; this is not)
-        attrs = replace(attrs, anchor_inputs=len(inputs))
+            return None  # an omitted input in the middle
+        attrs = FusedAttrs(
+            anchor_op=p.op,
+            anchor_domain=p.domain,
+            anchor_attrs=p.attrs,
+            anchor_inputs=len(inputs),
+            epilogue=(EpilogueOp("Cast", cast.attrs, (ACC,)),),
+            outputs=(OP(0),) if alone else (ACC, OP(0)),
+        )
+    names = [cast.outputs[0].name] if alone else [x.name, cast.outputs[0].name]
 
     def emit(b, mapv):
+        # At the producer's place: everything it reads is made before it, and the readers of
+        # both its value and the Cast's come after.
         node = b.add_node(
-            "Fused",
-            [mapv(v) for v in inputs],
-            attrs,
-            name=p.name,
-            keep_name=True,
-            outputs=[cast.outputs[0].name],
-            domain=FUSED_DOMAIN,
+            "Fused", [mapv(v) for v in inputs], attrs, name=p.name, keep_name=True, outputs=names, domain=FUSED_DOMAIN
         )
-        return list(node.outputs)
+        return [node.outputs[-1]] if alone else [node.outputs[0]]
 
-    return Replacement(cast.name, emit, (p, cast))
+    return Replacement(p.name, emit, (p, cast))
 
 
 def _epilogue_slots(user: Node, name: str) -> list[int] | None:

@@ -26,7 +26,9 @@ Ordering rules (why the list is in this order; each is repeated beside the passe
     of one computation (dynamo's reshape-transpose-reshape for a swap of two axes, split sqrt
     scales on Q and K) become the one form the matchers and transpose elimination know; written-
     out rotary embeddings become RotaryEmbedding (on the 3-D projection where they can), so
-    attention fusion finds the head split after them.
+    attention fusion finds the head split after them. A Gather by constant indices that reads
+    its data whole and in order (the mask's broadcast, spelled as index arithmetic) becomes a
+    Reshape (passes/canonicalize_gathers.py).
  5. Transpose elimination after cleanup (perms are constants by then) and before attention
     fusion, which expects the Q, K, V layouts in canonical form.
  6. BatchNorm and affine folding before epilogue fusion: the scale goes into the conv weights,
@@ -58,6 +60,7 @@ from collections.abc import Callable
 
 from graphc.ir.graph import Graph
 from graphc.passes.canonicalize import canonicalize
+from graphc.passes.canonicalize_gathers import gathers_to_views
 from graphc.passes.canonicalize_rotary import fuse_rotary
 from graphc.passes.canonicalize_views import cancel_view_chains
 from graphc.passes.capabilities import FusionCapabilities
@@ -155,6 +158,7 @@ def stages() -> list[Stage]:
             "patterns",
             (
                 Pass("canonicalize", canonicalize, min_level=2),  # rule 4a
+                Pass("gathers_to_views", gathers_to_views, min_level=2),  # rule 4a
                 Pass("fuse_rotary", fuse_rotary, min_level=2),  # rule 4a
                 Pass("fuse_layernorm", fuse_layernorm, min_level=2),  # rule 4
                 Pass("fuse_gelu", fuse_gelu, min_level=2),  # rule 4

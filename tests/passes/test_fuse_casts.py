@@ -118,6 +118,8 @@ def test_output_cast_goes_into_the_gemm_epilogue():
 
 def test_plain_anchor_becomes_fused_with_a_cast():
     # A bare MatMul (no bias) and a bare LayerNormalization: each becomes Fused[anchor]{Cast(acc)}.
+    # y is a graph output and read by the LayerNorm: the GEMM stores fp16 y (for the LayerNorm)
+    # and fp32 y (the output) from one epilogue.
     w = RNG.standard_normal((64, 32)).astype(np.float32)
     sc, bi = np.ones(32, np.float32), np.zeros(32, np.float32)
     nodes = [
@@ -125,11 +127,13 @@ def test_plain_anchor_becomes_fused_with_a_cast():
         helper.make_node("LayerNormalization", ["y", "s", "b"], ["z"], axis=-1),
     ]
     m = _model(nodes, [("x", F, [4, 64])], [("y", F, [4, 32]), ("z", F, [4, 32])], [("w", w), ("s", sc), ("b", bi)])
-    # y is an output and read by the LayerNorm: the MatMul stores fp16 once and a Cast makes y.
     g0, g1 = _check_exact(m)
-    anchors = sorted(n.attrs.anchor_op for n in _fused_with_cast(g1))
-    assert anchors == ["LayerNormalization"], [n.op for n in g1.nodes]
-    assert _casts(g1) == _casts(g0) - 1
+    fused = {n.attrs.anchor_op: n for n in _fused_with_cast(g1)}
+    assert sorted(fused) == ["LayerNormalization", "MatMul"], [n.op for n in g1.nodes]
+    gemm = fused["MatMul"]
+    assert [v.ttype.dtype for v in gemm.outputs] == [DType.float16, DType.float32]
+    assert g1.users(gemm.outputs[0].name)[0] is fused["LayerNormalization"]
+    assert _casts(g1) == _casts(g0) - 2
 
 
 def test_input_cast_goes_into_the_elementwise_load():
@@ -157,16 +161,16 @@ def test_softmax_output_cast():
     assert [n.attrs.anchor_op for n in _fused_with_cast(g1)] == ["Softmax"]
 
 
-def test_no_fold_where_the_value_is_read_twice():
-    # y = x @ W is an output (fp32) and read by a Relu, whose result is also an output: the GEMM's
-    # fp16 result has two readers, so its Cast stays a kernel (the GEMM would have to store both).
-    w = RNG.standard_normal((64, 32)).astype(np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Relu", ["y"], ["z"])]
-    m = _model(nodes, [("x", F, [4, 64])], [("y", F, [4, 32]), ("z", F, [4, 32])], [("w", w)])
+def test_no_fold_where_the_value_is_read_twice_after_a_conv():
+    # y = conv(x, w) is an output (fp32) and read by a Relu: the conv's fp16 result has two readers
+    # and the conv templates store one output, so the Cast of y stays a kernel.
+    w = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["y"], ["z"])]
+    m = _model(nodes, [("x", F, [1, 3, 8, 8])], [("y", F, [1, 4, 8, 8]), ("z", F, [1, 4, 8, 8])], [("w", w)])
     g0, g1 = _check_exact(m)
-    gemm = next(n for n in g1.nodes if n.op == "MatMul" or (n.op == "Fused" and n.attrs.anchor_op == "MatMul"))
-    assert gemm.outputs[0].ttype.dtype is DType.float16
-    assert any(n.op == "Cast" and n.inputs[0].name == gemm.outputs[0].name for n in g1.nodes)
+    conv = next(n for n in g1.nodes if n.op == "Conv" or (n.op == "Fused" and n.attrs.anchor_op == "Conv"))
+    assert [v.ttype.dtype for v in conv.outputs] == [DType.float16]
+    assert any(n.op == "Cast" and n.inputs[0].name == conv.outputs[0].name for n in g1.nodes)
 
 
 def test_no_fold_into_a_gemm_operand_or_a_data_kernel():
@@ -207,12 +211,20 @@ def test_cuda_kernels_with_cast_epilogues_compile(arch):
         helper.make_node("Relu", ["m"], ["y"]),
         helper.make_node("LayerNormalization", ["m", "s", "b"], ["z"], axis=-1),
         helper.make_node("Mul", ["x", "x"], ["q"]),
+        # u is an output and read by the LayerNorm: the GEMM stores fp16 and fp32, the LayerNorm
+        # (whose result is also an output) fp16 and fp32 too
+        helper.make_node("MatMul", ["x", "w"], ["u"]),
+        helper.make_node("LayerNormalization", ["u", "s", "b"], ["v"], axis=-1),
+        helper.make_node("Relu", ["v"], ["r"]),
     ]
-    m = _model(nodes, [("x", F, [32, 64])], [("y", F, [32, 48]), ("z", F, [32, 48]), ("q", F, [32, 64])],
+    outs = [("y", F, [32, 48]), ("z", F, [32, 48]), ("q", F, [32, 64]), ("u", F, [32, 48]), ("v", F, [32, 48])]
+    m = _model(nodes, [("x", F, [32, 64])], [*outs, ("r", F, [32, 48])],
                [("w", w), ("s", sc), ("b", bi)])  # fmt: skip
     engine = graphc.compile(m, target="cuda", precision="fp16", arch=[arch])
     kinds = [s.kind for s in engine.plan.steps]
-    assert "Cast" not in kinds or kinds.count("Cast") == 1, kinds
+    assert kinds.count("Cast") == 1, kinds  # the input's: it feeds the GEMM's A operand
+    two = [s for s in engine.plan.steps if len({engine.plan.tensors[o].dtype for o in s.outputs}) == 2]
+    assert sorted(s.kind for s in two) == ["Fused[LayerNormalization]", "Fused[MatMul]"], kinds
     assert engine.kernels.digests_for(arch)
 
 
