@@ -51,7 +51,9 @@ Ordering rules (why the list is in this order; each is repeated beside the passe
     kernels' loads; nothing after it matches GEMM weights.
 12. Cast folding last: the precision pass makes the boundary Casts (after fusion, so that fusion
     sees the model's own graph), and the Casts go into the epilogue of the kernel before them or
-    the load of the kernels after; it wraps whatever GEMM form rule 11 left.
+    the load of the kernels after; it wraps whatever GEMM form rule 11 left. Then a Transpose,
+    Gather or Concat takes the Cast before it or the elementwise kernel after it
+    (passes/fuse_data_epilogues.py), which Cast folding may have just made.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ from graphc.passes.fold_batchnorm import fold_batchnorm
 from graphc.passes.fold_control_flow import fold_control_flow
 from graphc.passes.fuse_attention import fuse_attention
 from graphc.passes.fuse_casts import fuse_casts
+from graphc.passes.fuse_data_epilogues import fuse_data_epilogues
 from graphc.passes.fuse_elementwise import fuse_elementwise
 from graphc.passes.fuse_epilogue import fuse_epilogues
 from graphc.passes.fuse_gelu import fuse_gelu
@@ -203,4 +206,5 @@ def stages() -> list[Stage]:
         Pass("convert_precision", precision_pass, min_level=0, when=for_reduced_precision, takes_target=True),
         Pass("k_major_gemm_weights", k_major_gemm_weights, when=for_cuda),  # rule 11
         Pass("fuse_casts", _with_capabilities(fuse_casts), min_level=2, takes_target=True),  # rule 12
+        Pass("fuse_data_epilogues", _with_capabilities(fuse_data_epilogues), min_level=2, takes_target=True),  # rule 12
     ]

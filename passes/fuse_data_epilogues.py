@@ -1,0 +1,156 @@
+"""Data movement kernels that compute on what they move: a Transpose, Gather or Concat with an
+epilogue, one kernel instead of two (codegen/families/data.py renders it).
+
+Rules (named by their algebra):
+
+- CAST_THROUGH_MOVE   move(cast(x), ..) -> Fused[move](x, ..) {Cast(acc)}: a Cast commutes with a
+  Transpose and with the data side of a Gather (cast(0) = 0 for a Gather's out-of-range index),
+  so the move reads x and stores the cast. ResNet-50's and ViT's input: the fp16 engine's Cast
+  of the fp32 image, then the NCHW -> NHWC transpose before the first conv.
+- MOVE_THEN_ELEMENTWISE  f(move(x, ..), y, ..) -> Fused[move](x, .., y, ..) {f(acc, ..)}: the one
+  fused elementwise kernel that reads a move's result (and nothing larger: its output has the
+  move's shape) runs in the move's store. GPT-2's and BERT's embedding lookups plus the position
+  (and token-type) embeddings; ViT's [cls; patches] concat plus the position embeddings.
+
+Runs after the precision pass and Cast folding (passes/fuse_casts.py), whose Casts and fused
+elementwise kernels it takes. The move's result must have no other reader and be no graph
+output (it is never stored).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from graphc.ir.graph import Graph, Node
+from graphc.ops.fused import ACC, FUSED_DOMAIN, OP, EpilogueOp, FusedAttrs, Ref
+from graphc.passes.capabilities import REFERENCE, FusionCapabilities
+from graphc.passes.fold_common import Replacement, rebuild
+from graphc.passes.fuse_common import supported_value
+
+MOVES = frozenset({"Transpose", "Gather", "Concat"})
+CAST_MOVES = frozenset({"Transpose", "Gather"})  # a Cast of input 0 commutes with these
+
+
+def _plain_move(node: Node, ops: frozenset[str]) -> bool:
+    return not node.domain and node.op in ops and len(node.outputs) == 1
+
+
+def _fused(node: Node | None) -> FusedAttrs | None:
+    return node.attrs if node is not None and node.op == "Fused" and node.domain == FUSED_DOMAIN else None
+
+
+def _sole_reader(graph: Graph, name: str) -> Node | None:
+    users = graph.users(name)
+    return users[0] if len(users) == 1 and not graph.is_output(name) else None
+
+
+def _cast_of(graph: Graph, node: Node | None) -> tuple[Node, object] | None:
+    """(node, Cast attrs) when `node` is a Cast, or a fused elementwise node that is one Cast of
+    its only input."""
+    if node is None or len(node.outputs) != 1:
+        return None
+    if node.op == "Cast" and not node.domain:
+        return node, node.attrs
+    a = _fused(node)
+    if a is None or a.anchor_op is not None or len(node.inputs) != 1 or len(a.epilogue) != 1:
+        return None
+    (e,) = a.epilogue
+    if e.op != "Cast" or e.args != (Ref("in", 0),) or a.outputs != (OP(0),):
+        return None
+    return node, e.attrs
+
+
+def _cast_through_move(graph: Graph, move: Node, caps: FusionCapabilities) -> Replacement | None:
+    if not _plain_move(move, CAST_MOVES):
+        return None
+    found = _cast_of(graph, graph.producer(move.inputs[0].name))
+    if found is None:
+        return None
+    cast, cast_attrs = found
+    x = cast.inputs[0]
+    if _sole_reader(graph, cast.outputs[0].name) is not move or any(v is None for v in move.inputs):
+        return None
+    if any(v.name == cast.outputs[0].name for v in move.inputs[1:]):
+        return None
+    if not supported_value(x, caps) or not caps.fuses_epilogue(move.op, "Cast", move.outputs[0].ttype.dtype):
+        return None
+    attrs = FusedAttrs(
+        anchor_op=move.op,
+        anchor_attrs=move.attrs,
+        anchor_inputs=len(move.inputs),
+        epilogue=(EpilogueOp("Cast", cast_attrs, (ACC,)),),
+        outputs=(OP(0),),
+    )
+
+    def emit(b, mapv):
+        ins = [mapv(x), *(mapv(v) for v in move.inputs[1:])]
+        node = b.add_node(
+            "Fused", ins, attrs, name=move.name, keep_name=True, outputs=[move.outputs[0].name], domain=FUSED_DOMAIN
+        )
+        return list(node.outputs)
+
+    return Replacement(move.name, emit, (cast, move))
+
+
+def _move_then_elementwise(graph: Graph, move: Node, caps: FusionCapabilities) -> Replacement | None:
+    """`move` is a plain move or a Fused[move] (CAST_THROUGH_MOVE's result, one output)."""
+    a = _fused(move)
+    if a is None:
+        if not _plain_move(move, MOVES) or any(v is None for v in move.inputs):
+            return None
+        anchor = FusedAttrs(anchor_op=move.op, anchor_attrs=move.attrs, anchor_inputs=len(move.inputs), outputs=(ACC,))
+    elif a.anchor_op in MOVES and not a.anchor_domain and len(a.outputs) == 1:
+        anchor = a
+    else:
+        return None
+    x = move.outputs[0]
+    u = _sole_reader(graph, x.name)
+    ua = _fused(u)
+    if ua is None or ua.anchor_op is not None or len(u.outputs) != 1 or len(ua.outputs) != 1:
+        return None
+    if tuple(u.outputs[0].ttype.shape) != tuple(x.ttype.shape):
+        return None
+    if not all(caps.fuses_epilogue(anchor.anchor_op, e.op, u.outputs[0].ttype.dtype) for e in ua.epilogue):
+        return None
+    n_in, n_ops = len(move.inputs), len(anchor.epilogue)
+    slots: dict[int, Ref] = {}
+    extra = []
+    for i, v in enumerate(u.inputs):
+        if v.name == x.name:
+            slots[i] = anchor.outputs[0]
+        else:
+            slots[i] = Ref("in", n_in + len(extra))
+            extra.append(v)
+
+    def remap(r: Ref) -> Ref:
+        if r.kind == "in":
+            return slots[r.index]
+        return OP(r.index + n_ops) if r.kind == "op" else r
+
+    epi = tuple(EpilogueOp(e.op, e.attrs, tuple(remap(r) for r in e.args)) for e in ua.epilogue)
+    attrs = replace(anchor, epilogue=(*anchor.epilogue, *epi), outputs=tuple(remap(r) for r in ua.outputs))
+
+    def emit(b, mapv):
+        ins = [mapv(v) for v in (*move.inputs, *extra)]
+        node = b.add_node(
+            "Fused", ins, attrs, name=move.name, keep_name=True, outputs=[u.outputs[0].name], domain=FUSED_DOMAIN
+        )
+        return list(node.outputs)
+
+    return Replacement(u.name, emit, (move, u))
+
+
+def _once(graph: Graph, caps: FusionCapabilities, rule) -> Graph:
+    reps: list[Replacement] = []
+    taken: set[str] = set()
+    for node in graph.nodes:
+        r = rule(graph, node, caps)
+        if r is not None and not any(n.name in taken for n in r.absorbed):
+            reps.append(r)
+            taken.update(n.name for n in r.absorbed)
+    return rebuild(graph, reps)
+
+
+def fuse_data_epilogues(graph: Graph, caps: FusionCapabilities = REFERENCE) -> Graph:
+    """CAST_THROUGH_MOVE, then MOVE_THEN_ELEMENTWISE, everywhere they apply."""
+    return _once(_once(graph, caps, _cast_through_move), caps, _move_then_elementwise)
