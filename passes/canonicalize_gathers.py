@@ -8,6 +8,12 @@ Rules (named by their algebra):
 - GATHER_ND_ARANGE  gather_nd(x, c) (batch_dims 0) -> reshape(x, out) when the index tuples of c,
   in row-major order, are every index of x's first k dims in row-major order
 
+- SLICES_CONCAT     concat(slice(x, a), slice(x, b), ..., axis) -> gather(x, [a; b; ...], axis) when
+  every input is a step-1 slice of the same x along `axis` only, read by the Concat alone: one
+  kernel instead of one per slice and one per concatenated input (Swin's torch.roll of the
+  shifted windows: two slices and a concat per rolled axis, 4 launches, become 1). A concat
+  that puts x back in order is a reshape, by the first rule.
+
 Where they come from: the exporters spell the attention mask's broadcast
 ``mask[:, None, None, :]`` as index arithmetic that constant folding turns into such a gather
 (the TorchScript export of BERT and GPT-2: a Gather of the flattened mask by arange(seq); the
@@ -73,10 +79,60 @@ def _gather_to_reshape(g: Graph, node: Node, ctx: RewriteContext) -> Rewritten |
     return Rewritten([y], [node])
 
 
+def _slice_indices(g: Graph, node: Node, shape: tuple[int, ...], axis: int) -> np.ndarray | None:
+    """The indices along `axis` that a step-1 Slice with constant operands keeps, when it keeps
+    every index of every other axis; else None."""
+    if node.domain or node.op != "Slice" or len(node.outputs) != 1:
+        return None
+    consts = [None if v is None else g.const(v.name) for v in node.inputs[1:]]
+    starts, ends = consts[0], consts[1] if len(consts) > 1 else None
+    if (
+        starts is None
+        or ends is None
+        or any(v is not None and c is None for v, c in zip(node.inputs[1:], consts, strict=True))
+    ):
+        return None
+    axes = consts[2] if len(consts) > 2 and consts[2] is not None else np.arange(len(starts))
+    steps = consts[3] if len(consts) > 3 and consts[3] is not None else np.ones(len(starts), np.int64)
+    keep = {d: np.arange(n) for d, n in enumerate(shape)}
+    for st, en, ax, sp in zip(starts.tolist(), ends.tolist(), axes.tolist(), steps.tolist(), strict=True):
+        if sp != 1:
+            return None
+        ax = ax + len(shape) if ax < 0 else ax
+        keep[ax] = keep[ax][slice(st, en)]
+    if any(d != axis and len(k) != shape[d] for d, k in keep.items()):
+        return None
+    return keep[axis]
+
+
+def _slices_concat_to_gather(g: Graph, node: Node, ctx: RewriteContext) -> Rewritten | None:
+    if node.domain or node.op != "Concat" or len(node.inputs) < 2:
+        return None
+    producers = [g.producer(v.name) for v in node.inputs]
+    if any(p is None or p.op != "Slice" or p.domain for p in producers):
+        return None
+    x = producers[0].inputs[0]
+    xs = _static_shape(x)
+    if xs is None or any(p.inputs[0].name != x.name for p in producers):
+        return None
+    for v in node.inputs:
+        if g.is_output(v.name) or len(g.users(v.name)) != 1:
+            return None
+    axis = node.attrs.axis + len(xs) if node.attrs.axis < 0 else node.attrs.axis
+    parts = [_slice_indices(g, p, xs, axis) for p in producers]
+    if any(q is None for q in parts):
+        return None
+    idx = ctx.b.add_constant(np.concatenate(parts).astype(np.int64), f"{node.name}/indices")
+    y = ctx.b.op("Gather", [ctx.mapv(x), idx], {"axis": axis}, name=f"{node.name}/gather")
+    log.debug("%s: a concat of slices of %s -> one Gather", node.name, x.name)
+    return Rewritten([y], [node, *producers])
+
+
 def gathers_to_views(graph: Graph) -> Graph:
-    """Replace every Gather/GatherND that reads its whole data in order by a Reshape."""
+    """GATHER_ARANGE, GATHER_ND_ARANGE and SLICES_CONCAT everywhere they apply (the Gather that
+    SLICES_CONCAT makes becomes a Reshape on the next run of the fixed point, if it is one)."""
 
     def visit(node: Node, ctx: RewriteContext) -> Rewritten | None:
-        return _gather_to_reshape(graph, node, ctx)
+        return _gather_to_reshape(graph, node, ctx) or _slices_concat_to_gather(graph, node, ctx)
 
     return rewrite_graph(graph, visit)

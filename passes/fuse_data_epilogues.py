@@ -9,8 +9,10 @@ Rules (named by their algebra):
   of the fp32 image, then the NCHW -> NHWC transpose before the first conv.
 - MOVE_THEN_ELEMENTWISE  f(move(x, ..), y, ..) -> Fused[move](x, .., y, ..) {f(acc, ..)}: the one
   fused elementwise kernel that reads a move's result (and nothing larger: its output has the
-  move's shape) runs in the move's store. GPT-2's and BERT's embedding lookups plus the position
-  (and token-type) embeddings; ViT's [cls; patches] concat plus the position embeddings.
+  move's shape) runs in the move's store, also through Reshapes between them (its other inputs
+  then of its full shape, read through views). GPT-2's and BERT's embedding lookups plus the
+  position (and token-type) embeddings; ViT's [cls; patches] concat plus the position embeddings;
+  Swin's residual add after the window reverse's roll.
 
 Runs after the precision pass and Cast folding (passes/fuse_casts.py), whose Casts and fused
 elementwise kernels it takes. The move's result must have no other reader and be no graph
@@ -20,6 +22,8 @@ output (it is never stored).
 from __future__ import annotations
 
 from dataclasses import replace
+
+import numpy as np
 
 from graphc.ir.graph import Graph, Node
 from graphc.ops.fused import ACC, FUSED_DOMAIN, OP, EpilogueOp, FusedAttrs, Ref
@@ -31,8 +35,13 @@ MOVES = frozenset({"Transpose", "Gather", "Concat"})
 CAST_MOVES = frozenset({"Transpose", "Gather"})  # a Cast of input 0 commutes with these
 
 
-def _plain_move(node: Node, ops: frozenset[str]) -> bool:
-    return not node.domain and node.op in ops and len(node.outputs) == 1
+def _plain_move(graph: Graph, node: Node, ops: frozenset[str]) -> bool:
+    if node.domain or node.op not in ops or len(node.outputs) != 1:
+        return False
+    # A Gather of one constant index picks a slab, which lowering makes a view (no kernel,
+    # codegen/views.py): an epilogue would turn it into a kernel.
+    idx = graph.const(node.inputs[1].name) if node.op == "Gather" and len(node.inputs) > 1 else None
+    return idx is None or idx.ndim != 0
 
 
 def _fused(node: Node | None) -> FusedAttrs | None:
@@ -61,7 +70,7 @@ def _cast_of(graph: Graph, node: Node | None) -> tuple[Node, object] | None:
 
 
 def _cast_through_move(graph: Graph, move: Node, caps: FusionCapabilities) -> Replacement | None:
-    if not _plain_move(move, CAST_MOVES):
+    if not _plain_move(graph, move, CAST_MOVES):
         return None
     found = _cast_of(graph, graph.producer(move.inputs[0].name))
     if found is None:
@@ -96,7 +105,7 @@ def _move_then_elementwise(graph: Graph, move: Node, caps: FusionCapabilities) -
     """`move` is a plain move or a Fused[move] (CAST_THROUGH_MOVE's result, one output)."""
     a = _fused(move)
     if a is None:
-        if not _plain_move(move, MOVES) or any(v is None for v in move.inputs):
+        if not _plain_move(graph, move, MOVES) or any(v is None for v in move.inputs):
             return None
         anchor = FusedAttrs(anchor_op=move.op, anchor_attrs=move.attrs, anchor_inputs=len(move.inputs), outputs=(ACC,))
     elif a.anchor_op in MOVES and not a.anchor_domain and len(a.outputs) == 1:
@@ -104,11 +113,22 @@ def _move_then_elementwise(graph: Graph, move: Node, caps: FusionCapabilities) -
     else:
         return None
     x = move.outputs[0]
-    u = _sole_reader(graph, x.name)
+    # Through views (Reshapes read by nothing else): the same elements in the same order, so the
+    # epilogue runs at the move's own index; the reader's other inputs must then be of its full
+    # shape (read through a view in the move's shape), and the result is viewed back.
+    views: list[Node] = []
+    cur = _sole_reader(graph, x.name)
+    while cur is not None and cur.op == "Reshape" and not cur.domain and len(cur.outputs) == 1:
+        views.append(cur)
+        cur = _sole_reader(graph, cur.outputs[0].name)
+    u, seen = cur, (views[-1].outputs[0] if views else x)
     ua = _fused(u)
     if ua is None or ua.anchor_op is not None or len(u.outputs) != 1 or len(ua.outputs) != 1:
         return None
-    if tuple(u.outputs[0].ttype.shape) != tuple(x.ttype.shape):
+    u_shape = tuple(u.outputs[0].ttype.shape)
+    if u_shape != tuple(seen.ttype.shape):
+        return None
+    if views and any(v.name != seen.name and tuple(v.ttype.shape) != u_shape for v in u.inputs):
         return None
     if not all(caps.fuses_epilogue(anchor.anchor_op, e.op, u.outputs[0].ttype.dtype) for e in ua.epilogue):
         return None
@@ -116,7 +136,7 @@ def _move_then_elementwise(graph: Graph, move: Node, caps: FusionCapabilities) -
     slots: dict[int, Ref] = {}
     extra = []
     for i, v in enumerate(u.inputs):
-        if v.name == x.name:
+        if v.name == seen.name:
             slots[i] = anchor.outputs[0]
         else:
             slots[i] = Ref("in", n_in + len(extra))
@@ -129,15 +149,34 @@ def _move_then_elementwise(graph: Graph, move: Node, caps: FusionCapabilities) -
 
     epi = tuple(EpilogueOp(e.op, e.attrs, tuple(remap(r) for r in e.args)) for e in ua.epilogue)
     attrs = replace(anchor, epilogue=(*anchor.epilogue, *epi), outputs=tuple(remap(r) for r in ua.outputs))
+    x_shape = tuple(x.ttype.shape)
 
     def emit(b, mapv):
-        ins = [mapv(v) for v in (*move.inputs, *extra)]
-        node = b.add_node(
-            "Fused", ins, attrs, name=move.name, keep_name=True, outputs=[u.outputs[0].name], domain=FUSED_DOMAIN
-        )
-        return list(node.outputs)
+        def in_move_shape(v):
+            nv = mapv(v)
+            if not views:
+                return nv
+            dims = b.add_constant(np.array(x_shape, dtype=np.int64), f"{move.name}/{v.name}/shape")
+            return b.op("Reshape", [nv, dims], name=f"{move.name}/{v.name}/view")
 
-    return Replacement(u.name, emit, (move, u))
+        ins = [mapv(v) for v in move.inputs] + [in_move_shape(v) for v in extra]
+        out_name = u.outputs[0].name
+        node = b.add_node(
+            "Fused",
+            ins,
+            attrs,
+            name=move.name,
+            keep_name=True,
+            outputs=[f"{out_name}/fused" if views else out_name],
+            domain=FUSED_DOMAIN,
+        )
+        out = node.outputs[0]
+        if views:
+            dims = b.add_constant(np.array(u_shape, dtype=np.int64), f"{out_name}/shape")
+            out = b.add_node("Reshape", [out, dims], name=f"{move.name}/view", outputs=[out_name]).outputs[0]
+        return [out]
+
+    return Replacement(u.name, emit, (move, *views, u))
 
 
 def _once(graph: Graph, caps: FusionCapabilities, rule) -> Graph:

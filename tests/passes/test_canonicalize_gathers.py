@@ -70,3 +70,56 @@ def test_reads_in_order_gather_nd_partial_tuples():
     assert reads_in_order("GatherND", (3, 2), np.array([[0], [1], [2]]))
     assert not reads_in_order("GatherND", (3, 2), np.array([[0], [2], [1]]))
     assert not reads_in_order("GatherND", (3, 2), np.array([[0, 0], [0, 1]]))
+
+
+def _roll_graph(shift: int, *, extra_axis: bool = False, slice_is_output: bool = False):
+    # torch.roll(x, shift, dim=1) as the exporters write it: two slices and a concat
+    n = 8
+    inits = {
+        "s0": np.array([n - shift]),
+        "e0": np.array([n]),
+        "s1": np.array([0]),
+        "e1": np.array([n - shift]),
+        "ax": np.array([1, 2] if extra_axis else [1]),
+    }
+    if extra_axis:
+        inits.update(s0=np.array([n - shift, 1]), e0=np.array([n, 4]), s1=np.array([0, 1]), e1=np.array([n - shift, 4]))
+    nodes = [
+        helper.make_node("Slice", ["x", "s0", "e0", "ax"], ["a"]),
+        helper.make_node("Slice", ["x", "s1", "e1", "ax"], ["b"]),
+        helper.make_node("Concat", ["a", "b"], ["y"], axis=1),
+    ]
+    w = 3 if extra_axis else 4
+    outs = [helper.make_tensor_value_info("y", F, [2, n, w])]
+    if slice_is_output:
+        outs.append(helper.make_tensor_value_info("a", F, [2, shift, w]))
+    g = helper.make_graph(
+        nodes,
+        "t",
+        [helper.make_tensor_value_info("x", F, [2, n, 4])],
+        outs,
+        [numpy_helper.from_array(v.astype(np.int64), k) for k, v in inits.items()],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return graphc.bind_shapes(graphc.load_onnx(model), {})
+
+
+def test_a_roll_is_one_gather():
+    g0 = _roll_graph(3)
+    g1 = gathers_to_views(g0)
+    assert g1.op_counts() == {"Gather": 1}
+    _same(g0, g1, (2, 8, 4))
+
+
+def test_a_roll_by_zero_is_a_reshape():
+    # the slices put x back in order: the Gather they become is a view on the fixed point's next run
+    g0 = _roll_graph(0)
+    g1 = gathers_to_views(gathers_to_views(g0))
+    assert g1.op_counts() == {"Reshape": 1}
+    _same(g0, g1, (2, 8, 4))
+
+
+def test_slices_along_another_axis_or_read_elsewhere_stay():
+    for g0 in (_roll_graph(3, extra_axis=True), _roll_graph(3, slice_is_output=True)):
+        g1 = gathers_to_views(g0)
+        assert g1.op_counts() == {"Slice": 2, "Concat": 1}

@@ -157,3 +157,28 @@ def test_fused_data_kernels_compile(build):
     assert "Transpose" not in kinds and "Concat" not in kinds and "Gather" not in kinds, kinds
     # the concat's graph input keeps its Cast (a Cast commutes into a Transpose or a Gather's data)
     assert kinds.count("Cast") == (build is _concat_model), kinds
+
+
+def test_through_a_view_with_a_full_shape_residual():
+    # Swin's window reverse: transpose, reshape, + shortcut of the reshaped shape: one kernel that
+    # reads the shortcut through a view in the transpose's shape.
+    shape = np.array([2, 12, 5], np.int64)
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["t", "shape"], ["r"]),
+        helper.make_node("Add", ["r", "s"], ["y"]),
+    ]
+    m = _model(nodes, [("x", F, [2, 3, 4, 5]), ("s", F, [2, 12, 5])], [("y", F, [2, 12, 5])], [("shape", shape)])
+    g0, g1 = _check_exact(m)
+    (node,) = [n for n in g1.nodes if n.op == "Fused" and n.attrs.anchor_op == "Transpose"]
+    assert "Add" in [e.op for e in node.attrs.epilogue]
+    assert _kinds(_optimized(m, CUDA16)) == ["Fused[Transpose]"]
+
+
+def test_a_slab_view_gather_takes_no_epilogue():
+    # x[1] of a (3, 4, 8) tensor is a view (no kernel): relu(x[1]) stays one elementwise kernel.
+    idx = np.array(1, np.int64)
+    nodes = [helper.make_node("Gather", ["x", "i"], ["g"], axis=0), helper.make_node("Relu", ["g"], ["y"])]
+    m = _model(nodes, [("x", F, [3, 4, 8])], [("y", F, [4, 8])], [("i", idx)])
+    g0, g1 = _check_exact(m)
+    assert not [n for n in g1.nodes if n.op == "Fused" and n.attrs.anchor_op == "Gather"]

@@ -39,6 +39,10 @@ CORE = frozenset(
 _BERT = {"Gather": 1, "Fused[Gather]": 1, "Fused[Elementwise]": 1}
 _GPT2 = {"Fused[Gather]": 1, "Fused[Elementwise]": 1}  # tokens + positions; the mask's cast to bool
 _VIT = {"Fused[Transpose]": 1, "Fused[Concat]": 1}  # image cast + NHWC; [cls; patches] + positions
+# Swin: each torch.roll one Gather (passes/canonicalize_gathers.py), the window partitions and
+# reverses real Transposes, the residual add in the store of the unshifted block's window reverse
+# and of the shifted block's roll back, the image cast in the NHWC transpose
+_SWIN = {"Transpose": 3, "Gather": 3, "Fused[Transpose]": 2, "Fused[Gather]": 1}
 # (file, total launches, the non-core launches by kind)
 EXPECTED = [
     ("bert.eager.torchscript.torch2.11", 18, _BERT),
@@ -52,6 +56,8 @@ EXPECTED = [
     ("clip_vision.eager.dynamo.torch2.11", 22, _VIT),
     # the token lookup, the mask's cast to bool, silu(gate) * up of each layer
     ("llama.eager.dynamo.torch2.11", 25, {"Gather": 1, "Fused[Elementwise]": 3}),
+    ("swin.eager.torchscript.torch2.11", 26, _SWIN),
+    ("swin.eager.dynamo.torch2.11", 26, _SWIN),
 ]
 
 
