@@ -12,7 +12,10 @@ Rules (named by their algebra):
   move's shape) runs in the move's store, also through Reshapes between them (its other inputs
   then of its full shape, read through views). GPT-2's and BERT's embedding lookups plus the
   position (and token-type) embeddings; ViT's [cls; patches] concat plus the position embeddings;
-  Swin's residual add after the window reverse's roll.
+  Swin's residual add after the window reverse's roll. The same for a GEMM, conv, pool or
+  reduction kernel (passes/fuse_casts.py's anchors) and the elementwise kernel after it, which
+  epilogue fusion could not join because transposes stood between them until the channels-last
+  layout pass cancelled them (ConvNeXt's residual add after the layer-scaled pwconv2 GEMM).
 
 Runs after the precision pass and Cast folding (passes/fuse_casts.py), whose Casts and fused
 elementwise kernels it takes. The move's result must have no other reader and be no graph
@@ -29,6 +32,7 @@ from graphc.ir.graph import Graph, Node
 from graphc.ops.fused import ACC, FUSED_DOMAIN, OP, EpilogueOp, FusedAttrs, Ref
 from graphc.passes.capabilities import REFERENCE, FusionCapabilities
 from graphc.passes.fold_common import Replacement, rebuild
+from graphc.passes.fuse_casts import EPILOGUE_ANCHORS
 from graphc.passes.fuse_common import supported_value
 
 MOVES = frozenset({"Transpose", "Gather", "Concat"})
@@ -102,13 +106,22 @@ def _cast_through_move(graph: Graph, move: Node, caps: FusionCapabilities) -> Re
 
 
 def _move_then_elementwise(graph: Graph, move: Node, caps: FusionCapabilities) -> Replacement | None:
-    """`move` is a plain move or a Fused[move] (CAST_THROUGH_MOVE's result, one output)."""
+    """`move` is a plain move or anchor, or a Fused node of one with one output."""
     a = _fused(move)
     if a is None:
-        if not _plain_move(graph, move, MOVES) or any(v is None for v in move.inputs):
+        plain_anchor = (move.domain, move.op) in EPILOGUE_ANCHORS and len(move.outputs) == 1
+        if not (_plain_move(graph, move, MOVES) or plain_anchor) or any(v is None for v in move.inputs):
             return None
-        anchor = FusedAttrs(anchor_op=move.op, anchor_attrs=move.attrs, anchor_inputs=len(move.inputs), outputs=(ACC,))
-    elif a.anchor_op in MOVES and not a.anchor_domain and len(a.outputs) == 1:
+        anchor = FusedAttrs(
+            anchor_op=move.op,
+            anchor_domain=move.domain,
+            anchor_attrs=move.attrs,
+            anchor_inputs=len(move.inputs),
+            outputs=(ACC,),
+        )
+    elif len(a.outputs) == 1 and (
+        (a.anchor_op in MOVES and not a.anchor_domain) or (a.anchor_domain, a.anchor_op) in EPILOGUE_ANCHORS
+    ):
         anchor = a
     else:
         return None

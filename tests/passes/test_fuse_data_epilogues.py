@@ -182,3 +182,38 @@ def test_a_slab_view_gather_takes_no_epilogue():
     m = _model(nodes, [("x", F, [3, 4, 8])], [("y", F, [4, 8])], [("i", idx)])
     g0, g1 = _check_exact(m)
     assert not [n for n in g1.nodes if n.op == "Fused" and n.attrs.anchor_op == "Gather"]
+
+
+def test_elementwise_after_a_gemm_joins_its_epilogue_late():
+    # What the layout pass leaves in ConvNeXt: Fused[MatMul]{Add bias, Mul scale} then a separate
+    # Fused[Elementwise]{Add residual} (transposes stood between them during epilogue fusion).
+    from graphc.ir.builder import GraphBuilder
+    from graphc.ir.types import DType, TensorType
+    from graphc.ops.fused import ACC, IN, OP, EpilogueOp, FusedAttrs
+    from graphc.ops.registry import get_op
+    from graphc.passes.fuse_data_epilogues import fuse_data_epilogues
+
+    add, mul = get_op("Add").attrs(), get_op("Mul").attrs()
+    b = GraphBuilder("t", opset=17)
+    x = b.add_input("x", TensorType(DType.float32, (6, 8)))
+    r = b.add_input("r", TensorType(DType.float32, (6, 4)))
+    w = b.add_constant(RNG.standard_normal((8, 4)).astype(np.float32), "w")
+    bias = b.add_constant(RNG.standard_normal(4).astype(np.float32), "bias")
+    gemm = FusedAttrs(
+        anchor_op="MatMul",
+        anchor_attrs=get_op("MatMul").attrs(),
+        anchor_inputs=2,
+        epilogue=(EpilogueOp("Add", add, (ACC, IN(2))), EpilogueOp("Mul", mul, (OP(0), OP(0)))),
+        outputs=(OP(1),),
+    )
+    h = b.add_node("Fused", [x, w, bias], gemm, name="gemm", domain="graphc").outputs[0]
+    ew = FusedAttrs(epilogue=(EpilogueOp("Add", add, (IN(0), IN(1))),), outputs=(OP(0),))
+    y = b.add_node("Fused", [r, h], ew, name="res", domain="graphc").outputs[0]
+    b.set_outputs([y])
+    g0 = b.build()
+    g1 = fuse_data_epilogues(g0)
+    (node,) = g1.nodes
+    assert node.attrs.anchor_op == "MatMul" and [e.op for e in node.attrs.epilogue] == ["Add", "Mul", "Add"]
+    feeds = {"x": RNG.standard_normal((6, 8)).astype(np.float32), "r": RNG.standard_normal((6, 4)).astype(np.float32)}
+    out = g0.output_names[0]
+    np.testing.assert_array_equal(graphc.interpret(g0, feeds)[out], graphc.interpret(g1, feeds)[out])
