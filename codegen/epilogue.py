@@ -95,6 +95,31 @@ def broadcast_index(in_shape: Sequence[int], out_shape: Sequence[int], idx: str 
     return "(" + " + ".join(terms) + ")" if terms else "0"
 
 
+# 16-bit floats are computed in fp32 (cuda_types.py): a value of such a type inside an epilogue
+# may hold more precision than the stored tensor would.
+ROUNDED = frozenset({DType.float16, DType.bfloat16})
+
+
+def exact_cast(
+    args: Sequence[str], in_types: Sequence[DType | None], out_t: DType, attrs, where: str = ""
+) -> tuple[list[str], str]:
+    """A Cast inside a kernel, bit for bit the separate Cast kernel: a 16-bit float input is first
+    rounded to its type (the unfused producer would have stored it so: fp16 -> fp32 after a GEMM
+    gives float(half(acc)), not acc), and a 16-bit float result is rounded to its type (what a
+    consumer of the stored Cast output would have loaded). Rounding is idempotent, so a value
+    loaded from memory or stored right after loses nothing."""
+    args = list(args)
+    src = in_types[0]
+    if src in ROUNDED:
+        ct = cuda_type(src, where)
+        args[0] = ct.to_compute(ct.to_storage(args[0]))
+    expr = render_op("Cast", attrs, args, in_types, out_t, where=where)
+    if out_t in ROUNDED and src is not out_t:
+        ct = cuda_type(out_t, where)
+        expr = ct.to_compute(ct.to_storage(expr))
+    return args, expr
+
+
 def render_epilogue(
     epilogue: Sequence[EpilogueOp],
     outputs: Sequence[Ref],
@@ -167,7 +192,10 @@ def render_epilogue(
         )
         out_t = opdef.infer(ctx)[0].dtype
         ct = cuda_type(out_t, where).compute
-        expr = render_op(e.op, e.attrs, args, in_types, out_t, where=where)
+        if e.op == "Cast":
+            args, expr = exact_cast(args, in_types, out_t, e.attrs, where)
+        else:
+            expr = render_op(e.op, e.attrs, args, in_types, out_t, where=where)
         lines.append(f"  const {ct} v{j} = {expr};")
         exprs[Ref("op", j)] = f"v{j}"
         types[Ref("op", j)] = out_t

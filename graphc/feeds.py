@@ -38,19 +38,23 @@ def index_ranges(plan: Any) -> dict[str, IndexRange]:
             for out in step.outputs:
                 derived[out] = derived[ins[0]]
             continue
-        pos = _INDEX_OPS.get(step.op)
-        if pos is None or step.domain not in ("", "ai.onnx") or len(ins) <= pos or ins[pos] not in derived:
+        op, domain, attrs = step.op, step.domain, step.attrs or {}
+        if op == "Fused" and domain == "graphc":  # a Gather with an epilogue (the positions' add)
+            op, domain = attrs.get("anchor_op"), attrs.get("anchor_domain", "")
+            attrs = (attrs.get("anchor_attrs") or {}).get("fields", {})
+        pos = _INDEX_OPS.get(op)
+        if pos is None or domain not in ("", "ai.onnx") or len(ins) <= pos or ins[pos] not in derived:
             continue
         data = plan.tensors.get(ins[0]) if ins[0] else None
         if data is None or not data.shape:
             continue
-        axis = int((step.attrs or {}).get("axis", 0))
+        axis = int(attrs.get("axis", 0))
         if not -len(data.shape) <= axis < len(data.shape):
             continue
         size = int(data.shape[axis])
         source = derived[ins[pos]]
         if source not in ranges or size < ranges[source].size:
-            ranges[source] = IndexRange(size, step.name, step.op)
+            ranges[source] = IndexRange(size, step.name, op)
     return ranges
 
 

@@ -26,7 +26,9 @@ Ordering rules (why the list is in this order; each is repeated beside the passe
     of one computation (dynamo's reshape-transpose-reshape for a swap of two axes, split sqrt
     scales on Q and K) become the one form the matchers and transpose elimination know; written-
     out rotary embeddings become RotaryEmbedding (on the 3-D projection where they can), so
-    attention fusion finds the head split after them.
+    attention fusion finds the head split after them. A Gather by constant indices that reads
+    its data whole and in order (the mask's broadcast, spelled as index arithmetic) becomes a
+    Reshape (passes/canonicalize_gathers.py).
  5. Transpose elimination after cleanup (perms are constants by then) and before attention
     fusion, which expects the Q, K, V layouts in canonical form.
  6. BatchNorm and affine folding before epilogue fusion: the scale goes into the conv weights,
@@ -45,8 +47,13 @@ Ordering rules (why the list is in this order; each is repeated beside the passe
 10. Precision after layout and before the GEMM weight layout: it retypes everything layout made
     (the NHWC weights, the edge transposes) in one sweep, and the weight layout's choice depends
     on the final dtype (16-byte chunks hold 8 fp16 or 4 fp32 elements).
-11. K-major GEMM weights (CUDA) last: a pure re-layout of constant weights for the kernels' loads;
-    nothing after it matches GEMM weights.
+11. K-major GEMM weights (CUDA) after precision: a pure re-layout of constant weights for the
+    kernels' loads; nothing after it matches GEMM weights.
+12. Cast folding last: the precision pass makes the boundary Casts (after fusion, so that fusion
+    sees the model's own graph), and the Casts go into the epilogue of the kernel before them or
+    the load of the kernels after; it wraps whatever GEMM form rule 11 left. Then a Transpose,
+    Gather or Concat takes the Cast before it or the elementwise kernel after it
+    (passes/fuse_data_epilogues.py), which Cast folding may have just made.
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ from collections.abc import Callable
 
 from graphc.ir.graph import Graph
 from graphc.passes.canonicalize import canonicalize
+from graphc.passes.canonicalize_gathers import gathers_to_views
 from graphc.passes.canonicalize_rotary import fuse_rotary
 from graphc.passes.canonicalize_views import cancel_view_chains
 from graphc.passes.capabilities import FusionCapabilities
@@ -70,6 +78,8 @@ from graphc.passes.fold_affine import fold_affine
 from graphc.passes.fold_batchnorm import fold_batchnorm
 from graphc.passes.fold_control_flow import fold_control_flow
 from graphc.passes.fuse_attention import fuse_attention
+from graphc.passes.fuse_casts import fuse_casts
+from graphc.passes.fuse_data_epilogues import fuse_data_epilogues
 from graphc.passes.fuse_elementwise import fuse_elementwise
 from graphc.passes.fuse_epilogue import fuse_epilogues
 from graphc.passes.fuse_gelu import fuse_gelu
@@ -151,6 +161,7 @@ def stages() -> list[Stage]:
             "patterns",
             (
                 Pass("canonicalize", canonicalize, min_level=2),  # rule 4a
+                Pass("gathers_to_views", gathers_to_views, min_level=2),  # rule 4a
                 Pass("fuse_rotary", fuse_rotary, min_level=2),  # rule 4a
                 Pass("fuse_layernorm", fuse_layernorm, min_level=2),  # rule 4
                 Pass("fuse_gelu", fuse_gelu, min_level=2),  # rule 4
@@ -194,4 +205,6 @@ def stages() -> list[Stage]:
         # Rule 10: at every opt level (the precision is the user's choice, not an optimization).
         Pass("convert_precision", precision_pass, min_level=0, when=for_reduced_precision, takes_target=True),
         Pass("k_major_gemm_weights", k_major_gemm_weights, when=for_cuda),  # rule 11
+        Pass("fuse_casts", _with_capabilities(fuse_casts), min_level=2, takes_target=True),  # rule 12
+        Pass("fuse_data_epilogues", _with_capabilities(fuse_data_epilogues), min_level=2, takes_target=True),  # rule 12
     ]

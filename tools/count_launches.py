@@ -10,6 +10,11 @@ launch of every step: a step with a split-K GEMM counts its reduce kernel too. W
 the whole `graphc.compile` (NVRTC included; slower, same counts). The table has one row per
 (model, exporter, batch): the total, then the launches per step kind (Fused[MatMul], LayerNorm...).
 With --by-family it counts by kernel family instead (gemm, rowwise, elementwise...).
+
+    python tools/count_launches.py --corpus tests/corpus [--json OUT]
+
+counts every file of the exporter corpus (tests/corpus/manifest.json: fixed input shapes, one row
+per file: the model, the exporter with its torch version and ``+ort`` for ONNX Runtime's twin).
 """
 
 from __future__ import annotations
@@ -102,6 +107,23 @@ def _counted(plan: Any, arch: str, distinct: int) -> tuple[int, int, dict, dict]
     return total, distinct, by_kind, by_family
 
 
+def count_corpus(folder: Path, *, arch: str, precision: str) -> list[Count]:
+    """One row per file of a corpus folder (its manifest.json gives model, exporter, torch version)."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    rows = []
+    for key in sorted(manifest):
+        rec = manifest[key]
+        exporter = f"{rec['exporter']} {rec['torch'].split('+')[0]}" + ("+ort" if "source" in rec else "")
+        model = f"{rec['model']} ({rec['attn_implementation']})"
+        batch = int(next(iter(rec["inputs"].values()))[0])
+        total, distinct, kinds, fams = count_model(
+            folder / rec["file"], {}, arch=arch, precision=precision, nvrtc=False
+        )
+        rows.append(Count(model, exporter, batch, total, distinct, kinds, fams))
+        print(f"{key}: {total} launches", file=sys.stderr)
+    return rows
+
+
 def table(rows: list[Count], *, by_family: bool) -> str:
     cols: collections.Counter[str] = collections.Counter()
     for r in rows:
@@ -125,7 +147,8 @@ def table(rows: list[Count], *, by_family: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("dir", type=Path, help="folder of tools/export_torch.py exports")
+    p.add_argument("dir", type=Path, nargs="?", help="folder of tools/export_torch.py exports")
+    p.add_argument("--corpus", type=Path, default=None, help="count a corpus folder (manifest.json) instead")
     p.add_argument("--models", default="bert,gpt2,vit,resnet50")
     p.add_argument("--exporter", choices=[*EXPORTERS, "both"], default="both")
     p.add_argument("--batch", default="1,32", help="comma-separated batch sizes")
@@ -139,6 +162,18 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from graphc.errors import CompileError
 
+    if args.corpus is not None:
+        try:
+            rows = count_corpus(args.corpus, arch=args.arch, precision=args.precision)
+        except (CompileError, OSError, KeyError, ValueError) as e:
+            print(f"{args.corpus}: {e}", file=sys.stderr)
+            return 1
+        print(table(rows, by_family=args.by_family))
+        if args.json is not None:
+            args.json.write_text(json.dumps([r.__dict__ for r in rows], indent=1) + "\n")
+        return 0
+    if args.dir is None:
+        p.error("give DIR (exports) or --corpus FOLDER")
     exporters = EXPORTERS if args.exporter == "both" else (args.exporter,)
     rows: list[Count] = []
     for model in [m for m in args.models.split(",") if m]:

@@ -10,6 +10,10 @@ k elements are moved as one "wide" element of up to 16 bytes (a vector load and 
 inputs (Slice starts/ends/axes/steps, Pad pads, Tile repeats, Split sizes, Resize scales/sizes,
 Expand shape, CumSum axis, Trilu k...) come from the weights and are baked in with the shapes.
 Every kernel guards its bounds; index math is in long long.
+
+A Fused node anchored on Transpose, Gather or Concat (passes/fuse_data_epilogues.py) is one typed
+kernel: a thread per output element loads the element it reads and runs the fused epilogue on it
+(an input's Cast, an embedding's position bias), so the epilogue may store another dtype.
 """
 
 from __future__ import annotations
@@ -854,12 +858,125 @@ _GENERATORS = {
 }
 
 
+# ---- fused: a data movement anchor with an epilogue (passes/fuse_data_epilogues.py) -------------
+
+# The anchors whose element each output index reads is one load (or a zero): the epilogue runs
+# on it at that output index.
+EPILOGUE_ANCHORS = frozenset({"Transpose", "Gather", "Concat"})
+
+
+def _fused_anchor(ctx: StepContext) -> str | None:
+    step = ctx.step
+    if step.op != "Fused" or step.domain != "graphc":
+        return None
+    a = ctx.attrs
+    return a.anchor_op if a.anchor_domain == "" and a.anchor_op in EPILOGUE_ANCHORS else None
+
+
+def _load_body(ctx: StepContext, op: str, attrs, anchor_inputs: list[str], out_shape: tuple[int, ...]) -> str:
+    """CUDA statements that set `acc` (compute type) to the element output index i reads."""
+    ct = cuda_type(_dt(ctx, anchor_inputs[0]))
+    rank = len(out_shape)
+    if op == "Transpose":
+        in_shape = _shape(ctx, anchor_inputs[0])
+        perm = list(attrs.perm) if attrs.perm is not None else list(range(rank - 1, -1, -1))
+        ist = strides_of(in_shape)
+        a = Affine(list(out_shape), [ist[p] for p in perm]).simplified()
+        coords = "".join(
+            f"    const long long c{d} = {_coord_expr(d, size, stride)};\n"
+            for d, (size, stride) in enumerate(dims_of(a.shape))
+        )
+        off = " + ".join(f"c{d} * {m}ll" for d, m in enumerate(a.mults) if m) or "0ll"
+        return coords + f"    const {ct.compute} acc = {ct.to_compute(f'in0[{off}]')};"
+    if op == "Gather":
+        shape = _shape(ctx, anchor_inputs[0])
+        axis = attrs.axis + len(shape) if attrs.axis < 0 else attrs.axis
+        a_len, inner = shape[axis], math.prod(shape[axis + 1 :])
+        ni = math.prod(_shape(ctx, anchor_inputs[1]))
+        load = ct.to_compute(f"in0[(o * {a_len}ll + id) * {inner}ll + r]")
+        return (
+            f"    const long long r = i % {inner}ll;\n"
+            f"    const long long n = (i / {inner}ll) % {ni}ll;\n"
+            f"    const long long o = i / {inner * ni}ll;\n"
+            f"    long long id = (long long)in1[n];\n"
+            f"    if (id < 0) id += {a_len}ll;\n"
+            f"    const {ct.compute} acc = (id >= 0 && id < {a_len}ll) ? {load} : ({ct.compute})0;"
+        )
+    # Concat: the input whose slab along the axis holds output coordinate a.
+    axis = attrs.axis + rank if attrs.axis < 0 else attrs.axis
+    inner, olen = math.prod(out_shape[axis + 1 :]), out_shape[axis]
+    lines = [
+        f"    const long long r = i % {inner}ll;",
+        f"    const long long a = (i / {inner}ll) % {olen}ll;",
+        f"    const long long o = i / {inner * olen}ll;",
+        f"    {ct.compute} acc;",
+    ]
+    offset, branches = 0, []
+    for k, x in enumerate(anchor_inputs):
+        n = _shape(ctx, x)[axis]
+        if n:
+            load = ct.to_compute(f"in{k}[(o * {n}ll + (a - {offset}ll)) * {inner}ll + r]")
+            branches.append((offset + n, load))
+        offset += n
+    for j, (end, load) in enumerate(branches):
+        last = j == len(branches) - 1
+        head = "" if j == 0 else "else "
+        lines.append(f"    {head}{'' if last else f'if (a < {end}ll) '}acc = {load};")
+    return "\n".join(lines)
+
+
+def _coord_expr(d: int, size: int, stride: int) -> str:
+    c = "i" if stride == 1 else f"(i / {stride}ll)"
+    return c if d == 0 else f"({c} % {size}ll)"
+
+
+def _gen_fused(ctx: StepContext) -> list[KernelSource]:
+    from graphc.codegen.epilogue import render_epilogue, step_operands
+
+    step, a = ctx.step, ctx.attrs
+    anchor_inputs = list(step.inputs[: a.anchor_inputs])
+    if any(n is None for n in anchor_inputs):
+        raise ctx.fail(f"a fused {a.anchor_op} with an omitted input")
+    out_specs = [ctx.tensors[o] for o in step.outputs]
+    out_shape = tuple(int(d) for d in out_specs[0].shape)
+    total = math.prod(out_shape)
+    if total == 0:
+        return []
+    acc_dt = _dt(ctx, anchor_inputs[0])
+    name = ctx.kernel_name()
+    where = f"{step.kind} node '{step.name}': "
+    ops = {i: op for i, op in step_operands(ctx).items() if i >= a.anchor_inputs}
+    epi = render_epilogue(a.epilogue, a.outputs, ops, out_specs, out_shape, acc_dt, where=where, name=f"{name}_epi")
+    params = []
+    for k, x in enumerate(anchor_inputs):
+        # Gather's indices are read as integers; everything else in the anchor's dtype.
+        dt = _dt(ctx, x)
+        params.append(f"const {cuda_type(dt).storage}* __restrict__ in{k}")
+    params += epi.params
+    body = _load_body(ctx, a.anchor_op, a.anchor_attrs, anchor_inputs, out_shape)
+    block = int((ctx.params or {}).get("block", BLOCK))
+    source = render(
+        "data_epilogue.cu.j2",
+        name=name,
+        epilogue=epi,
+        epilogue_name=f"{name}_epi",
+        params=params,
+        body=body,
+        total=total,
+        block=block,
+    )
+    args = anchor_inputs + [step.inputs[i] for i in epi.inputs] + list(step.outputs)
+    return [KernelSource("data", name, source, grid_1d(total, block), (block, 1, 1), args, params={"block": block})]
+
+
 def _matches(ctx: StepContext) -> bool:
-    return ctx.step.domain == "" and ctx.step.op in SUPPORTED
+    return (ctx.step.domain == "" and ctx.step.op in SUPPORTED) or _fused_anchor(ctx) is not None
 
 
 def _generate(ctx: StepContext) -> list[KernelSource]:
     step = ctx.step
+    if _fused_anchor(ctx) is not None:
+        return _gen_fused(ctx)
     return _GENERATORS[step.op](ctx, ctx.attrs)
 
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from onnx import numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from graphc.codegen.families.data import Affine, interp_taps, raw_bits, wide_factor
 from graphc.ir.types import DType
@@ -86,7 +86,48 @@ def _pad(mode, x, pads):
     return _case("Pad", {"x": x}, {"mode": mode}, {"p": np.array(pads)})
 
 
+def _optimized_cuda(model):
+    """The CUDA fp32 pipeline's graph: Fused nodes anchored on data ops (passes/fuse_data_epilogues.py)."""
+    import graphc
+    from graphc.codegen.capabilities import CUDA
+    from graphc.passes.manager import OptimizeOptions, optimize
+    from graphc.passes.target import Target
+
+    g = graphc.bind_shapes(graphc.load_onnx(model), {})
+    return optimize(g, OptimizeOptions(opt_level=2, target=Target("cuda", "fp32", capabilities=CUDA))).graph
+
+
+def _gather_add():
+    # an embedding lookup plus a position table: Fused[Gather]{Add(acc, pos)}, one typed kernel
+    nodes = [helper.make_node("Gather", ["t", "i"], ["g"], axis=0), helper.make_node("Add", ["g", "p"], ["y"])]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, [2, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5, 24])],
+        [numpy_helper.from_array(rand((30, 24)), "t"), numpy_helper.from_array(rand((5, 24)), "p")],
+    )
+    return _optimized_cuda(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def _cast_transpose():
+    # fp16 in, Cast to fp32, then a transpose: Fused[Transpose]{Cast(acc)}
+    nodes = [
+        helper.make_node("Cast", ["x"], ["c"], to=TensorProto.FLOAT),
+        helper.make_node("Transpose", ["c"], ["y"], perm=[0, 2, 3, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "c",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 3, 5, 7])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5, 7, 3])],
+    )
+    return _optimized_cuda(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
 _CASES = {
+    "fused-gather-add": (_gather_add(), [{"block": 256}]),
+    "fused-cast-transpose": (_cast_transpose(), [{"block": 256}]),
     "transpose-tiled-f16": (
         _case("Transpose", {"x": rand((3, 40, 33, 37), F16)}, {"perm": [0, 2, 3, 1]}),
         [{"tiled": True}],

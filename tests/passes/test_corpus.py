@@ -92,7 +92,9 @@ def test_attention_fuses_and_matches_onnxruntime(key):
     counts = g1.op_counts()
     assert counts.get("Attention", 0) == rec["layers"], (counts, g1.meta.get("near_misses"))
     assert "Softmax" not in counts and "Expand" not in counts, counts
-    assert counts.get("Transpose", 0) == TRANSPOSES[rec["model"]], counts
+    # a Transpose that carries an epilogue (passes/fuse_data_epilogues.py: Swin's residual add after
+    # its window reverse) is still one
+    assert counts.get("Transpose", 0) + counts.get("Fused[Transpose]", 0) == TRANSPOSES[rec["model"]], counts
     if rec["model"] in DECODERS:  # rotary on Q and K of every layer, on the 3-D projections
         assert counts.get("RotaryEmbedding") == 2 * rec["layers"], counts
     feeds = CASES[rec["model"]].inputs(np.random.default_rng(7))

@@ -1,0 +1,138 @@
+"""A Gather or GatherND with constant indices that reads every element of its data once, in order,
+is a Reshape: a view, no kernel.
+
+Rules (named by their algebra):
+
+- GATHER_ARANGE     gather(x, c, axis) -> reshape(x, out) when c, flattened, is 0, 1, ..., n - 1
+  with n = x.shape[axis] (negative indices counted from the end)
+- GATHER_ND_ARANGE  gather_nd(x, c) (batch_dims 0) -> reshape(x, out) when the index tuples of c,
+  in row-major order, are every index of x's first k dims in row-major order
+
+- SLICES_CONCAT     concat(slice(x, a), slice(x, b), ..., axis) -> gather(x, [a; b; ...], axis) when
+  every input is a step-1 slice of the same x along `axis` only, read by the Concat alone: one
+  kernel instead of one per slice and one per concatenated input (Swin's torch.roll of the
+  shifted windows: two slices and a concat per rolled axis, 4 launches, become 1). A concat
+  that puts x back in order is a reshape, by the first rule.
+
+Where they come from: the exporters spell the attention mask's broadcast
+``mask[:, None, None, :]`` as index arithmetic that constant folding turns into such a gather
+(the TorchScript export of BERT and GPT-2: a Gather of the flattened mask by arange(seq); the
+dynamo export: a GatherND by all the (0, j) pairs). Each was a kernel of its own at every run.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from graphc.ir.graph import Graph, Node
+from graphc.passes.rewrite import RewriteContext, Rewritten, rewrite_graph
+
+log = logging.getLogger(__name__)
+
+
+def _static_shape(v) -> tuple[int, ...] | None:
+    t = v.ttype
+    return tuple(t.shape) if t.shape is not None and all(isinstance(d, int) for d in t.shape) else None
+
+
+def reads_in_order(op: str, data_shape: tuple[int, ...], idx: np.ndarray, axis: int = 0) -> bool:
+    """Whether Gather (op "Gather", along `axis`) or GatherND (batch_dims 0) with indices `idx` on
+    data of `data_shape` lists every element of the data once, in the data's own order."""
+    idx = np.asarray(idx).astype(np.int64)
+    if op == "Gather":
+        n = data_shape[axis]
+        flat = idx.reshape(-1)
+        flat = np.where(flat < 0, flat + n, flat)
+        return flat.size == n and bool(np.array_equal(flat, np.arange(n)))
+    if idx.ndim < 1:
+        return False
+    k = idx.shape[-1]
+    if k < 1 or k > len(data_shape):
+        return False
+    dims = np.array(data_shape[:k], dtype=np.int64)
+    tuples = idx.reshape(-1, k)
+    tuples = np.where(tuples < 0, tuples + dims, tuples)
+    want = np.indices(data_shape[:k]).reshape(k, -1).T
+    return tuples.shape == want.shape and bool(np.array_equal(tuples, want))
+
+
+def _gather_to_reshape(g: Graph, node: Node, ctx: RewriteContext) -> Rewritten | None:
+    if node.domain or node.op not in ("Gather", "GatherND") or len(node.outputs) != 1:
+        return None
+    x, ids = node.inputs[0], node.inputs[1]
+    idx = g.const(ids.name)
+    xs, ys = _static_shape(x), _static_shape(node.outputs[0])
+    if idx is None or xs is None or ys is None or not idx.size:
+        return None
+    if node.op == "Gather":
+        axis = node.attrs.axis + len(xs) if node.attrs.axis < 0 else node.attrs.axis
+        if not reads_in_order("Gather", xs, idx, axis):
+            return None
+    elif node.attrs.batch_dims != 0 or not reads_in_order("GatherND", xs, idx):
+        return None
+    b = ctx.b
+    shape = b.add_constant(np.array(ys, dtype=np.int64), f"{node.name}/shape")
+    y = b.op("Reshape", [ctx.mapv(x), shape], name=f"{node.name}/view")
+    log.debug("%s: %s reads its data in order -> Reshape", node.name, node.op)
+    return Rewritten([y], [node])
+
+
+def _slice_indices(g: Graph, node: Node, shape: tuple[int, ...], axis: int) -> np.ndarray | None:
+    """The indices along `axis` that a step-1 Slice with constant operands keeps, when it keeps
+    every index of every other axis; else None."""
+    if node.domain or node.op != "Slice" or len(node.outputs) != 1:
+        return None
+    consts = [None if v is None else g.const(v.name) for v in node.inputs[1:]]
+    starts, ends = consts[0], consts[1] if len(consts) > 1 else None
+    if (
+        starts is None
+        or ends is None
+        or any(v is not None and c is None for v, c in zip(node.inputs[1:], consts, strict=True))
+    ):
+        return None
+    axes = consts[2] if len(consts) > 2 and consts[2] is not None else np.arange(len(starts))
+    steps = consts[3] if len(consts) > 3 and consts[3] is not None else np.ones(len(starts), np.int64)
+    keep = {d: np.arange(n) for d, n in enumerate(shape)}
+    for st, en, ax, sp in zip(starts.tolist(), ends.tolist(), axes.tolist(), steps.tolist(), strict=True):
+        if sp != 1:
+            return None
+        ax = ax + len(shape) if ax < 0 else ax
+        keep[ax] = keep[ax][slice(st, en)]
+    if any(d != axis and len(k) != shape[d] for d, k in keep.items()):
+        return None
+    return keep[axis]
+
+
+def _slices_concat_to_gather(g: Graph, node: Node, ctx: RewriteContext) -> Rewritten | None:
+    if node.domain or node.op != "Concat" or len(node.inputs) < 2:
+        return None
+    producers = [g.producer(v.name) for v in node.inputs]
+    if any(p is None or p.op != "Slice" or p.domain for p in producers):
+        return None
+    x = producers[0].inputs[0]
+    xs = _static_shape(x)
+    if xs is None or any(p.inputs[0].name != x.name for p in producers):
+        return None
+    for v in node.inputs:
+        if g.is_output(v.name) or len(g.users(v.name)) != 1:
+            return None
+    axis = node.attrs.axis + len(xs) if node.attrs.axis < 0 else node.attrs.axis
+    parts = [_slice_indices(g, p, xs, axis) for p in producers]
+    if any(q is None for q in parts):
+        return None
+    idx = ctx.b.add_constant(np.concatenate(parts).astype(np.int64), f"{node.name}/indices")
+    y = ctx.b.op("Gather", [ctx.mapv(x), idx], {"axis": axis}, name=f"{node.name}/gather")
+    log.debug("%s: a concat of slices of %s -> one Gather", node.name, x.name)
+    return Rewritten([y], [node, *producers])
+
+
+def gathers_to_views(graph: Graph) -> Graph:
+    """GATHER_ARANGE, GATHER_ND_ARANGE and SLICES_CONCAT everywhere they apply (the Gather that
+    SLICES_CONCAT makes becomes a Reshape on the next run of the fixed point, if it is one)."""
+
+    def visit(node: Node, ctx: RewriteContext) -> Rewritten | None:
+        return _gather_to_reshape(graph, node, ctx) or _slices_concat_to_gather(graph, node, ctx)
+
+    return rewrite_graph(graph, visit)

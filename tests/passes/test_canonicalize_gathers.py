@@ -1,0 +1,125 @@
+"""gathers_to_views: a Gather/GatherND by constant indices that reads its data whole and in order
+is a Reshape (the exporters' spelling of the attention mask's mask[:, None, None, :])."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import graphc
+from graphc.passes.canonicalize_gathers import gathers_to_views, reads_in_order
+
+F = TensorProto.FLOAT
+
+
+def _graph(op: str, data_shape, idx: np.ndarray, out_shape, **attrs):
+    node = helper.make_node(op, ["x", "i"], ["y"], **attrs)
+    g = helper.make_graph(
+        [node],
+        "t",
+        [helper.make_tensor_value_info("x", F, list(data_shape))],
+        [helper.make_tensor_value_info("y", F, list(out_shape))],
+        [numpy_helper.from_array(idx.astype(np.int64), "i")],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return graphc.bind_shapes(graphc.load_onnx(model), {})
+
+
+def _same(g0, g1, shape) -> None:
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    np.testing.assert_array_equal(graphc.interpret(g0, {"x": x})["y"], graphc.interpret(g1, {"x": x})["y"])
+
+
+def test_gather_by_arange_is_a_reshape():
+    # TorchScript's mask broadcast: the flattened (seq, 1) mask gathered by arange(seq) as (1, 1, 1, seq)
+    g0 = _graph("Gather", (16, 1), np.arange(16).reshape(1, 1, 1, 16), (1, 1, 1, 16, 1), axis=0)
+    g1 = gathers_to_views(g0)
+    assert g1.op_counts() == {"Reshape": 1}
+    _same(g0, g1, (16, 1))
+
+
+def test_gather_nd_by_every_index_in_order_is_a_reshape():
+    # dynamo's: GatherND of the (1, seq) mask by every (0, j), as (1, 1, 1, seq)
+    idx = np.stack([np.zeros(16, np.int64), np.arange(16)], -1).reshape(1, 1, 1, 16, 2)
+    g0 = _graph("GatherND", (1, 16), idx, (1, 1, 1, 16))
+    g1 = gathers_to_views(g0)
+    assert g1.op_counts() == {"Reshape": 1}
+    _same(g0, g1, (1, 16))
+
+
+def test_negative_indices_count_from_the_end():
+    g0 = _graph("Gather", (2, 5), np.array([-5, -4, 2, 3, -1]), (2, 5), axis=1)
+    assert gathers_to_views(g0).op_counts() == {"Reshape": 1}
+
+
+@pytest.mark.parametrize(
+    "idx",
+    [np.array([0, 1, 2, 4, 3]), np.array([0, 1, 2, 3]), np.array([0, 1, 2, 3, 4, 4])],
+    ids=["permuted", "short", "repeated"],
+)
+def test_a_gather_that_moves_drops_or_repeats_stays(idx):
+    g0 = _graph("Gather", (2, 5), idx, (2, idx.size), axis=1)
+    g1 = gathers_to_views(g0)
+    assert g1.op_counts() == {"Gather": 1}
+    _same(g0, g1, (2, 5))
+
+
+def test_reads_in_order_gather_nd_partial_tuples():
+    # k = 1 of a (3, 2) data: rows 0, 1, 2 in order -> in order; rows 0, 2, 1 -> not
+    assert reads_in_order("GatherND", (3, 2), np.array([[0], [1], [2]]))
+    assert not reads_in_order("GatherND", (3, 2), np.array([[0], [2], [1]]))
+    assert not reads_in_order("GatherND", (3, 2), np.array([[0, 0], [0, 1]]))
+
+
+def _roll_graph(shift: int, *, extra_axis: bool = False, slice_is_output: bool = False):
+    # torch.roll(x, shift, dim=1) as the exporters write it: two slices and a concat
+    n = 8
+    inits = {
+        "s0": np.array([n - shift]),
+        "e0": np.array([n]),
+        "s1": np.array([0]),
+        "e1": np.array([n - shift]),
+        "ax": np.array([1, 2] if extra_axis else [1]),
+    }
+    if extra_axis:
+        inits.update(s0=np.array([n - shift, 1]), e0=np.array([n, 4]), s1=np.array([0, 1]), e1=np.array([n - shift, 4]))
+    nodes = [
+        helper.make_node("Slice", ["x", "s0", "e0", "ax"], ["a"]),
+        helper.make_node("Slice", ["x", "s1", "e1", "ax"], ["b"]),
+        helper.make_node("Concat", ["a", "b"], ["y"], axis=1),
+    ]
+    w = 3 if extra_axis else 4
+    outs = [helper.make_tensor_value_info("y", F, [2, n, w])]
+    if slice_is_output:
+        outs.append(helper.make_tensor_value_info("a", F, [2, shift, w]))
+    g = helper.make_graph(
+        nodes,
+        "t",
+        [helper.make_tensor_value_info("x", F, [2, n, 4])],
+        outs,
+        [numpy_helper.from_array(v.astype(np.int64), k) for k, v in inits.items()],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return graphc.bind_shapes(graphc.load_onnx(model), {})
+
+
+def test_a_roll_is_one_gather():
+    g0 = _roll_graph(3)
+    g1 = gathers_to_views(g0)
+    assert g1.op_counts() == {"Gather": 1}
+    _same(g0, g1, (2, 8, 4))
+
+
+def test_a_roll_by_zero_is_a_reshape():
+    # the slices put x back in order: the Gather they become is a view on the fixed point's next run
+    g0 = _roll_graph(0)
+    g1 = gathers_to_views(gathers_to_views(g0))
+    assert g1.op_counts() == {"Reshape": 1}
+    _same(g0, g1, (2, 8, 4))
+
+
+def test_slices_along_another_axis_or_read_elsewhere_stay():
+    for g0 in (_roll_graph(3, extra_axis=True), _roll_graph(3, slice_is_output=True)):
+        g1 = gathers_to_views(g0)
+        assert g1.op_counts() == {"Slice": 2, "Concat": 1}
