@@ -188,8 +188,14 @@ def igemm_heuristic(g: ConvGeometry) -> dict[str, Any]:
         best["STAGES"] = igemm_max_stages(best["BN"], mode)
     tiles = ceil_div(g.m, IGEMM_BM) * ceil_div(g.k, best["BN"])
     if g.c % 8 and best["BN"] <= 128 and tiles > SM_COUNT:
-        # the element gather (the stem) is latency-bound: two blocks per SM, 128 registers each
-        best["STAGES"], best["MINB"] = 4, 2
+        # the element gather (the stem) is latency-bound: two blocks per SM, 128 registers each;
+        # the stages that fit two blocks' shared memory (ViT's 16x16 patch conv, Cin = 3, loads its
+        # 768-wide weight rows by TMA: 4 stages of BN 128 do not fit twice), else one block as above
+        stages = 4
+        while stages > 3 and igemm_smem(best["BN"], stages, mode) > IGEMM_SMEM_2CTA:
+            stages -= 1
+        if igemm_smem(best["BN"], stages, mode) <= IGEMM_SMEM_2CTA:
+            best["STAGES"], best["MINB"] = stages, 2
     # K slices reduce in a second launch (the GEMM family's reduce kernel): at batch 1 with 3-8
     # slices the one-launch variant (the last slice reduces) was 0.3-1.5 us slower (7.7-9.0 us
     # against 7.3-7.9); it stays a parameter (SERIAL 1) for the tuner.

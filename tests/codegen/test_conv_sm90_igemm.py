@@ -52,6 +52,18 @@ def test_stem_gathers_elements_and_loads_weights_without_tma(tmp_path):
     assert "tmaps" not in p and ln.args[:2] == [step.inputs[0], step.inputs[1]]
 
 
+def test_patch_conv_with_three_channels_and_tma_weights_fits_its_shared_memory(tmp_path):
+    # ViT's patch embedding at batch 32 (16x16 kernel over 3 channels, 768 out): the element gather
+    # asks for two blocks per SM, while its 768-wide weight rows go by TMA; the heuristic must pick
+    # stages that fit (it asked for 132 KB of two blocks' 113 KB on the H200's first ViT run)
+    model, _ = conv_model(32, 3, 224, 768, 16, 16, relu=False)
+    eng = _compile(model, ["sm_90"], tmp_path)
+    ((_, ln),) = _conv_launches(eng)
+    p = ln.params
+    assert (p["variant"], p["a"], p["B_MODE"], p["K"]) == ("igemm", "gather1", "tma", 768)
+    assert p["MINB"] in (1, 2) and 3 <= p["STAGES"] <= 8
+
+
 def test_multi_arch_engine_keeps_the_old_kernel_for_sm80(tmp_path):
     model, _ = conv_model(2, 64, 56, 64, 3, 2)  # M = 2 * 28 * 28
     eng = _compile(model, ["sm_80", "sm_90"], tmp_path)
