@@ -2,6 +2,7 @@
 
     python tools/bench_gemm_small_m.py [--shape MxNxK ...] [--layout mn|k] [--out DIR]
     python tools/bench_gemm_small_m.py --rules      # main's old default, two-launch, the sm_90 rules
+    python tools/bench_gemm_small_m.py --mid        # 256 < M < 4096: TMA, wgmma, mma.sync, the engine's
     python tools/bench_gemm_small_m.py --compile-only --limit 3      # NVRTC a few variants, no GPU
 
 Per shape it times graphc's default (today's heuristic: one-launch "serial" split-K, where the last
@@ -38,6 +39,11 @@ SHAPES = [
     (197, 768, 3072),
     (128, 50257, 768),
 ]
+# --mid: batch 3..24 of BERT/GPT-2 (128 tokens) linear layers, M = batch * 128 between the small-M
+# rules (M <= 256) and the TMA rule (M >= 4096)
+MID_M = (1536, 2048, 2560, 512, 1024, 3072, 384)  # batch 12-20 (slower than batch 32 in engines) first
+MID_NK = [(768, 768), (2304, 768), (3072, 768), (768, 3072)]
+MID_SHAPES = [(m, n, k) for m in MID_M for n, k in MID_NK]
 # (BM, BN, WM, WN) of the cluster and no-split sweeps
 CLUSTER_TILES = [(64, 64, 2, 2), (64, 32, 2, 2), (32, 64, 1, 2), (128, 64, 2, 2), (64, 128, 2, 2)]
 SMALL_TILES = [(64, 32, 2, 2), (32, 64, 1, 2), (16, 64, 1, 2), (64, 64, 2, 2)]
@@ -140,6 +146,87 @@ def rule_kernels(ctx, prob) -> list[tuple[str, dict | None, list]]:
     return out
 
 
+def engine_kernels(ctx, prob) -> list:
+    """What an fp16 sm_90 engine's GEMM step runs (codegen/build.py's order: gemm_sm90.select, else
+    the cp.async wgmma path for `_large_gemm`, else the default mma.sync heuristic)."""
+    from graphc.codegen.build import _large_gemm
+    from graphc.codegen.families import gemm_sm90 as g
+    from graphc.codegen.kernel import family_for
+
+    ectx = dataclasses.replace(ctx, precision="fp16")
+    fam = family_for(ectx)
+    ks = g.select(ectx)
+    if not ks and _large_gemm(ectx):
+        ks = fam.generate(ectx.with_params({"path": "wgmma"}))
+    return ks or fam.generate(ectx)
+
+
+def mid_kernels(ctx, prob) -> list[tuple[str, dict | None, list]]:
+    """--mid: the TMA GEMM (its heuristic, BN 128/192/256 unsplit, and 2 or 4 K slices where a BN
+    leaves SMs idle), the cp.async wgmma path (its heuristic, 128 x 128 and 128 x 256 unsplit, cluster split-K
+    where the small-M rule would split), mma.sync (the default heuristic) and, where none of those
+    is what the engine runs now, the engine's kernels ("engine"). Duplicate kernels are dropped."""
+    from graphc.codegen.families import gemm_sm90 as g
+    from graphc.codegen.families.gemm import heuristic, public, valid
+    from graphc.codegen.kernel import family_for
+
+    fam = family_for(ctx)
+    ktiles = -(-prob.K // 64)
+    cands: list[tuple[str, str, dict | None]] = []
+    if g.unsupported(prob) is None:
+        h = g.heuristic(prob)
+        cands.append(("tma*", "tma", h))
+        for bn in g.BNS:
+            for s in (1, 2, 4):
+                # split where the slices still fit about one wave and keep 4 K tiles (the heuristic's floor)
+                if s > 1 and (g.units(prob, bn, s) > g.SM_COUNT * 5 // 4 or ktiles // s < 4):
+                    continue
+                cands.append(
+                    (f"tma-bn{bn}-s{s}", "tma", {"BN": bn, "STAGES": g.max_stages(bn), "SPLITS": s, "PINGPONG": 0})
+                )
+    wh = public(heuristic(prob, "wgmma"))
+    cands.append(("wgmma", "gemm", {"path": "wgmma"}))
+    for bm, bn in ((128, 128), (128, 256)):
+        cands.append(
+            (
+                f"wgmma-{bm}x{bn}",
+                "gemm",
+                {"path": "wgmma", "BM": bm, "BN": bn, "BK": 64, "STAGES": 6 if bn == 128 else 4, "SPLITS": 1},
+            )
+        )
+    wc = g.wgmma_cluster_params(prob)
+    if wc is not None and wc["SPLITS"] > 1:
+        cands.append((f"wgmma-cluster-s{wc['SPLITS']}", "gemm", wc))
+    cands.append(("mma", "gemm", None))
+    out, seen = [], {}
+    for label, kind, p in cands:
+        if kind == "gemm" and p is not None and "BM" in p and not valid(prob, p):
+            continue
+        try:
+            if kind == "tma":
+                ks = g.generate(ctx, p)
+            else:
+                ctx.params = p
+                ks = fam.generate(ctx)
+        except Exception as e:  # noqa: BLE001 - a variant that does not render is reported and skipped
+            print(f"  skip {label} {p}: {e}")
+            continue
+        finally:
+            ctx.params = None
+        key = tuple(k.source for k in ks)
+        if key in seen:
+            continue
+        seen[key] = label
+        out.append((label, p if p != {"path": "wgmma"} else wh, ks))
+    eng = engine_kernels(ctx, prob)
+    now = seen.get(tuple(k.source for k in eng))
+    if now is None:
+        out.append(("engine", eng[0].params, eng))
+    else:  # the engine's kernels are one of the variants: its label says so
+        out = [(f"{lab}=engine" if lab == now else lab, p, ks) for lab, p, ks in out]
+    return out
+
+
 def kernels_for(ctx, prob, limit: int | None = None) -> list[tuple[str, dict | None, list]]:
     from graphc.codegen.families import gemm_sm90 as g
     from graphc.codegen.kernel import family_for
@@ -193,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--limit", type=int, help="first N mma variants per shape only (with --compile-only)")
     ap.add_argument("--rules", action="store_true", help="main's old default, two-launch, the sm_90 rules only")
+    ap.add_argument(
+        "--mid", action="store_true", help="256 < M < 4096 (MID_SHAPES): TMA, wgmma, mma.sync, the engine's"
+    )
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
 
@@ -200,13 +290,15 @@ def main(argv: list[str] | None = None) -> int:
     from graphc.ir.types import DType
     from tools.bench_gemm_sm90 import Hang, Shape, compile_sources, context
 
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shape] if args.shape else SHAPES
+    default = MID_SHAPES if args.mid else SHAPES
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shape] if args.shape else default
+    pick = mid_kernels if args.mid else (rule_kernels if args.rules else lambda c, p: kernels_for(c, p, args.limit))
     todo = []
     for lay in args.layout or ["mn"]:
         for m, n, k in shapes:
             ctx = context(m, n, k, DType.float16, lay)
             prob = problem_of(ctx)
-            todo.append((lay, (m, n, k), rule_kernels(ctx, prob) if args.rules else kernels_for(ctx, prob, args.limit)))
+            todo.append((lay, (m, n, k), pick(ctx, prob)))
     every = [k for *_, cands in todo for _, _, ks in cands for k in ks]
     t0 = time.time()
     cubins = iter(compile_sources(every, args.cache))
@@ -224,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     props = torch.cuda.get_device_properties(0)
     print(f"# {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, CUDA {torch.version.cuda}")
     args.out.mkdir(parents=True, exist_ok=True)
-    log = (args.out / "gemm_small_m.jsonl").open("a")
+    log = (args.out / ("gemm_mid_m.jsonl" if args.mid else "gemm_small_m.jsonl")).open("a")
     table = []
     for lay, (m, n, k), cands in todo:
         sh = Shape(torch, cupy, "fp16", m, n, k, lay)
@@ -262,6 +354,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{ok[0]['ms'] * 1e3 if ok else 0:6.1f} ({t_ref / ok[0]['ms'] if ok else 0:4.2f}x) | best cluster "
             f"{clus[0]['kernel'] if clus else '-'} {clus[0]['ms'] * 1e3 if clus else 0:6.1f}"
         )
+        if args.mid:
+            eng = next((r for r in rows if r["kernel"].endswith("engine")), None)
+            best_of = {f: next((r for r in ok if r["kernel"].startswith(f)), None) for f in ("tma", "wgmma", "mma")}
+            line = (
+                f"{f'{m}x{n}x{k}':>15} cuBLAS {t_ref * 1e3:6.1f} us | engine "
+                f"{eng['ms'] * 1e3 if eng and 'ms' in eng else float('nan'):6.1f} | best "
+                f"{ok[0]['kernel'] if ok else '-'} {ok[0]['ms'] * 1e3 if ok else 0:6.1f} "
+                f"({t_ref / ok[0]['ms'] if ok else 0:4.2f}x) | "
+                + " ".join(f"{f} {r['ms'] * 1e3 if r else float('nan'):6.1f}" for f, r in best_of.items())
+            )
         print(line, flush=True)
         for r in ok[:8]:
             print(f"    {r['kernel']:28} {r['ms'] * 1e3:7.2f} us {r['ratio']:5.2f}x", flush=True)

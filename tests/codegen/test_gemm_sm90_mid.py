@@ -1,0 +1,78 @@
+"""The path an fp16 sm_90 engine gives a GEMM at the M boundaries of its rules (small-M rules up to
+M = 256, none measured for 256 < M < 4096, the TMA GEMM from 4096), and tools/bench_gemm_small_m.py
+--mid, the sweep that is to measure the middle range: its candidates and their NVRTC compiles."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from graphc.codegen.families.gemm import problem_of
+from graphc.ir.types import DType
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tools.bench_gemm_sm90 import context  # noqa: E402
+from tools.bench_gemm_small_m import engine_kernels, main, mid_kernels  # noqa: E402
+
+try:
+    from graphc.codegen.nvrtc import nvrtc_version
+
+    nvrtc_version()
+    HAVE_NVRTC = True
+except Exception:  # noqa: BLE001 - no cuda-bindings here
+    HAVE_NVRTC = False
+needs_nvrtc = pytest.mark.skipif(not HAVE_NVRTC, reason="needs NVRTC (cuda-bindings)")
+
+
+def _engine(m: int, n: int, k: int):
+    ctx = context(m, n, k, DType.float16, "mn")
+    return ctx, engine_kernels(ctx, problem_of(ctx))
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "path", "bn", "splits"),
+    [
+        (256, 768, 768, "wgmma", 64, 4),  # small-M rule 3: wgmma, cluster split-K
+        (256, 768, 3072, "tma", 128, 8),  # small-M rule 1: TMA, 8 K slices
+        (257, 768, 768, "mma", 64, 1),  # below WGMMA_MIN_M: the default mma.sync heuristic
+        (384, 768, 3072, "mma", 64, 3),  # ... with its one-launch split-K
+        (511, 2304, 768, "mma", 64, 1),
+        (512, 768, 768, "wgmma", 64, 1),  # WGMMA_MIN_M: build.py's cp.async wgmma path
+        (1536, 2304, 768, "wgmma", 256, 1),
+        (4095, 768, 768, "wgmma", 192, 1),
+        (4096, 768, 768, "tma", 192, 1),  # SELECT_MIN_M: the TMA GEMM
+        (4096, 768, 3072, "tma", 192, 1),
+    ],
+)
+def test_engine_path_at_the_boundaries(m, n, k, path, bn, splits):
+    _, ks = _engine(m, n, k)
+    p = ks[0].params
+    assert (p["path"], p["BN"], p["SPLITS"]) == (path, bn, splits)
+    assert (p.get("requires_arch") == "sm_90a") is (path != "mma")
+    assert len(ks) == (2 if path == "tma" and splits > 1 else 1)  # TMA split-K: the reduce kernel
+
+
+def test_mid_candidates_cover_every_path_and_mark_the_engine():
+    ctx = context(1536, 768, 768, DType.float16, "mn")
+    cands = mid_kernels(ctx, problem_of(ctx))
+    labels = [lab for lab, _, _ in cands]
+    assert labels[0] == "tma*" and any(lab.startswith("tma-bn") for lab in labels)
+    assert "wgmma=engine" in labels and "mma" in labels  # M = 1536 runs build.py's wgmma path today
+    assert sum(lab.endswith("engine") for lab in labels) == 1
+    sources = [tuple(k.source for k in ks) for _, _, ks in cands]
+    assert len(set(sources)) == len(sources)  # no kernel timed twice
+    paths = {ks[0].params["path"] for _, _, ks in cands}
+    assert paths == {"tma", "wgmma", "mma"}
+    for lab, _, ks in cands:  # split TMA variants carry the reduce kernel
+        if lab.startswith("tma") and ks[0].params["SPLITS"] > 1:
+            assert len(ks) == 2 and ks[0].workspace_bytes == ks[0].params["SPLITS"] * 1536 * 768 * 4
+
+
+@needs_nvrtc
+def test_mid_sweep_compiles_for_sm90a(tmp_path, capsys):
+    # the shape with the fewest variants (6): TMA heuristic, BN 128 / 192, wgmma 128x192 / 128x128, mma.sync
+    assert main(["--mid", "--compile-only", "--shape", "2560x3072x768", "--cache", str(tmp_path)]) == 0
+    assert "# compiled 6 kernels" in capsys.readouterr().out
+    assert len(list(tmp_path.glob("*.cubin"))) == 6
