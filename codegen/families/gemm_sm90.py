@@ -402,7 +402,9 @@ def generate(
 # - M <= 256 (batch 1) with K >= 3072: TMA with split-K (8 slices) 0.99-1.01x, wgmma 0.79-0.98x. -> TMA.
 # - M <= 256 with K = 768: the wgmma path as fast or faster (0.56-0.75x against 0.60-0.75x, 128-row
 #   tiles leave most SMs idle) -> not TMA (the older rule decides).
-# - 256 < M < 4096: not measured -> not TMA.
+# - 256 < M < 4096 (batch 3-24 of a 128-token model), N, K in 768..3072: the rules below
+#   (MID_M_*, measured 2026-12-01 16:16 UTC, tools/bench_gemm_small_m.py --mid,
+#   docs/results/gemm_mid_m_h200_2026-12-01.md).
 # The tile choice inside (heuristic()) matched the best measured variant within 4% on every M >= 4096
 # shape; the ping-pong schedule won only at 6304x2304x768 (+3%), so the heuristic stays cooperative.
 SELECT_MIN_M = 4096
@@ -414,7 +416,39 @@ def selected(prob: Problem) -> bool:
     """Whether an sm_90 engine runs this problem on the TMA GEMM rather than the older paths."""
     if unsupported(prob) is not None or prob.N < 128 or prob.K < 128:
         return False
+    if mid_m(prob):
+        return mid_m_cluster(prob) is None
     return prob.M >= SELECT_MIN_M or (prob.M <= SMALL_M_MAX and prob.K >= SMALL_M_MIN_K)
+
+
+# 256 < M < 4096 on an H200 (fp16, B [K, N], us per launch, CUDA-graph replays; the engine's path
+# before: mma.sync below M = 512, the cp.async wgmma heuristic above):
+# - the TMA GEMM's heuristic was the fastest variant, or within 11% of it, on 23 of the 28 shapes and
+#   1.3-2.8x faster than the old path on all of them: 1536x3072x768 18.6 (old 32.7, cuBLAS 13.6),
+#   2048x2304x768 18.9 (32.5; 13.7), 3072x768x3072 27.3 (44.1; 22.7), 384x768x3072 9.7 (27.4; 8.4).
+# - N = K = 768 with M <= 1024: the cp.async wgmma kernel with cluster split-K (wgmma_cluster_params,
+#   the small-M rule) was fastest: 384 5.7 (TMA 7.7, old mma.sync 9.7), 512 6.3 (TMA 8.1, old 6.7),
+#   1024 7.9 (TMA 9.6, old 8.5); from 1536 the TMA GEMM (8.1 against 11.3).
+# Shapes with N or K below 768 were not measured and keep the older paths.
+MID_M_MIN_NK = 768
+MID_M_CLUSTER_MAX_M = 1024
+MID_M_CLUSTER_MAX_NK = 768
+
+
+def mid_m(prob: Problem) -> bool:
+    """Whether the 256 < M < 4096 rules above decide (fp16/bf16, N and K at least MID_M_MIN_NK)."""
+    return (
+        prob.dtype in (DType.float16, DType.bfloat16)
+        and SMALL_M_MAX < prob.M < SELECT_MIN_M
+        and min(prob.N, prob.K) >= MID_M_MIN_NK
+    )
+
+
+def mid_m_cluster(prob: Problem) -> dict[str, Any] | None:
+    """The cluster split-K wgmma parameters where the mid-M rule takes them, else None (TMA)."""
+    if prob.M > MID_M_CLUSTER_MAX_M or max(prob.N, prob.K) > MID_M_CLUSTER_MAX_NK:
+        return None
+    return wgmma_cluster_params(prob)
 
 
 # Small-M GEMMs (M <= SMALL_M_MAX with batches folded in: batch-1 linear layers) on an sm_90 engine,
@@ -486,6 +520,9 @@ def select(ctx: StepContext) -> list[KernelSource]:
         kind, p = small_m_params(prob)
         log.debug("%s: small-M GEMM on %s %s", ctx.step.name, kind, p)
         return generate(ctx, p) if kind == "tma" else _generate(ctx.with_params(p))
+    if mid_m(prob) and (wg := mid_m_cluster(prob)) is not None:
+        log.debug("%s: mid-M GEMM on wgmma cluster split-K %s", ctx.step.name, wg)
+        return _generate(ctx.with_params(wg))
     if not selected(prob):
         log.debug("%s: not on the TMA GEMM (M=%d N=%d K=%d)", ctx.step.name, prob.M, prob.N, prob.K)
         return []

@@ -1,6 +1,7 @@
 """The path an fp16 sm_90 engine gives a GEMM at the M boundaries of its rules (small-M rules up to
-M = 256, none measured for 256 < M < 4096, the TMA GEMM from 4096), and tools/bench_gemm_small_m.py
---mid, the sweep that is to measure the middle range: its candidates and their NVRTC compiles."""
+M = 256; for 256 < M < 4096 the mid-M rules measured with tools/bench_gemm_small_m.py --mid: wgmma
+cluster split-K at N = K = 768 up to M = 1024, the TMA GEMM elsewhere; the TMA GEMM from 4096), and
+the --mid sweep itself: its candidates and their NVRTC compiles."""
 
 from __future__ import annotations
 
@@ -36,12 +37,14 @@ def _engine(m: int, n: int, k: int):
     [
         (256, 768, 768, "wgmma", 64, 4),  # small-M rule 3: wgmma, cluster split-K
         (256, 768, 3072, "tma", 128, 8),  # small-M rule 1: TMA, 8 K slices
-        (257, 768, 768, "mma", 64, 1),  # below WGMMA_MIN_M: the default mma.sync heuristic
-        (384, 768, 3072, "mma", 64, 3),  # ... with its one-launch split-K
-        (511, 2304, 768, "mma", 64, 1),
-        (512, 768, 768, "wgmma", 64, 1),  # WGMMA_MIN_M: build.py's cp.async wgmma path
-        (1536, 2304, 768, "wgmma", 256, 1),
-        (4095, 768, 768, "wgmma", 192, 1),
+        (257, 768, 768, "wgmma", 64, 4),  # mid-M, N = K = 768, M <= 1024: wgmma cluster split-K
+        (384, 768, 3072, "tma", 128, 6),  # mid-M otherwise: the TMA GEMM's heuristic
+        (511, 2304, 768, "tma", 128, 1),
+        (512, 768, 768, "wgmma", 64, 2),
+        (1024, 768, 768, "wgmma", 64, 2),
+        (1536, 768, 768, "tma", 128, 1),  # from M > 1024 the TMA GEMM at N = K = 768 too
+        (1536, 2304, 768, "tma", 256, 1),
+        (4095, 768, 768, "tma", 192, 1),
         (4096, 768, 768, "tma", 192, 1),  # SELECT_MIN_M: the TMA GEMM
         (4096, 768, 3072, "tma", 192, 1),
     ],
@@ -58,8 +61,9 @@ def test_mid_candidates_cover_every_path_and_mark_the_engine():
     ctx = context(1536, 768, 768, DType.float16, "mn")
     cands = mid_kernels(ctx, problem_of(ctx))
     labels = [lab for lab, _, _ in cands]
-    assert labels[0] == "tma*" and any(lab.startswith("tma-bn") for lab in labels)
-    assert "wgmma=engine" in labels and "mma" in labels  # M = 1536 runs build.py's wgmma path today
+    # M = 1536 runs the TMA GEMM's heuristic by the mid-M rule: the first candidate is the engine's
+    assert labels[0] == "tma*=engine" and any(lab.startswith("tma-bn") for lab in labels)
+    assert any(lab.startswith("wgmma") for lab in labels) and "mma" in labels
     assert sum(lab.endswith("engine") for lab in labels) == 1
     sources = [tuple(k.source for k in ks) for _, _, ks in cands]
     assert len(set(sources)) == len(sources)  # no kernel timed twice
