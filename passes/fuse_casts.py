@@ -38,6 +38,7 @@ from graphc.ir.graph import Graph, Node
 from graphc.ops.fused import ACC, FUSED_DOMAIN, OP, EpilogueOp, FusedAttrs, Ref
 from graphc.ops.internal import INTERNAL_DOMAIN
 from graphc.ops.layout_ops import LAYOUT_DOMAIN
+from graphc.ops.reduction import REDUCE_OPS
 from graphc.passes.capabilities import REFERENCE, FusionCapabilities
 from graphc.passes.fold_common import Replacement, rebuild
 from graphc.passes.fuse_common import supported_value
@@ -49,16 +50,7 @@ log = logging.getLogger(__name__)
 # The reduction family's ops (codegen/families/reduction.py: Reduce*, the global pools, the
 # row-wise Softmax and normalizations).
 REDUCTION_OPS = (
-    "ReduceSum",
-    "ReduceMean",
-    "ReduceMax",
-    "ReduceMin",
-    "ReduceProd",
-    "ReduceL1",
-    "ReduceL2",
-    "ReduceSumSquare",
-    "ReduceLogSum",
-    "ReduceLogSumExp",
+    *sorted(REDUCE_OPS),
     "GlobalAveragePool",
     "GlobalMaxPool",
     "Softmax",

@@ -24,23 +24,9 @@ from graphc.codegen.families.elementwise import operands
 from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, grid_1d, register_family, render
 from graphc.ir.types import DType, TensorType
 from graphc.ops.fused import ACC, EpilogueOp, Ref
-from graphc.ops.reduction import reduce_axes
+from graphc.ops.reduction import REDUCE_OPS, reduce_axes
 from graphc.ops.registry import Category, InferContext, get_op
 
-REDUCE_OPS = frozenset(
-    {
-        "ReduceSum",
-        "ReduceMean",
-        "ReduceMax",
-        "ReduceMin",
-        "ReduceProd",
-        "ReduceL1",
-        "ReduceL2",
-        "ReduceSumSquare",
-        "ReduceLogSum",
-        "ReduceLogSumExp",
-    }
-)
 ARG_OPS = frozenset({"ArgMax", "ArgMin"})
 POOL_OPS = frozenset({"GlobalAveragePool", "GlobalMaxPool"})
 SOFTMAX_OPS = frozenset({"Softmax", "LogSoftmax", "Hardmax"})

@@ -114,6 +114,21 @@ def _register_reduce(op: str, allowed: Callable[[DType], bool], what: str) -> No
     register_op(op, category=Category.REDUCTION, infer=infer, static_inputs=(1,), axis_reduction=True)
 
 
+# The Reduce* ops, the one list the passes and the CUDA reduction family read.
+REDUCE_OPS = frozenset(
+    {
+        "ReduceSum",
+        "ReduceMean",
+        "ReduceMax",
+        "ReduceMin",
+        "ReduceProd",
+        "ReduceL1",
+        "ReduceL2",
+        "ReduceSumSquare",
+        "ReduceLogSum",
+        "ReduceLogSumExp",
+    }
+)
 _NUM = "numeric types: float16/32/64, bfloat16, (u)int32/64"
 _register_reduce("ReduceSum", _is_numeric, _NUM)
 _register_reduce("ReduceMean", _is_numeric, _NUM)
