@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from graphc.codegen.kernel import family_for
+from helpers import residual_mlp_model  # noqa: E402
 from tests.codegen.test_gemm_gpu import TOL, Case, _bias_gelu_residual, _inputs, reference
 from tests.codegen.test_gemm_gpu import set_max_dynamic_shared as _set_smem
 
@@ -170,31 +171,13 @@ def test_engine_runs_cluster_gemms(tmp_path, arch: str):
     an sm_90 engine: both GEMMs take the wgmma kernel with cluster split-K (the sm_90 small-M rules),
     and the engine is saved, loaded and run through CUDA-graph capture and two replays in the default
     and a second context, against numpy."""
-    from onnx import TensorProto, helper, numpy_helper
 
     import graphc
 
     rng = np.random.default_rng(3)
     m, d, h = 128, 768, 2304
-    w1 = (rng.standard_normal((d, h)) / np.sqrt(d)).astype(np.float32)
-    b1 = rng.standard_normal(h).astype(np.float32)
-    w2 = (rng.standard_normal((h, d)) / np.sqrt(h)).astype(np.float32)
-    nodes = [
-        helper.make_node("MatMul", ["x", "w1"], ["t"]),
-        helper.make_node("Add", ["t", "b1"], ["u"]),
-        helper.make_node("Relu", ["u"], ["v"]),
-        helper.make_node("MatMul", ["v", "w2"], ["z"]),
-        helper.make_node("Add", ["z", "x"], ["y"]),
-    ]
-    g = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, d])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, d])],
-        [numpy_helper.from_array(a, n) for n, a in (("w1", w1), ("b1", b1), ("w2", w2))],
-    )
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 10
+    model, weights = residual_mlp_model(m, d, h, rng)
+    w1, b1, w2 = weights["w1"], weights["b1"], weights["w2"]
     eng = graphc.compile(model, target="cuda", precision="fp16", arch=["sm_90"])
     gemms = [ln.params for s in eng.plan.steps for ln in s.launches if ln.family == "gemm"]
     assert len(gemms) == 2 and all(p.get("CLUSTER") == 1 for p in gemms), gemms

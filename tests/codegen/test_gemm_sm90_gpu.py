@@ -25,6 +25,7 @@ from test_gemm_gpu import TOL, Case, _bias_gelu_residual, _inputs, reference  # 
 
 from graphc.ops.fused import ACC, IN, OP, EpilogueOp  # noqa: E402
 from graphc.ops.registry import get_op  # noqa: E402
+from helpers import residual_mlp_model  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -319,7 +320,6 @@ def test_gemm_sm90(case: Case):
 def test_engine_runs_tma_gemms(tmp_path):
     """MatMul + bias + Gelu and a residual MatMul as one sm_90 engine: built, saved, loaded, run
     through CUDA-graph replay in the default and a second context, against numpy."""
-    from onnx import TensorProto, helper, numpy_helper
 
     import graphc
     from graphc.runtime.cuda import device_arch
@@ -328,25 +328,8 @@ def test_engine_runs_tma_gemms(tmp_path):
         pytest.skip("needs an sm_90 GPU")
     rng = np.random.default_rng(2)
     m, d, h = 4096, 768, 3072  # batch 32 x 128 tokens: both GEMMs are selected for TMA
-    w1 = (rng.standard_normal((d, h)) / np.sqrt(d)).astype(np.float32)
-    b1 = rng.standard_normal(h).astype(np.float32)
-    w2 = (rng.standard_normal((h, d)) / np.sqrt(h)).astype(np.float32)
-    nodes = [
-        helper.make_node("MatMul", ["x", "w1"], ["t"]),
-        helper.make_node("Add", ["t", "b1"], ["u"]),
-        helper.make_node("Relu", ["u"], ["v"]),
-        helper.make_node("MatMul", ["v", "w2"], ["z"]),
-        helper.make_node("Add", ["z", "x"], ["y"]),
-    ]
-    g = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, d])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, d])],
-        [numpy_helper.from_array(a, n) for n, a in (("w1", w1), ("b1", b1), ("w2", w2))],
-    )
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 10
+    model, weights = residual_mlp_model(m, d, h, rng)
+    w1, b1, w2 = weights["w1"], weights["b1"], weights["w2"]
     eng = graphc.compile(model, target="cuda", precision="fp16", arch=["sm_90"])
     paths = [ln.params.get("path") for s in eng.plan.steps for ln in s.launches if ln.family == "gemm"]
     assert paths.count("tma") == 2, paths

@@ -22,6 +22,7 @@ from graphc.codegen.nvrtc import compile_cubin
 from graphc.ir.types import DType
 from graphc.ops.fused import ACC, IN, OP, EpilogueOp
 from graphc.ops.registry import get_op
+from helpers import residual_mlp_model  # noqa: E402
 
 
 def _cuobjdump() -> str | None:
@@ -115,33 +116,12 @@ def test_tma_gemm_sass(tmp_path, m, n, k, dtype, b_layout, epi, params):
 def test_sm90_engine_gemms_use_tma(tmp_path):
     """An engine for sm_90 of an MLP block at batch 32 x 128 tokens: every GEMM cubin has HGMMA
     and UTMALDG."""
-    from onnx import TensorProto, helper, numpy_helper
 
     import graphc
 
     rng = np.random.default_rng(0)
     m, d, h = 4096, 768, 3072
-    inits = {
-        "w1": rng.standard_normal((d, h)).astype(np.float32),
-        "b1": rng.standard_normal(h).astype(np.float32),
-        "w2": rng.standard_normal((h, d)).astype(np.float32),
-    }
-    nodes = [
-        helper.make_node("MatMul", ["x", "w1"], ["t"]),
-        helper.make_node("Add", ["t", "b1"], ["u"]),
-        helper.make_node("Relu", ["u"], ["v"]),
-        helper.make_node("MatMul", ["v", "w2"], ["z"]),
-        helper.make_node("Add", ["z", "x"], ["y"]),
-    ]
-    g = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, d])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, d])],
-        [numpy_helper.from_array(a, n) for n, a in inits.items()],
-    )
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 10
+    model, _ = residual_mlp_model(m, d, h, rng, scaled=False)
     eng = graphc.compile(model, target="cuda", precision="fp16", arch=["sm_90"], cache_dir=str(tmp_path / "cache"))
     gemms = [ln for s in eng.plan.steps for ln in s.launches if ln.family == "gemm"]
     assert len(gemms) == 2 and all(ln.params.get("path") == "tma" for ln in gemms), [ln.params for ln in gemms]
