@@ -88,6 +88,7 @@ from graphc.passes.fuse_layernorm import fuse_layernorm
 from graphc.passes.fuse_residual_norm import fuse_residual_norm
 from graphc.passes.gemm_weight_layout import k_major_gemm_weights
 from graphc.passes.layout import to_channels_last
+from graphc.passes.lower_int_quant import lower_int_quant
 from graphc.passes.lower_sequences import lower_sequences
 from graphc.passes.manager import FixedPoint, Pass, Stage
 from graphc.passes.precision import precision_pass
@@ -134,6 +135,9 @@ def cuda_forms() -> tuple[Pass, ...]:
         # For CUDA also at opt level 0, where rule 3's pass does not run (the CUDA target has no
         # Quantize/DequantizeLinear kernel); at level 1+ the later run then finds nothing.
         Pass("decompose_qdq", decompose_qdq, min_level=0, when=for_cuda),
+        # Dynamic quantization (run-time QuantizeLinear scales, Conv/MatMulInteger with zero
+        # points, DynamicQuantizeLSTM) in float ops of integer values: no kernel takes them as they are.
+        Pass("lower_int_quant", lower_int_quant, min_level=0, when=for_cuda),
         # LSTM/GRU/RNN with static shapes unrolled into GEMMs and gate arithmetic (no recurrent kernel).
         Pass("decompose_rnn", decompose_rnn, min_level=0, when=for_cuda),
     )

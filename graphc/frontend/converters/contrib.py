@@ -883,7 +883,8 @@ def _matmul_integer_to_float(ctx: ConvertContext) -> list[Value]:
 def _dynamic_quantize_lstm(ctx: ConvertContext) -> list[Value]:
     """ONNX Runtime's quantized LSTM: the IR op of the same name, whose reference
     (graphc.runtime.reference.recurrent.dynamic_quantize_lstm) quantizes X and each step's h
-    as ONNX Runtime does. activation_alpha/beta have no field there: refused when given."""
+    as ONNX Runtime does. activation_alpha/beta have no field there: refused when given. The CUDA
+    target unrolls it into integer-valued GEMMs and gate arithmetic (passes/lower_int_quant.py)."""
     for name in ("activation_alpha", "activation_beta", "layout"):
         if ctx.attr(name):
             raise ctx.fail(f"attribute '{name}' is not supported")

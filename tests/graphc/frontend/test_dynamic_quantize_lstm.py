@@ -87,3 +87,42 @@ def test_activation_alpha_is_refused_in_one_line():
     model.graph.node[0].attribute.append(helper.make_attribute("activation_alpha", [0.5]))
     with pytest.raises(graphc.errors.GraphcError, match="DynamicQuantizeLSTM.*activation_alpha"):
         graphc.load_onnx(model)
+
+
+def _lowered(model):
+    """The graph the CUDA target runs: passes/lower_int_quant.py's unrolled, integer-valued form."""
+    from graphc.ir.shapes import bind_shapes
+    from graphc.passes.lower_int_quant import lower_int_quant
+
+    fired: list[str] = []
+    g = lower_int_quant(bind_shapes(graphc.load_onnx(model), None), fired=fired)
+    assert fired and not any(n.op == "DynamicQuantizeLSTM" for n in g.nodes)
+    return g
+
+
+@pytest.mark.parametrize(
+    "direction,wdt,per_column,extras",
+    [("bidirectional", np.uint8, False, True), ("reverse", np.int8, True, False), ("forward", np.uint8, True, True)],
+)
+def test_cuda_lowering_matches_onnx_runtime(direction, wdt, per_column, extras):
+    model, feeds = _model(direction, wdt, per_column, extras, seed=3)
+    ref = run_ort(model, feeds)
+    got = graphc.interpret(_lowered(model), feeds)
+    for k, r in ref.items():
+        # ORT's own quantization of X and h, in float32: the integer-valued GEMMs are exact here
+        np.testing.assert_allclose(got[k], r, rtol=0, atol=2e-5 * max(1.0, float(np.abs(r).max())), err_msg=k)
+
+
+def test_cuda_target_compiles_it():
+    model, _ = _model("bidirectional", np.uint8, False, True)
+    eng = graphc.compile(model, target="cuda", arch=["sm_90"])
+    assert not any(s.op == "DynamicQuantizeLSTM" for s in eng.plan.steps)
+
+
+def test_cuda_target_keeps_refusing_runtime_lengths():
+    model, feeds = _model("forward", np.int8, False, False)
+    node = model.graph.node[0]
+    node.input[4] = "L"
+    model.graph.input.append(helper.make_tensor_value_info("L", TensorProto.INT32, [2]))
+    with pytest.raises(graphc.errors.GraphcError, match="DynamicQuantizeLSTM.*has no CUDA kernel"):
+        graphc.compile(model, target="cuda", arch=["sm_90"])
