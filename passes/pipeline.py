@@ -98,6 +98,7 @@ from graphc.passes.target import (
     Target,
     for_cuda,
     for_cuda_float,
+    for_cuda_full_precision,
     for_int8,
     for_reduced_precision,
     for_row_norm_epilogues,
@@ -137,7 +138,7 @@ def cuda_forms() -> tuple[Pass, ...]:
         Pass("decompose_qdq", decompose_qdq, min_level=0, when=for_cuda),
         # Dynamic quantization (run-time QuantizeLinear scales, Conv/MatMulInteger with zero
         # points, DynamicQuantizeLSTM) in float ops of integer values: no kernel takes them as they are.
-        Pass("lower_int_quant", lower_int_quant, min_level=0, when=for_cuda),
+        Pass("lower_int_quant", lower_int_quant, min_level=0, when=for_cuda_full_precision),
         # LSTM/GRU/RNN with static shapes unrolled into GEMMs and gate arithmetic (no recurrent kernel).
         Pass("decompose_rnn", decompose_rnn, min_level=0, when=for_cuda),
     )

@@ -78,6 +78,13 @@ def for_cuda_float(target: Target) -> bool:
     return target.is_cuda and target.precision != "int8"
 
 
+def for_cuda_full_precision(target: Target) -> bool:
+    """CUDA engines that keep fp32 (fp32 and int8): rewrites whose float form is exact only in fp32,
+    such as integer sums carried as floats (passes/lower_int_quant.py: fp16 holds integers exactly
+    only up to 2048)."""
+    return target.is_cuda and not target.reduced_precision
+
+
 def for_row_norm_epilogues(target: Target) -> bool:
     """CUDA float engines that asked for row-norm epilogues (Target.row_norm_epilogues)."""
     return for_cuda_float(target) and target.row_norm_epilogues

@@ -138,6 +138,16 @@ def test_cuda_target_compiles_them(name, build):
     assert not ops & {"QuantizeLinear", "ConvInteger", "MatMulInteger"}, ops
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_reduced_precision_engines_refuse_instead_of_rounding_the_integer_sums(precision):
+    # fp16 holds integers exactly only up to 2048 (and none above 65504): the float form of an
+    # integer conv would be silently wrong there, so the lowering is fp32-only and the compile names
+    # the op
+    m, _ = CASES[0][1]()
+    with pytest.raises(graphc.errors.GraphcError, match="ConvInteger"):
+        graphc.compile(m, target="cuda", arch=["sm_90"], precision=precision)
+
+
 def test_symmetric_int8_keeps_the_int8_kernel():
     rng = np.random.default_rng(1)
     w = rng.integers(-128, 128, (16, 32)).astype(np.int8)
