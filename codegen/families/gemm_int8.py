@@ -115,7 +115,9 @@ def problem_of(ctx: StepContext) -> Int8Problem:
     if n_anchor < 2 or step.inputs[0] is None or step.inputs[1] is None:
         raise ctx.fail(f"{op} needs two operands")
     if n_anchor > 2 and any(v is not None for v in step.inputs[2:n_anchor]):
-        raise ctx.fail(f"{op} with zero points has no CUDA int8 kernel (symmetric int8 without zero points has)")
+        # an fp32 engine lowers most of these (passes/lower_int_quant.py); one that reaches here did not
+        hint = "" if ctx.precision == "fp32" else "; an fp32 engine (--precision fp32) runs it as a float op"
+        raise ctx.fail(f"{op} with zero points has no CUDA int8 kernel (symmetric int8 without zero points has){hint}")
     xa, wb = ctx.spec(step.inputs[0]), ctx.spec(step.inputs[1])
     for what, spec in (("input", xa), ("weight", wb)):
         if dtype_from_numpy_name(spec.dtype) is not DType.int8:
