@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -173,3 +175,18 @@ def residual_mlp_model(m: int, d: int, h: int, rng: np.random.Generator, scaled:
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 10
     return model, weights
+
+
+def cuobjdump_path() -> str | None:
+    """cuobjdump from PATH, else from the nvidia-cuda-cuobjdump wheel (the test extra), else None."""
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        import nvidia
+    except ImportError:
+        return None
+    for root in nvidia.__path__:
+        for cand in Path(root).glob("*/bin/cuobjdump"):
+            return str(cand)
+    return None

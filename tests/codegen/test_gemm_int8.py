@@ -5,9 +5,7 @@ parameters, the errors for what the kernels do not cover, and the SASS of its sm
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +15,7 @@ import graphc
 from graphc.codegen.families.gemm import OperandLayout
 from graphc.codegen.families.gemm_int8 import Int8Problem, candidates, heuristic, shared_bytes, valid
 from graphc.errors import CompileError
+from helpers import cuobjdump_path
 
 try:
     from graphc.codegen.nvrtc import nvrtc_version
@@ -27,25 +26,11 @@ except Exception:
     HAVE_NVRTC = False
 
 
-def _cuobjdump() -> str | None:
-    found = shutil.which("cuobjdump")
-    if found:
-        return found
-    try:
-        import nvidia
-    except ImportError:
-        return None
-    for root in nvidia.__path__:
-        for cand in Path(root).glob("*/bin/cuobjdump"):
-            return str(cand)
-    return None
-
-
 def _opcodes(text: str) -> set[str]:
     return set(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", text))
 
 
-CUOBJDUMP = _cuobjdump()
+CUOBJDUMP = cuobjdump_path()
 RNG = np.random.default_rng(13)
 needs_nvrtc = pytest.mark.skipif(not HAVE_NVRTC, reason="needs NVRTC (cuda-bindings)")
 

@@ -22,7 +22,6 @@ skipped with that reason.
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -32,6 +31,7 @@ import pytest
 import graphc
 import models
 from graphc.codegen.nvrtc import DEFAULT_ARCHS
+from helpers import cuobjdump_path
 
 try:
     from graphc.codegen.nvrtc import nvrtc_version
@@ -42,21 +42,9 @@ except Exception:
     HAVE_NVRTC = False
 
 
-def _cuobjdump() -> str | None:
-    found = shutil.which("cuobjdump")
-    if found:
-        return found
-    try:
-        import nvidia
-    except ImportError:
-        return None
-    for root in nvidia.__path__:
-        for cand in Path(root).glob("*/bin/cuobjdump"):
-            return str(cand)
-    return None
 
 
-CUOBJDUMP = _cuobjdump()
+CUOBJDUMP = cuobjdump_path()
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not HAVE_NVRTC, reason="needs NVRTC (cuda-bindings)"),

@@ -9,7 +9,6 @@ skipped with that reason.
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -22,24 +21,9 @@ from graphc.codegen.nvrtc import compile_cubin
 from graphc.ir.types import DType
 from graphc.ops.fused import ACC, IN, OP, EpilogueOp
 from graphc.ops.registry import get_op
-from helpers import residual_mlp_model  # noqa: E402
+from helpers import cuobjdump_path, residual_mlp_model  # noqa: E402
 
-
-def _cuobjdump() -> str | None:
-    found = shutil.which("cuobjdump")
-    if found:
-        return found
-    try:
-        import nvidia
-    except ImportError:
-        return None
-    for root in nvidia.__path__:
-        for cand in Path(root).glob("*/bin/cuobjdump"):
-            return str(cand)
-    return None
-
-
-CUOBJDUMP = _cuobjdump()
+CUOBJDUMP = cuobjdump_path()
 needs_cuobjdump = pytest.mark.skipif(
     CUOBJDUMP is None, reason="cuobjdump not found: pip install nvidia-cuda-cuobjdump (the test extra)"
 )

@@ -7,27 +7,20 @@ Hopper ones, attention, row-wise, elementwise, convolution, pooling, data moveme
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import graphc
 import models
+from helpers import cuobjdump_path
 
 _MEMORY = re.compile(r"^(LDG|STG|LDGSTS|ATOMG|ATOM|RED|LD|ST|UTMALDG|UTMASTG|UBLKCP|UTMAPF|CCTL)\b")
 _BRANCH = re.compile(r"^(BRA|EXIT|RET|CALL|JMP|BRX|BSSY|WARPSYNC|BAR)\b")
 
 
-def _cuobjdump() -> str | None:
-    here = Path(sys.prefix) / "lib"
-    found = sorted(here.glob("python3*/site-packages/nvidia/cu*/bin/cuobjdump"))
-    return str(found[0]) if found else shutil.which("cuobjdump")
-
-
-TOOL = _cuobjdump()
+TOOL = cuobjdump_path()
 pytestmark = pytest.mark.skipif(TOOL is None, reason="cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
 
 
