@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tools.bench_timing import graph_launch_ms  # noqa: E402
 
 # (input H = W, Cin, Cout, residual add, ReLU): every distinct stride-1 1x1 conv of ResNet-50 (v1.5)
 LAYERS = [
@@ -185,33 +185,6 @@ def igemm_candidates(n, hw, c, k, r, stride, residual, relu) -> tuple[Any, list[
     return ctx, out
 
 
-def time_graph(torch, cupy, go, iters: int, reps: int = 7) -> float:
-    """Median ms per launch: `iters` launches of go(i) captured in one CUDA graph, replays timed."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), cupy.cuda.ExternalStream(side.cuda_stream):
-        for i in range(3):
-            go(i)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-        for i in range(iters):
-            go(i)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        graph.replay()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) / iters)
-    del graph
-    return statistics.median(times)
-
-
 def model_bench(batches: list[int], cache: Path | None, compile_only: bool) -> int:
     """ResNet-50 (models/resnet.py full, fp16, sm_90) as one engine per batch, twice: with the wgmma
     implicit GEMM where conv_sm90's rules select it, and with it switched off (those convs on the conv
@@ -332,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         ref = torch_go(0).float()
         for i in range(3):
             torch_go(i)
-        t_ref = time_graph(torch, cupy, torch_go, args.iters)
+        t_ref = graph_launch_ms(torch, cupy, torch_go, args.iters)
         out = cupy.empty((n, oh, oh, k), dtype=cupy.float16)
         xv = [cupy.from_dlpack(x.permute(0, 2, 3, 1)) for x in xs]
         rv = [cupy.from_dlpack(r.permute(0, 2, 3, 1)) for r in rs]
@@ -379,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                 row["err"] = err
                 if not err < 1e-2:
                     raise RuntimeError(f"wrong result: rel err {err}")
-                row["ms"] = time_graph(torch, cupy, go, args.iters)
+                row["ms"] = graph_launch_ms(torch, cupy, go, args.iters)
                 row["ratio"] = t_ref / row["ms"]
                 row["tflops"] = flop / row["ms"] / 1e9
             except Exception as e:  # noqa: BLE001 - a failing candidate is infinitely slow

@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tools.bench_timing import graph_launch_ms  # noqa: E402
 
 BIG = [(4096, 4096, 4096), (8192, 8192, 8192)]
 NK = [(768, 768), (2304, 768), (3072, 768), (768, 3072)]
@@ -230,30 +230,7 @@ class Shape:
     def time(self, go, iters: int, reps: int = 7) -> float:
         """Median ms per launch: `iters` launches (rotating operand sets) captured in one CUDA
         graph, its replays timed with events, so host launch overhead is out of both sides."""
-        torch, cupy = self.torch, self.cupy
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), cupy.cuda.ExternalStream(side.cuda_stream):
-            for i in range(3):
-                go(i)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph), cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-            for i in range(iters):
-                go(i)
-        graph.replay()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(reps):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            graph.replay()
-            e.record()
-            torch.cuda.synchronize()
-            times.append(s.elapsed_time(e) / iters)
-        del graph
-        return statistics.median(times)
+        return graph_launch_ms(self.torch, self.cupy, go, iters, reps)
 
 
 def main(argv: list[str] | None = None) -> int:

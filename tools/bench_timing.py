@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -152,3 +153,32 @@ def kernel_count(call: Callable[[], Any]) -> int | None:
         log.warning("the profiler recorded no CUDA kernel; kernel count left empty")
         return None
     return n
+
+
+def graph_launch_ms(torch: Any, cupy: Any, go: Callable[[int], Any], iters: int, reps: int = 7) -> float:
+    """Median ms per launch: `iters` launches of go(i) (i rotating operand sets, say) captured in one
+    CUDA graph on torch's stream (cupy launches too), its replays timed with events, so host launch
+    overhead is out of every side timed this way (the kernel benches' method)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), cupy.cuda.ExternalStream(side.cuda_stream):
+        for i in range(3):
+            go(i)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+        for i in range(iters):
+            go(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        graph.replay()
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e) / iters)
+    del graph
+    return statistics.median(times)
