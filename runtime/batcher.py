@@ -20,13 +20,14 @@ numpy + stdlib only; cupy arrays pass through for CUDA engines.
 from __future__ import annotations
 
 import logging
+import queue
 import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -98,18 +99,123 @@ class BatcherStats:
         return self.rows / self.batches if self.batches else 0.0
 
 
-@dataclass
 class _Request:
-    feeds: dict[str, Any]
+    # a plain class with slots, not a dataclass with a default factory: built once per request
+    __slots__ = ("feeds", "rows", "arrived", "future")
+
+    def __init__(self, feeds: dict[str, Any], rows: int, arrived: float) -> None:
+        self.feeds, self.rows, self.arrived, self.future = feeds, rows, arrived, Future()
+
+
+@dataclass
+class _InFlight:
+    """A batch started on a lane: its requests, rows, the size it ran at and its (maybe still
+    queued) outputs; `error` where starting it failed."""
+
+    batch: list[_Request]
     rows: int
-    arrived: float
-    future: Future = field(default_factory=Future)
+    size: int
+    lane: Any
+    outs: dict[str, Any] | None = None
+    error: BaseException | None = None
+    token: Any = None
+
+
+class _HostLane:
+    """Runs a batch with the engine's own engine.run (synchronous): the CPU target, or any engine
+    without execution contexts. Delivery still overlaps the next batch's run."""
+
+    def __init__(self, batcher: Batcher) -> None:
+        self.b = batcher
+
+    def start(self, batch: list[_Request], rows: int) -> tuple[int, dict[str, Any], Any]:
+        size = run_size(rows, self.b.sizes)
+        feeds = {name: stack_rows([r.feeds[name] for r in batch], size) for name in self.b._specs}
+        return size, self.b.engine.run(feeds), None
+
+    def finish(self, token: Any) -> None:
+        return None
+
+
+class _ContextLane:
+    """One CUDA execution context per run size (executor.create_context(): its own arena, stream
+    and CUDA graph), with host staging buffers (pinned where cupy can allocate them) that a batch
+    is stacked into: one host-to-device copy per input per batch, queued with the graph replay and
+    the output copies without waiting; finish() waits for that context's stream. Two lanes let one
+    batch's copies and run overlap the gathering of the next and the delivery of the previous."""
+
+    def __init__(self, batcher: Batcher, index: int) -> None:
+        self.b, self.index = batcher, index
+        self._contexts: dict[int, Any] = {}  # run size -> context
+        self._staging: dict[str, np.ndarray] = {}
+        top = max(batcher.sizes)
+        for s in batcher.engine.inputs:
+            self._staging[s.name] = _host_buffer((top, *[int(d) for d in s.shape[1:]]), np.dtype(s.dtype))
+
+    def context(self, size: int) -> Any:
+        ctx = self._contexts.get(size)
+        if ctx is None:
+            ctx = self._contexts[size] = self.b._executor_for(size).create_context()
+        return ctx
+
+    def start(self, batch: list[_Request], rows: int) -> tuple[int, dict[str, Any], Any]:
+        size = self.b._bucket_size(rows)
+        ctx = self.context(size)
+        feeds: dict[str, Any] = {}
+        for name in self.b._specs:
+            pieces = [r.feeds[name] for r in batch]
+            if all(type(p) is np.ndarray for p in pieces):
+                buf = self._staging[name][:size]
+                if len(pieces) == 1:
+                    buf[:rows] = pieces[0]
+                else:
+                    np.concatenate(pieces, axis=0, out=buf[:rows])
+                if rows < size:
+                    buf[rows:] = buf[rows - 1]  # pad rows: copies of the last real row
+                feeds[name] = buf
+            else:  # device arrays in: stacked on the device, one device-to-device copy
+                feeds[name] = stack_rows(pieces, size)
+        return size, ctx.run(feeds, sync=False), ctx
+
+    def finish(self, ctx: Any) -> None:
+        ctx.stream.synchronize()  # releases the GIL while the GPU works
+
+
+def _host_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A host array in page-locked memory (host-to-device copies from it are truly asynchronous),
+    or ordinary memory where cupy has none to give (logged once)."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    cupy = sys.modules.get("cupy")
+    try:
+        mem = cupy.cuda.alloc_pinned_memory(max(nbytes, 1))  # type: ignore[union-attr]
+    except Exception as e:  # noqa: BLE001  (no cupy or no pinned memory: pageable staging instead)
+        if not _PINNED_LOGGED:
+            log.info("Batcher staging buffers in pageable memory (no pinned memory: %s)", e)
+            _PINNED_LOGGED.append(True)
+        return np.empty(shape, dtype=dtype)
+    return np.frombuffer(mem, dtype=dtype, count=nbytes // dtype.itemsize).reshape(shape)
+
+
+_PINNED_LOGGED: list[bool] = []
+
+
+def _uses_contexts(engine: Any) -> bool:
+    """Whether batches run on execution contexts of their own (a CUDA engine's executor)."""
+    ex = getattr(engine, "executor", None)
+    return getattr(engine, "target", None) == "cuda" and callable(getattr(ex, "create_context", None))
+
+
+class _Shape:
+    __slots__ = ("shape",)
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
 
 
 class Batcher:
     """Gathers concurrent requests into batches for one engine; see the module docstring."""
 
-    def __init__(self, engine: Any, max_batch: int | None = None, max_wait_ms: float = 2.0) -> None:
+    def __init__(self, engine: Any, max_batch: int | None = None, max_wait_ms: float = 2.0, pipeline: int = 2) -> None:
         self.engine = engine
         self.sizes = accepted_batch_sizes(engine)
         top = max(self.sizes)
@@ -121,6 +227,8 @@ class Batcher:
             raise EngineError(f"max_batch {max_batch} is more than the engine's largest batch {top}")
         if max_wait_ms < 0:
             raise EngineError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
+        if pipeline < 1:
+            raise EngineError(f"pipeline must be at least 1 (batches in flight), got {pipeline}")
         outs = [s for s in engine.outputs if not s.shape or int(s.shape[0]) != top]
         if outs and not callable(getattr(engine, "batch_sizes", None)):
             o = outs[0]
@@ -129,19 +237,52 @@ class Batcher:
             )
         self.max_batch = max_batch
         self.max_wait = max_wait_ms / 1000.0
+        self.pipeline = pipeline
         self.stats = BatcherStats()
         self._specs = {s.name: s for s in engine.inputs}
+        # per input (name, dtype, shape after dim 0, rank): submit's fast check compares these only
+        self._fast = [(s.name, np.dtype(s.dtype), tuple(int(d) for d in s.shape[1:]), len(s.shape))
+                      for s in engine.inputs]  # fmt: skip
+        self._bucket_sizes: dict[int, int] = {}
         self._queue: deque[_Request] = deque()
         self._queued_rows = 0
         self._cond = threading.Condition()
         self._closed = False
+        lanes = [_ContextLane(self, i) for i in range(pipeline)] if _uses_contexts(engine) else [
+            _HostLane(self) for _ in range(pipeline)
+        ]  # fmt: skip
+        self._free: queue.SimpleQueue = queue.SimpleQueue()
+        for lane in lanes:
+            self._free.put(lane)
+        self._started: queue.SimpleQueue = queue.SimpleQueue()  # _InFlight in start order; None: stop
         self._worker = threading.Thread(target=self._loop, name="graphc-batcher", daemon=True)
+        self._deliverer = threading.Thread(target=self._deliver_loop, name="graphc-batcher-out", daemon=True)
         self._worker.start()
+        self._deliverer.start()
 
     # ---- callers -------------------------------------------------------------------------------
 
     def _check(self, feeds: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
-        """The request's arrays and its rows, or a one-line EngineInputError for this caller alone."""
+        """The request's arrays and its rows, or a one-line EngineInputError for this caller alone.
+        numpy arrays of the right dtype and trailing shape take a fast path of a few comparisons."""
+        if len(feeds) == len(self._fast):
+            out: dict[str, Any] = {}
+            rows = -1
+            for name, dtype, tail, rank in self._fast:
+                x = feeds.get(name)
+                if type(x) is not np.ndarray or x.dtype != dtype or len(x.shape) != rank or x.shape[1:] != tail:
+                    break
+                n = x.shape[0]
+                if rows != n and rows != -1:
+                    break
+                rows = n
+                out[name] = x
+            else:
+                if 1 <= rows <= self.max_batch:
+                    return out, rows
+        return self._check_slow(feeds)
+
+    def _check_slow(self, feeds: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
         unknown = sorted(set(feeds) - set(self._specs))
         if unknown:
             raise EngineInputError(f"unknown input(s) {unknown}; the engine takes {sorted(self._specs)}")
@@ -178,7 +319,9 @@ class Batcher:
                 raise EngineError("the batcher is closed")
             self._queue.append(req)
             self._queued_rows += rows
-            self._cond.notify()
+            # the worker waits only for a first request or for a full batch: wake it for those
+            if len(self._queue) == 1 or self._queued_rows >= self.max_batch:
+                self._cond.notify()
         return req.future
 
     def run(self, feeds: Mapping[str, Any], timeout: float | None = None) -> dict[str, Any]:
@@ -195,12 +338,15 @@ class Batcher:
         return await asyncio.wrap_future(self.submit(feeds))
 
     def close(self) -> None:
-        """Run every pending request, then stop the worker. Later submits raise EngineError."""
+        """Run every pending request (and those in flight), then stop the worker threads. Later
+        submits raise EngineError."""
         with self._cond:
             self._closed = True
             self._cond.notify()
-        if threading.current_thread() is not self._worker:
-            self._worker.join()
+        me = threading.current_thread()
+        for t in (self._worker, self._deliverer):
+            if me is not t:
+                t.join()
 
     def __enter__(self) -> Batcher:
         return self
@@ -208,7 +354,36 @@ class Batcher:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    # ---- the worker ----------------------------------------------------------------------------
+    # ---- the engine side -----------------------------------------------------------------------
+
+    def _bucket_size(self, rows: int) -> int:
+        """The batch a context runs `rows` rows at: for an engine with profiles, its bucket's batch
+        (so the context's plan takes the stacked inputs as they are), else run_size."""
+        size = self._bucket_sizes.get(rows)
+        if size is None:
+            size = run_size(rows, self.sizes)
+            dyn = getattr(self.engine, "dynamic", None)
+            if dyn is not None:
+                shapes = {n: _Shape((size, *tail)) for n, _dt, tail, _r in self._fast}
+                _p, bucket, _s = dyn.resolve(self.engine, shapes)
+                want = {n: [size, *tail] for n, _dt, tail, _r in self._fast}
+                got = {n: list(bucket.shapes[n]) for n in want}
+                if any(got[n][1:] != want[n][1:] for n in want):
+                    raise EngineError(f"the bucket for batch {size} pads more than the batch dim: {got}")
+                size = got[self._fast[0][0]][0]
+            self._bucket_sizes[rows] = size
+        return size
+
+    def _executor_for(self, size: int) -> Any:
+        """The executor whose plan runs batch `size` (a bucket's engine for an engine with profiles)."""
+        dyn = getattr(self.engine, "dynamic", None)
+        if dyn is None:
+            return self.engine.executor
+        shapes = {n: _Shape((size, *tail)) for n, _dt, tail, _r in self._fast}
+        _p, bucket, _s = dyn.resolve(self.engine, shapes)
+        return dyn.bucket_engine(self.engine, bucket).executor
+
+    # ---- the worker threads --------------------------------------------------------------------
 
     def _take(self) -> list[_Request] | None:
         """Wait (on the condition, never spinning) for a batch: max_batch rows, or max_wait after
@@ -234,28 +409,59 @@ class Batcher:
             return batch
 
     def _loop(self) -> None:
-        while (batch := self._take()) is not None:
-            live = [r for r in batch if r.future.set_running_or_notify_cancel()]  # cancelled ones drop out
-            if live:
-                self._run(live)
-
-    def _run(self, batch: list[_Request]) -> None:
-        rows = sum(r.rows for r in batch)
+        """Gather a batch while a lane is free, start it there (queued, not waited for) and hand it
+        to the delivering thread; so gathering, running and delivering overlap."""
         try:
-            size = run_size(rows, self.sizes)
-            feeds = {name: stack_rows([r.feeds[name] for r in batch], size) for name in self._specs}
-            outs = self.engine.run(feeds)
-            starts = [sum(r.rows for r in batch[:i]) for i in range(len(batch))]
-            results = [{k: v[s : s + r.rows] for k, v in outs.items()} for s, r in zip(starts, batch, strict=True)]
+            while True:
+                lane = self._free.get()  # a batch gathers only once it has somewhere to run
+                batch = self._take()
+                if batch is None:
+                    self._free.put(lane)
+                    break
+                live = [r for r in batch if r.future.set_running_or_notify_cancel()]  # cancelled ones drop out
+                if not live:
+                    self._free.put(lane)
+                    continue
+                rows = sum(r.rows for r in live)
+                job = _InFlight(live, rows, rows, lane)
+                try:
+                    job.size, job.outs, job.token = lane.start(live, rows)
+                except Exception as e:  # noqa: BLE001  (the batch's callers get it, in _deliver)
+                    job.error = e
+                self._started.put(job)
+        finally:
+            self._started.put(None)
+
+    def _deliver_loop(self) -> None:
+        while (job := self._started.get()) is not None:
+            try:
+                self._deliver(job)
+            finally:
+                self._free.put(job.lane)
+
+    def _deliver(self, job: _InFlight) -> None:
+        batch = job.batch
+        try:
+            if job.error is not None:
+                raise job.error
+            job.lane.finish(job.token)
+            assert job.outs is not None
+            outs = list(job.outs.items())
+            results, s = [], 0
+            for r in batch:
+                e = s + r.rows
+                results.append({k: v[s:e] for k, v in outs})
+                s = e
         except Exception as e:  # noqa: BLE001  (every caller of the batch gets the engine's error)
             log.debug("batch of %d requests failed: %s", len(batch), e)
             self.stats.failed_batches += 1
             for r in batch:
                 r.future.set_exception(e)
             return
-        self.stats.requests += len(batch)
-        self.stats.rows += rows
-        self.stats.batches += 1
-        self.stats.padded_rows += size - rows
+        st = self.stats
+        st.requests += len(batch)
+        st.rows += job.rows
+        st.batches += 1
+        st.padded_rows += job.size - job.rows
         for r, res in zip(batch, results, strict=True):
             r.future.set_result(res)
