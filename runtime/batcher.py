@@ -100,11 +100,38 @@ class BatcherStats:
 
 
 class _Request:
-    # a plain class with slots, not a dataclass with a default factory: built once per request
-    __slots__ = ("feeds", "rows", "arrived", "future")
+    """One request: a Future for submit() (and asyncio), or for run() a plain lock that the caller
+    blocks on (a Future costs a Condition and an RLock per request; a lock is the cheapest wait)."""
 
-    def __init__(self, feeds: dict[str, Any], rows: int, arrived: float) -> None:
-        self.feeds, self.rows, self.arrived, self.future = feeds, rows, arrived, Future()
+    __slots__ = ("feeds", "rows", "arrived", "future", "lock", "result", "error")
+
+    def __init__(self, feeds: dict[str, Any], rows: int, arrived: float, future: bool = True) -> None:
+        self.feeds, self.rows, self.arrived = feeds, rows, arrived
+        self.future: Future | None = Future() if future else None
+        self.lock: Any = None
+        self.result: dict[str, Any] | None = None
+        self.error: BaseException | None = None
+        if not future:
+            self.lock = threading.Lock()
+            self.lock.acquire()  # released once the result or error is in
+
+    def take(self) -> bool:
+        """Mark the request running; False if its Future was cancelled (it then drops out)."""
+        return self.future is None or self.future.set_running_or_notify_cancel()
+
+    def done(self, result: dict[str, Any]) -> None:
+        if self.future is not None:
+            self.future.set_result(result)
+        else:
+            self.result = result
+            self.lock.release()
+
+    def fail(self, error: BaseException) -> None:
+        if self.future is not None:
+            self.future.set_exception(error)
+        else:
+            self.error = error
+            self.lock.release()
 
 
 @dataclass
@@ -325,8 +352,13 @@ class Batcher:
 
     def submit(self, feeds: Mapping[str, Any]) -> Future:
         """Queue one request; its Future gives the request's rows of every output."""
+        req = self._enqueue(feeds, True)
+        assert req.future is not None
+        return req.future
+
+    def _enqueue(self, feeds: Mapping[str, Any], future: bool) -> _Request:
         checked, rows = self._check(feeds)
-        req = _Request(checked, rows, time.monotonic())
+        req = _Request(checked, rows, time.monotonic(), future)
         with self._cond:
             if self._closed:
                 raise EngineError("the batcher is closed")
@@ -335,11 +367,18 @@ class Batcher:
             # the worker waits only for a first request or for a full batch: wake it for those
             if len(self._queue) == 1 or self._queued_rows >= self.max_batch:
                 self._cond.notify()
-        return req.future
+        return req
 
     def run(self, feeds: Mapping[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        """Submit one request and wait for its outputs (from any thread)."""
-        return self.submit(feeds).result(timeout)
+        """Submit one request and wait for its outputs (from any thread); TimeoutError after
+        `timeout` seconds (the request still runs, its result is dropped)."""
+        req = self._enqueue(feeds, False)
+        if not req.lock.acquire(timeout=-1 if timeout is None else timeout):
+            raise TimeoutError(f"no result within {timeout} s")
+        if req.error is not None:
+            raise req.error
+        assert req.result is not None
+        return req.result
 
     def __call__(self, **feeds: Any) -> dict[str, Any]:
         return self.run(feeds)
@@ -455,7 +494,7 @@ class Batcher:
                 if batch is None:
                     self._free.put(lane)
                     break
-                live = [r for r in batch if r.future.set_running_or_notify_cancel()]  # cancelled ones drop out
+                live = [r for r in batch if r.take()]  # cancelled ones drop out
                 if not live:
                     self._free.put(lane)
                     continue
@@ -496,7 +535,7 @@ class Batcher:
             log.debug("batch of %d requests failed: %s", len(batch), e)
             self.stats.failed_batches += 1
             for r in batch:
-                r.future.set_exception(e)
+                r.fail(e)
             return
         st = self.stats
         st.requests += len(batch)
@@ -504,4 +543,4 @@ class Batcher:
         st.batches += 1
         st.padded_rows += job.size - job.rows
         for r, res in zip(batch, results, strict=True):
-            r.future.set_result(res)
+            r.done(res)

@@ -272,3 +272,18 @@ def test_results_come_back_in_order_of_submission():
 def test_pipeline_must_be_positive():
     with pytest.raises(EngineError, match="pipeline must be at least 1"):
         Batcher(FakeCudaEngine([2]), pipeline=0)
+
+
+def test_run_raises_its_batch_error_and_times_out():
+    eng = FakeCudaEngine([1, 2], cost_ms=lambda n: 200.0 if n == 2 else 0.0)
+    bad = {"x": np.full((1, WIDTH), POISON, np.float32)}
+    with Batcher(eng, max_wait_ms=0) as b:
+        with pytest.raises(RuntimeError, match="illegal address"):
+            b.run(bad, timeout=30)  # run() waits on a lock, not a Future: the error still comes back
+        x = np.ones((2, WIDTH), np.float32)
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="no result within 0.02 s"):
+            b.run({"x": x}, timeout=0.02)  # 200 ms on the fake GPU
+        assert time.monotonic() - t0 < 0.2
+        _same(b.run({"x": x[:1]}, timeout=30), x[:1])  # the batcher goes on after both
+    assert b.stats.failed_batches == 1 and b.stats.batches == 2
