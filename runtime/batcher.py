@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -136,17 +136,28 @@ class _Request:
 
 @dataclass
 class _InFlight:
-    """A batch started on a lane: its requests, rows, the size it ran at and its (maybe still
-    queued) outputs; `error` where starting it failed."""
+    """A batch started on a lane: its requests, rows, the size it ran at and each request's rows of
+    the (maybe still queued) outputs; `error` where starting it failed."""
 
     batch: list[_Request]
     rows: int
     size: int
     lane: Any
-    outs: dict[str, Any] | None = None
+    results: list[dict[str, Any]] = field(default_factory=list)  # per request, its rows of every output
     error: BaseException | None = None
     token: Any = None
     started: float = 0.0  # perf_counter when its work was queued
+
+
+def _cut(batch: list[_Request], outs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each request's rows of every output, in batch order (views, no copies)."""
+    items = list(outs.items())
+    results, s = [], 0
+    for r in batch:
+        e = s + r.rows
+        results.append({k: v[s:e] for k, v in items})
+        s = e
+    return results
 
 
 class _HostLane:
@@ -502,7 +513,9 @@ class Batcher:
                 job = _InFlight(live, rows, rows, lane)
                 try:
                     job.started = time.perf_counter()
-                    job.size, job.outs, job.token = lane.start(live, rows)
+                    job.size, outs, job.token = lane.start(live, rows)
+                    # each caller's rows, cut while the GPU runs (views: the data need not be there yet)
+                    job.results = _cut(live, outs)
                 except Exception as e:  # noqa: BLE001  (the batch's callers get it, in _deliver)
                     job.error = e
                 self._started.put(job)
@@ -524,13 +537,7 @@ class Batcher:
             job.lane.finish(job.token)
             if job.lane.measures:
                 self._measure(job)
-            assert job.outs is not None
-            outs = list(job.outs.items())
-            results, s = [], 0
-            for r in batch:
-                e = s + r.rows
-                results.append({k: v[s:e] for k, v in outs})
-                s = e
+            results = job.results
         except Exception as e:  # noqa: BLE001  (every caller of the batch gets the engine's error)
             log.debug("batch of %d requests failed: %s", len(batch), e)
             self.stats.failed_batches += 1
