@@ -2,8 +2,17 @@
 
 `Batcher(engine, max_batch=8, max_wait_ms=2.0)` gathers requests (from threads through `run` or
 `submit`, from asyncio through `await batcher.arun(...)`) along dim 0 of every input, up to
-`max_batch` rows or `max_wait_ms` after the oldest waiting request, runs the engine once on one
-worker thread, and hands each caller its rows of every output.
+`max_batch` rows or `max_wait_ms` after the oldest waiting request, runs the engine once, and
+hands each caller its rows of every output.
+
+Two threads, `pipeline` lanes (batches in flight, default 2): the gathering thread takes a free
+lane, gathers a batch and starts it there; the delivering thread waits for each started batch in
+start order and hands out its results, then frees its lane. On a CUDA engine a lane is a set of
+execution contexts (one per bucket, each with its own arena, stream and CUDA graph) and pinned
+staging buffers: starting a batch stacks it into the staging rows and queues one host-to-device
+copy per input, the graph replay and the output copies without waiting, so one batch's copies and
+run overlap the gathering of the next and the delivery of the one before. On any other engine a
+lane runs `engine.run` on the gathering thread; delivery still overlaps the next batch.
 
 Which batch sizes an engine accepts is asked in one place, `accepted_batch_sizes(engine)`: an
 engine with a `batch_sizes()` method (a range, once engines carry optimization profiles) is run
