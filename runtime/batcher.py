@@ -415,10 +415,10 @@ class Batcher:
         with self._cond:
             self._closed = True
             self._cond.notify()
-        me = threading.current_thread()
-        for t in (self._worker, self._deliverer):
-            if me is not t:
-                t.join()
+        if threading.current_thread() in (self._worker, self._deliverer):
+            return  # from a done-callback: the threads finish the drain by themselves
+        self._worker.join()
+        self._deliverer.join()
 
     def __enter__(self) -> Batcher:
         return self

@@ -287,3 +287,16 @@ def test_run_raises_its_batch_error_and_times_out():
         assert time.monotonic() - t0 < 0.2
         _same(b.run({"x": x[:1]}, timeout=30), x[:1])  # the batcher goes on after both
     assert b.stats.failed_batches == 1 and b.stats.batches == 2
+
+
+def test_close_from_a_done_callback_does_not_hang():
+    eng = FakeCudaEngine([1], cost_ms=lambda n: 5.0)
+    rng = np.random.default_rng(6)
+    reqs = [_rows(rng, 1) for _ in range(4)]
+    b = Batcher(eng, max_wait_ms=0, pipeline=2)
+    futs = [b.submit(r) for r in reqs]  # both lanes busy when the first result comes back
+    futs[0].add_done_callback(lambda _f: b.close())
+    for r, f in zip(reqs, futs, strict=True):
+        _same(f.result(timeout=30), r["x"])  # requests queued before close() still run
+    b.close()
+    assert not b._worker.is_alive() and not b._deliverer.is_alive()
