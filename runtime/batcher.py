@@ -176,8 +176,8 @@ class _HostLane:
     def __init__(self, batcher: Batcher) -> None:
         self.b = batcher
 
-    def start(self, batch: list[_Request], rows: int) -> tuple[int, dict[str, Any], Any]:
-        size = run_size(rows, self.b.sizes)
+    def start(self, batch: list[_Request], rows: int, size: int | None = None) -> tuple[int, dict[str, Any], Any]:
+        size = size or run_size(rows, self.b.sizes)
         feeds = {name: stack_rows([r.feeds[name] for r in batch], size) for name in self.b._specs}
         return size, self.b.engine.run(feeds), None
 
@@ -208,8 +208,8 @@ class _ContextLane:
             ctx = self._contexts[size] = self.b._executor_for(size).create_context()
         return ctx
 
-    def start(self, batch: list[_Request], rows: int) -> tuple[int, dict[str, Any], Any]:
-        size = self.b._choose_size(rows)
+    def start(self, batch: list[_Request], rows: int, size: int | None = None) -> tuple[int, dict[str, Any], Any]:
+        size = size or self.b._choose_size(rows)
         ctx = self.context(size)
         feeds: dict[str, Any] = {}
         for name in self.b._specs:
@@ -273,7 +273,17 @@ class _Shape:
 class Batcher:
     """Gathers concurrent requests into batches for one engine; see the module docstring."""
 
-    def __init__(self, engine: Any, max_batch: int | None = None, max_wait_ms: float = 2.0, pipeline: int = 2) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        max_batch: int | None = None,
+        max_wait_ms: float = 2.0,
+        pipeline: int = 2,
+        warm: Mapping[str, Any] | None = None,
+    ) -> None:
+        """`warm`: a sample request; on a CUDA engine every lane then makes its context of every
+        bucket up to max_batch here and runs it (the sample's first row repeated), timing the
+        second run, so no context, graph capture or first measurement happens while serving."""
         self.engine = engine
         self.sizes = accepted_batch_sizes(engine)
         top = max(self.sizes)
@@ -312,6 +322,8 @@ class Batcher:
             _HostLane(self) for _ in range(pipeline)
         ]  # fmt: skip
         self._free: queue.SimpleQueue = queue.SimpleQueue()
+        if warm is not None:
+            self._warm(lanes, warm)
         for lane in lanes:
             self._free.put(lane)
         self._started: queue.SimpleQueue = queue.SimpleQueue()  # _InFlight in start order; None: stop
@@ -469,6 +481,26 @@ class Batcher:
         self._last_finish = now
         old = self._cost.get(job.size)
         self._cost[job.size] = busy if old is None else old + COST_EMA * (busy - old)
+
+    def _warm(self, lanes: list[Any], sample: Mapping[str, Any]) -> None:
+        checked, _rows = self._check(sample)
+        req = _Request({k: v[:1] for k, v in checked.items()}, 1, 0.0, future=False)
+        sizes = sorted({self._bucket_size(n) for n in range(1, self.max_batch + 1)})
+        for lane in lanes:
+            if not lane.measures:
+                continue  # engine.run makes what it needs on its first call
+            for size in sizes:
+                for timed in (False, True):
+                    t0 = time.perf_counter()
+                    _size, _outs, token = lane.start([req], 1, size)
+                    lane.finish(token)
+                    if timed:
+                        took = time.perf_counter() - t0
+                        self._cost[size] = min(took, self._cost.get(size, took))
+        if self._cost:
+            log.info(
+                "Batcher warm: %s", ", ".join(f"batch {n} {t * 1000:.3f} ms" for n, t in sorted(self._cost.items()))
+            )
 
     def _executor_for(self, size: int) -> Any:
         """The executor whose plan runs batch `size` (a bucket's engine for an engine with profiles)."""

@@ -300,3 +300,21 @@ def test_close_from_a_done_callback_does_not_hang():
         _same(f.result(timeout=30), r["x"])  # requests queued before close() still run
     b.close()
     assert not b._worker.is_alive() and not b._deliverer.is_alive()
+
+
+def test_warm_makes_every_context_first_and_a_faster_bucket_takes_a_partial_batch():
+    # bucket 4 is slow and bucket 8 fast (as BERT-base's bucket 13 against 32 on the H200)
+    eng = FakeCudaEngine([1, 2, 4, 8], cost_ms=lambda n: {1: 1.0, 2: 1.0, 4: 40.0, 8: 2.0}[n])
+    x = np.arange(3 * WIDTH, dtype=np.float32).reshape(3, WIDTH)
+    with Batcher(eng, max_wait_ms=0, pipeline=2, warm={"x": x[:1]}) as b:
+        assert sorted(eng.dynamic.made) == [1, 1, 2, 2, 4, 4, 8, 8]  # every lane, every bucket, made already
+        assert sorted(eng.gpu.runs) == sorted([1, 2, 4, 8] * 4)  # each run twice per lane, the second timed
+        assert b.stats.batches == 0  # warming is no request
+        del eng.gpu.runs[:]
+        got = b.run({"x": x}, timeout=30)  # 3 rows: bucket 4 by shape, bucket 8 by measured time
+        _same(got, x)
+        assert eng.gpu.runs == [8] and b.stats.padded_rows == 5
+        got = b.run({"x": x[:2]}, timeout=30)  # its own bucket (2) is as fast as any: it stays
+        _same(got, x[:2])
+        assert eng.gpu.runs == [8, 2]
+    assert len(eng.dynamic.made) == 8  # serving made no context
