@@ -263,6 +263,16 @@ COST_MARGIN = 0.95
 COST_EMA = 0.2
 
 
+def _batch_padded(profile: Any, first_input: str) -> bool:
+    """Whether the profile pads its batch dim (dim 0 of the first input): the compiler proved the
+    rows independent. A profile-less stand-in (tests) counts as padded."""
+    dims = getattr(profile, "dims", None)
+    if dims is None:
+        return True
+    g = next((g for g in dims if (first_input, 0) in [tuple(p) for p in g.positions]), None)
+    return bool(g is not None and g.padded)
+
+
 class _Shape:
     __slots__ = ("shape",)
 
@@ -312,6 +322,9 @@ class Batcher:
         self._fast = [(s.name, np.dtype(s.dtype), tuple(int(d) for d in s.shape[1:]), len(s.shape))
                       for s in engine.inputs]  # fmt: skip
         self._bucket_sizes: dict[int, int] = {}
+        # whether a batch may run padded past its own bucket: False once a profile's batch dim is
+        # not one the compiler proved safe to pad (its rows might then mix)
+        self._pad_free = True
         self._cost: dict[int, float] = {}  # batch size -> measured seconds per run (moving average)
         self._last_finish = 0.0
         self._queue: deque[_Request] = deque()
@@ -449,7 +462,9 @@ class Batcher:
             dyn = getattr(self.engine, "dynamic", None)
             if dyn is not None:
                 shapes = {n: _Shape((size, *tail)) for n, _dt, tail, _r in self._fast}
-                _p, bucket, _s = dyn.resolve(self.engine, shapes)
+                profile, bucket, _s = dyn.resolve(self.engine, shapes)
+                if not _batch_padded(profile, self._fast[0][0]):
+                    self._pad_free = False  # rows are not proven independent: no larger bucket
                 want = {n: [size, *tail] for n, _dt, tail, _r in self._fast}
                 got = {n: list(bucket.shapes[n]) for n in want}
                 if any(got[n][1:] != want[n][1:] for n in want):
@@ -465,7 +480,7 @@ class Batcher:
         run as it is, which measures it."""
         exact = self._bucket_size(rows)
         own = self._cost.get(exact)
-        if own is None:
+        if own is None or not self._pad_free:
             return exact
         best, best_cost = exact, own * COST_MARGIN
         for size, cost in self._cost.items():

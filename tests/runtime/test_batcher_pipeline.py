@@ -318,3 +318,16 @@ def test_warm_makes_every_context_first_and_a_faster_bucket_takes_a_partial_batc
         _same(got, x[:2])
         assert eng.gpu.runs == [8, 2]
     assert len(eng.dynamic.made) == 8  # serving made no context
+
+
+def test_no_larger_bucket_where_the_batch_dim_is_not_proven_paddable():
+    eng = FakeCudaEngine([1, 2, 4, 8], cost_ms=lambda n: {1: 1.0, 2: 1.0, 4: 40.0, 8: 2.0}[n])
+    group = type("Dim", (), {"positions": [("x", 0)], "padded": False})()
+    profile = type("Profile", (), {"dims": [group]})()
+    resolve = eng.dynamic.resolve
+    eng.dynamic.resolve = lambda e, f: (profile, *resolve(e, f)[1:])
+    x = np.arange(3 * WIDTH, dtype=np.float32).reshape(3, WIDTH)
+    with Batcher(eng, max_wait_ms=0, warm={"x": x[:1]}) as b:
+        del eng.gpu.runs[:]
+        _same(b.run({"x": x}, timeout=30), x)
+    assert eng.gpu.runs == [4]  # its own bucket, however slow: rows may not be independent
