@@ -210,6 +210,8 @@ class _ContextLane:
 
     def start(self, batch: list[_Request], rows: int, size: int | None = None) -> tuple[int, dict[str, Any], Any]:
         size = size or self.b._choose_size(rows)
+        if size < 0:  # a bucket this lane's stacking does not fit (see Batcher._bucket_size)
+            return self.b._host.start(batch, rows)
         ctx = self.context(size)
         feeds: dict[str, Any] = {}
         for name in self.b._specs:
@@ -230,7 +232,8 @@ class _ContextLane:
     measures = True
 
     def finish(self, ctx: Any) -> None:
-        ctx.stream.synchronize()  # releases the GIL while the GPU works
+        if ctx is not None:  # None: run by engine.run, which waited already
+            ctx.stream.synchronize()  # releases the GIL while the GPU works
 
 
 def _host_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -334,6 +337,7 @@ class Batcher:
         lanes = [_ContextLane(self, i) for i in range(pipeline)] if _uses_contexts(engine) else [
             _HostLane(self) for _ in range(pipeline)
         ]  # fmt: skip
+        self._host = _HostLane(self)  # batches a context lane cannot stack (logged) run through it
         self._free: queue.SimpleQueue = queue.SimpleQueue()
         if warm is not None:
             self._warm(lanes, warm)
@@ -468,8 +472,13 @@ class Batcher:
                 want = {n: [size, *tail] for n, _dt, tail, _r in self._fast}
                 got = {n: list(bucket.shapes[n]) for n in want}
                 if any(got[n][1:] != want[n][1:] for n in want):
-                    raise EngineError(f"the bucket for batch {size} pads more than the batch dim: {got}")
-                size = got[self._fast[0][0]][0]
+                    # the bucket pads more than the batch dim: engine.run pads such batches itself
+                    log.info(
+                        "Batcher: batch %d runs through engine.run (its bucket %s pads more than dim 0)", size, got
+                    )
+                    size = -1
+                else:
+                    size = got[self._fast[0][0]][0]
             self._bucket_sizes[rows] = size
         return size
 
@@ -500,7 +509,7 @@ class Batcher:
     def _warm(self, lanes: list[Any], sample: Mapping[str, Any]) -> None:
         checked, _rows = self._check(sample)
         req = _Request({k: v[:1] for k, v in checked.items()}, 1, 0.0, future=False)
-        sizes = sorted({self._bucket_size(n) for n in range(1, self.max_batch + 1)})
+        sizes = sorted({self._bucket_size(n) for n in range(1, self.max_batch + 1)} - {-1})
         for lane in lanes:
             if not lane.measures:
                 continue  # engine.run makes what it needs on its first call
@@ -591,7 +600,7 @@ class Batcher:
             if job.error is not None:
                 raise job.error
             job.lane.finish(job.token)
-            if job.lane.measures:
+            if job.lane.measures and job.token is not None:
                 self._measure(job)
             results = job.results
         except Exception as e:  # noqa: BLE001  (every caller of the batch gets the engine's error)

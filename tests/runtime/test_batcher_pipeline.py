@@ -331,3 +331,22 @@ def test_no_larger_bucket_where_the_batch_dim_is_not_proven_paddable():
         del eng.gpu.runs[:]
         _same(b.run({"x": x}, timeout=30), x)
     assert eng.gpu.runs == [4]  # its own bucket, however slow: rows may not be independent
+
+
+def test_a_bucket_that_pads_another_dim_runs_through_engine_run(caplog):
+    eng = FakeCudaEngine([2, 4])
+    eng.dynamic._b[4].shapes = {"x": [4, WIDTH + 2]}  # as a bucket padding a sequence dim would
+    runs: list[int] = []
+
+    def run(feeds):  # engine.run: pads (and slices) by itself
+        runs.append(feeds["x"].shape[0])
+        return expected(feeds["x"])
+
+    eng.run = run
+    rng = np.random.default_rng(7)
+    with caplog.at_level("INFO", logger="graphc.runtime.batcher"), Batcher(eng, max_wait_ms=0) as b:
+        small, big = _rows(rng, 2), _rows(rng, 3)
+        _same(b.run(small, timeout=30), small["x"])
+        _same(b.run(big, timeout=30), big["x"])
+    assert eng.gpu.runs == [2] and runs == [3]  # the context for bucket 2, engine.run for 3 rows
+    assert "batch 3 runs through engine.run" in caplog.text
