@@ -350,3 +350,20 @@ def test_a_bucket_that_pads_another_dim_runs_through_engine_run(caplog):
         _same(b.run(big, timeout=30), big["x"])
     assert eng.gpu.runs == [2] and runs == [3]  # the context for bucket 2, engine.run for 3 rows
     assert "batch 3 runs through engine.run" in caplog.text
+
+
+def test_asyncio_callers_on_the_pipelined_path():
+    import asyncio
+
+    eng = FakeCudaEngine([1, 2, 4, 8], cost_ms=lambda n: 1.0)
+    rng = np.random.default_rng(8)
+    reqs = [_rows(rng, 1) for _ in range(20)]
+
+    async def main(b: Batcher) -> list[dict[str, np.ndarray]]:
+        return await asyncio.gather(*(b.arun(r) for r in reqs))
+
+    with Batcher(eng, max_batch=8, max_wait_ms=5) as b:
+        outs = asyncio.run(main(b))
+    for r, got in zip(reqs, outs, strict=True):
+        _same(got, r["x"])
+    assert b.stats.requests == 20 and b.stats.batches < 20  # they were batched
