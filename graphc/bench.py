@@ -4,6 +4,7 @@ concurrent load of batch-1 requests with and without graphc.runtime.Batcher (`--
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Any
@@ -231,14 +232,20 @@ def benchmark_batcher(
     requests: int,
     max_batch: int | None = None,
     max_wait_ms: float = 2.0,
+    pipeline: int | None = None,
+    warmup_requests: int | None = None,
 ) -> dict[str, Any]:
     """Batch-1 requests (rows of `feeds`) from `concurrency` threads, twice: unbatched (one
     engine.run per request under a lock, the request padded to a batch the engine accepts) and
-    through graphc.runtime.Batcher. Latency is per request, from send to answer, host in and out."""
+    through graphc.runtime.Batcher (`pipeline` batches in flight; None: its default). Latency is
+    per request, from send to answer, host in and out. Each side first serves `warmup_requests`
+    (default 4 x concurrency) untimed requests from the same clients: a CUDA engine captures its
+    graphs there; the Batcher is made with warm= (its contexts made and timed before any request)."""
     from graphc.runtime.batcher import Batcher, accepted_batch_sizes, run_size, stack_rows
 
     if concurrency < 1 or requests < 1:
         raise ValueError(f"concurrency and requests must be >= 1, got {concurrency} and {requests}")
+    warm_n = 4 * concurrency if warmup_requests is None else warmup_requests
     sizes = accepted_batch_sizes(engine)
     batch = _batch(engine)
     reqs = [{k: v[i : i + 1] for k, v in feeds.items()} for i in range(batch)]
@@ -246,6 +253,9 @@ def benchmark_batcher(
     alone = run_size(1, sizes)
 
     def unbatched(req: dict[str, Any]) -> dict[str, Any]:
+        # the same per-request work as the Batcher's callers get: host rows in, device rows out.
+        # The lock is a plain (unfair) threading.Lock: one thread may take it many times running,
+        # which starves others (the p99) but gives the unbatched side its best throughput.
         padded = {k: stack_rows([v], alone) for k, v in req.items()}
         with lock:
             outs = engine.run(padded)
@@ -256,22 +266,32 @@ def benchmark_batcher(
         "batch": batch,
         "concurrency": concurrency,
         "requests": requests,
+        "warmup_requests": warm_n,
         "max_wait_ms": max_wait_ms,
     }
-    unbatched(reqs[0])  # warm-up (a CUDA engine captures its graph here)
+    unbatched(reqs[0])  # a CUDA engine captures its graph here
+    if warm_n:
+        _drive(unbatched, reqs, warm_n, concurrency)
     lat, wall = _drive(unbatched, reqs, requests, concurrency)
     result["unbatched"] = {"latency": _stats(lat), "throughput_per_s": requests / wall, "mean_batch": 1.0}
-    with Batcher(engine, max_batch=max_batch, max_wait_ms=max_wait_ms) as batcher:
+    kw = {} if pipeline is None else {"pipeline": pipeline}
+    # warm=: on a CUDA engine every lane's context of every bucket is made (and timed) before the load
+    with Batcher(engine, max_batch=max_batch, max_wait_ms=max_wait_ms, warm=reqs[0], **kw) as batcher:
         result["max_batch"] = batcher.max_batch
+        result["pipeline"] = batcher.pipeline
         batcher.run(reqs[0])
-        warm = batcher.stats.batches
+        if warm_n:
+            _drive(batcher.run, reqs, warm_n, concurrency)
+        s0 = dataclasses.replace(batcher.stats)
         lat, wall = _drive(batcher.run, reqs, requests, concurrency)
         s = batcher.stats
+        batches = s.batches - s0.batches
         result["batcher"] = {
             "latency": _stats(lat),
             "throughput_per_s": requests / wall,
-            "mean_batch": (s.rows - 1) / (s.batches - warm),
-            "batches": s.batches - warm,
+            "mean_batch": (s.rows - s0.rows) / max(batches, 1),
+            "batches": batches,
+            "padded_rows": s.padded_rows - s0.padded_rows,
         }
     result["speedup"] = result["batcher"]["throughput_per_s"] / result["unbatched"]["throughput_per_s"]
     return result
@@ -282,7 +302,8 @@ def format_batcher_bench(r: dict[str, Any]) -> str:
     lines = [
         f"load: {r['concurrency']} client threads, {r['requests']} batch-1 requests back to back "
         f"({r['target']} engine of batch {r['batch']}; batcher max_batch {r['max_batch']}, "
-        f"max_wait {r['max_wait_ms']:g} ms)",
+        f"max_wait {r['max_wait_ms']:g} ms, pipeline {r.get('pipeline', 1)}; {r.get('warmup_requests', 0)} "
+        "untimed warm-up requests each way)",
         f"  {'':10} {'p50 ms':>10} {'p99 ms':>10} {'requests/s':>12} {'mean batch':>11}",
     ]
     for name in ("unbatched", "batcher"):
