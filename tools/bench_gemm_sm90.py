@@ -3,6 +3,7 @@ older GEMM paths, in one run on one GPU: many variants per shape, each checked, 
 
     python tools/bench_gemm_sm90.py [--quick] [--dtype fp16 --dtype bf16] [--out DIR]
     python tools/bench_gemm_sm90.py --compile-only --cache DIR   # NVRTC every variant, no GPU
+    python tools/bench_gemm_sm90.py --overlap [--epilogue bias-gelu] --shape MxNxK   # epilogue schedules
 
 Each variant's output is poisoned (NaN) before a checked run on fresh random inputs and compared
 with torch's fp32 product (relative Frobenius error); a NaN left or an error above 1e-2 fails it.
@@ -93,8 +94,20 @@ def epilogue_variants(prob) -> list[dict[str, Any]]:
     return out
 
 
+def overlap_variants(prob, epilogue: str = "none") -> list[dict[str, Any]]:
+    """The epilogue schedules side by side: cooperative (each width), ping-pong, and OVERLAP (the
+    epilogue of a tile during the next tile's main loop), each with the deepest ring."""
+    from graphc.codegen.families import gemm_sm90 as g
+
+    extra = {"VEC_EPI": 1, "FAST_GELU": 1} if epilogue != "none" else {}
+    out = [{"BN": bn, "STAGES": g.max_stages(bn), "SPLITS": 1, "PINGPONG": 0, **extra} for bn in g.BNS]
+    out += [{"BN": bn, "STAGES": g.max_stages(bn), "SPLITS": 1, "PINGPONG": 1, **extra} for bn in g.PINGPONG_BNS]
+    out += [{"BN": bn, "STAGES": g.max_stages(bn), "SPLITS": 1, "OVERLAP": 1, **extra} for bn in g.OVERLAP_BNS]
+    return out
+
+
 def kernels_for(
-    ctx, prob, quick: bool, lean: bool = False, epilogue: str = "none"
+    ctx, prob, quick: bool, lean: bool = False, epilogue: str = "none", overlap: bool = False
 ) -> list[tuple[str, dict | None, list]]:
     """(label, params, KernelSources) of every candidate: the TMA variants, graphc's default
     and its cp.async wgmma path."""
@@ -105,7 +118,10 @@ def kernels_for(
     h = g.heuristic(prob)
     if epilogue != "none":
         h = {**h, "VEC_EPI": 1, "FAST_GELU": 1}
-    vs = [h] if quick else (epilogue_variants(prob) if epilogue != "none" else variants(prob, lean))
+    if overlap:
+        vs = overlap_variants(prob, epilogue)
+    else:
+        vs = [h] if quick else (epilogue_variants(prob) if epilogue != "none" else variants(prob, lean))
     if h not in vs:
         vs.insert(0, h)
     for p in vs:
@@ -113,6 +129,8 @@ def kernels_for(
             out.append(("tma" + ("*" if p == h else ""), p, g.generate(ctx, p)))
         except Exception as e:  # noqa: BLE001 - a variant that does not render is reported and skipped
             print(f"  skip {p}: {e}")
+    if overlap:  # the TMA schedules only
+        return out
     fam = family_for(ctx)
     out.append(("default", None, fam.generate(ctx)))
     try:
@@ -244,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--lean", action="store_true", help="fewer variants per shape (see variants())")
     ap.add_argument("--epilogue", choices=["none", "bias-gelu"], default="none", help="a fused epilogue")
+    ap.add_argument("--overlap", action="store_true", help="the epilogue schedules: cooperative, ping-pong, OVERLAP")
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
 
@@ -263,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         for lay in layouts:
             for m, n, k in shapes:
                 ctx = context(m, n, k, dtype, lay, args.epilogue)
-                cands = kernels_for(ctx, problem_of(ctx), args.quick, args.lean, args.epilogue)
+                cands = kernels_for(ctx, problem_of(ctx), args.quick, args.lean, args.epilogue, args.overlap)
                 todo.append((dt, lay, (m, n, k), cands))
     every = [k for *_, cands in todo for _, _, ks in cands for k in ks]
     t0 = time.time()
@@ -317,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
             log.write(json.dumps(row) + "\n")
             log.flush()
             rows.append(row)
-            if "ms" in row and args.epilogue != "none":
+            if "ms" in row and args.overlap:
+                print(f"    {label:5} {p} {row['ms']:.4f} ms {row['ratio']:.2f}x", flush=True)
+            elif "ms" in row and args.epilogue != "none":
                 print(
                     f"    {label:8} {p} {row['ms']:.4f} ms {row['ratio']:.2f}x "
                     f"(torch addmm+gelu {row['torch_fused_ms']:.4f} ms)"

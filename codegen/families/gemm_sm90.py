@@ -13,7 +13,9 @@ warpgroups split each tile's rows; 1: each takes whole tiles in turn, BN 128 or 
 (1, the default where the problem allows it: each epilogue thread takes 8 consecutive columns of a
 row, loads the epilogue's inputs once per 8 elements (16-byte vectors, or one value for an input
 broadcast along the row) and stores 8 outputs with one 16-byte store; 0: one element per call, the
-inputs loaded and the output stored element by element, as the other GEMM templates do).
+inputs loaded and the output stored element by element, as the other GEMM templates do),
+OVERLAP (1: cooperative with the epilogue of each tile run in chunks during the next tile's main
+loop, from a copy of the accumulators in registers; BN 128 or 192, one K slice, VEC_EPI 1).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ BM = 128
 BK = 64
 BNS = (128, 192, 256)
 PINGPONG_BNS = (128, 192)
+OVERLAP_BNS = (128, 192)  # the accumulators twice in registers: BN 256 would need 256 of them
 THREADS = 384  # producer warpgroup + two consumer warpgroups
 SMEM_LIMIT = 227 * 1024
 _EP_BYTES = 2 * 64 * 40 * 4  # the consumers' fp32 epilogue buffers
@@ -121,12 +124,21 @@ def heuristic(prob: Problem) -> dict[str, Any]:
 PINGPONG_EPILOGUE_OPS = frozenset({"Gelu"})
 
 
+def overlap_every(ktiles: int, bn: int) -> int:
+    """K steps per epilogue chunk with OVERLAP: the BN / 32 chunks spread over the main loop (at
+    most 3 steps apart, so the unrolled part of the loop stays small)."""
+    return max(1, min(3, ktiles // (bn // 32)))
+
+
 def valid(prob: Problem, p: dict[str, Any]) -> bool:
     bn, st, s = p.get("BN"), p.get("STAGES"), p.get("SPLITS", 1)
     if bn not in BNS or not isinstance(st, int) or not isinstance(s, int):
         return False
     if p.get("PINGPONG", 0) not in (0, 1) or (p.get("PINGPONG") and (bn not in PINGPONG_BNS or s > 1)):
         return False  # a ping-pong warpgroup holds the whole 128 x BN accumulator; never won split
+    ov = p.get("OVERLAP", 0)
+    if ov not in (0, 1) or (ov and (bn not in OVERLAP_BNS or s > 1 or p.get("PINGPONG", 0))):
+        return False
     if not 2 <= st <= max_stages(bn) or s < 1 or s > max(1, ceil_div(prob.K, BK)):
         return False
     return unsupported(prob) is None
@@ -283,13 +295,21 @@ def generate(
     if why is not None:
         raise ctx.fail(f"no TMA GEMM: {why}")
     params = {
-        k: v for k, v in (params or {}).items() if k in ("BN", "STAGES", "SPLITS", "PINGPONG", "VEC_EPI", "FAST_GELU")
+        k: v
+        for k, v in (params or {}).items()
+        if k in ("BN", "STAGES", "SPLITS", "PINGPONG", "OVERLAP", "VEC_EPI", "FAST_GELU")
     }
     vec_epi, fast_gelu = params.pop("VEC_EPI", 1), params.pop("FAST_GELU", 1)
     if vec_epi not in (0, 1, 2) or fast_gelu not in (0, 1):
         raise ctx.fail(f"TMA GEMM parameters VEC_EPI={vec_epi!r} (0, 1, 2), FAST_GELU={fast_gelu!r} (0, 1)")
     if "BN" in params:  # a forced tile: one K slice, cooperative, the deepest ring unless named
-        p = {"SPLITS": 1, "PINGPONG": 0, "STAGES": max_stages(params["BN"]) if params["BN"] in BNS else 0, **params}
+        p = {
+            "SPLITS": 1,
+            "PINGPONG": 0,
+            "OVERLAP": 0,
+            "STAGES": max_stages(params["BN"]) if params["BN"] in BNS else 0,
+            **params,
+        }
     else:
         p = {**heuristic(prob), **params}
     if not valid(prob, p):
@@ -316,6 +336,11 @@ def generate(
     if vec is not None and fast_gelu:
         vec["function"].function = _fast_gelu(vec["function"].function)
     p["VEC_EPI"] = vec["mode"] if vec is not None else 0
+    overlap = int(p.pop("OVERLAP", 0))
+    if overlap:  # named only where set: the parameters (and cache keys) of the other forms stay as they were
+        p["OVERLAP"] = 1
+    if overlap and p["VEC_EPI"] != 1:
+        raise ctx.fail("TMA GEMM OVERLAP=1 needs the 8-column vector epilogue (VEC_EPI 1), which this step cannot have")
     p["FAST_GELU"] = fast_gelu
     ta, a_batched = _tmap(step.inputs[0], prob.dtype, prob.a, prob.K, BM, prob.batch)
     tb, b_batched = _tmap(step.inputs[1], prob.dtype, prob.b, prob.K, bn, prob.batch)
@@ -349,6 +374,8 @@ def generate(
         batch=prob.batch,
         group_m=8,
         pingpong=bool(p.get("PINGPONG", 0)),
+        overlap=bool(overlap),
+        overlap_every=overlap_every(ktiles, bn),
         a_kcontig=prob.a.kcontig,
         b_kcontig=prob.b.kcontig,
         trans_a=int(not prob.a.kcontig),

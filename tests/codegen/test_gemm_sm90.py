@@ -168,3 +168,59 @@ def test_heuristic_takes_ping_pong_for_a_gelu_epilogue():
         assert (k.params["BN"], k.params["PINGPONG"], k.params["VEC_EPI"]) == (128, 1, 1)
     plain = gemm_sm90.heuristic(problem_of(_ctx(4096, 3072, 768)))
     assert (plain["BN"], plain["PINGPONG"]) == (256, 0)
+
+
+def test_overlap_parameters():
+    """OVERLAP (the epilogue during the next tile's main loop) holds two accumulator arrays: BN 128
+    or 192, one K slice, cooperative consumers, and the 8-column vector epilogue."""
+    ctx = _ctx(4096, 3072, 768)
+    for p in (
+        {"BN": 256, "OVERLAP": 1},
+        {"BN": 128, "OVERLAP": 1, "PINGPONG": 1},
+        {"BN": 128, "OVERLAP": 1, "SPLITS": 2},
+    ):
+        with pytest.raises(CompileError, match="not valid"):
+            gemm_sm90.generate(ctx, p)
+    with pytest.raises(CompileError, match="OVERLAP=1 needs the 8-column vector epilogue"):
+        gemm_sm90.generate(ctx, {"BN": 128, "OVERLAP": 1, "VEC_EPI": 0})
+    with pytest.raises(CompileError, match="OVERLAP=1 needs the 8-column vector epilogue"):
+        gemm_sm90.generate(_ctx(4096, 3076, 768, b_layout="k"), {"BN": 128, "OVERLAP": 1})
+    (k,) = gemm_sm90.generate(ctx, {"BN": 192, "OVERLAP": 1})
+    assert k.params["OVERLAP"] == 1 and k.params["VEC_EPI"] == 1 and k.params["PINGPONG"] == 0
+    (plain,) = gemm_sm90.generate(ctx, {"BN": 192})
+    assert "OVERLAP" not in plain.params  # the other forms' parameters (and cache keys) are unchanged
+    assert [gemm_sm90.overlap_every(kt, 128) for kt in (1, 4, 8, 12, 48)] == [1, 1, 2, 3, 3]
+
+
+def _ptxas_log(source: str) -> str:
+    from graphc.codegen.nvrtc import BASE_OPTIONS, _nvrtc
+
+    nv = _nvrtc()
+    _, prog = nv.nvrtcCreateProgram(source.encode(), b"k.cu", 0, [], [])
+    try:
+        opts = [o.encode() for o in (*BASE_OPTIONS, "--gpu-architecture=sm_90a", "--ptxas-options=-v")]
+        (err,) = nv.nvrtcCompileProgram(prog, len(opts), opts)
+        _, size = nv.nvrtcGetProgramLogSize(prog)
+        buf = b" " * size
+        nv.nvrtcGetProgramLog(prog, buf)
+        assert err == nv.nvrtcResult.NVRTC_SUCCESS, buf.decode(errors="replace")
+        return buf.decode(errors="replace")
+    finally:
+        nv.nvrtcDestroyProgram(prog)
+
+
+@pytest.mark.parametrize("bn", gemm_sm90.OVERLAP_BNS)
+def test_overlap_keeps_the_wgmma_pipelined(bn):
+    """ptxas keeps the OVERLAP kernel's wgmma asynchronous (no C7511 "serialized due to insufficient
+    register resources", which a copy of the accumulators into a second array caused) and spills
+    nothing, with the FFN epilogue (bias + Gelu) between a K step's issue and its wait."""
+    from graphc.ops.fused import ACC, IN, OP, EpilogueOp
+
+    epi = (EpilogueOp("Add", get_op("Add").attrs(), (ACC, IN(2))), EpilogueOp("Gelu", get_op("Gelu").attrs(), (OP(0),)))
+    ctx = standalone_context(
+        "MatMul", [(4096, 768), (768, 3072), (3072,)], DType.float16, n_anchor=2, epilogue=epi, outputs=(OP(1),)
+    )
+    (k,) = gemm_sm90.generate(ctx, {"BN": bn, "OVERLAP": 1})
+    log = _ptxas_log(k.source)
+    assert "C7511" not in log and "serialized" not in log, log
+    assert "0 bytes spill stores, 0 bytes spill loads" in log, log

@@ -237,7 +237,71 @@ def _cases() -> list[Case]:
             outputs=(OP(1),),
         )  # fmt: skip
     )
+    cases += _overlap_cases(bg, row2, cast)
     return cases
+
+
+def _overlap_cases(bg, row2, cast) -> list[Case]:
+    """OVERLAP 1: a tile's epilogue during the next tile's main loop, from the other accumulator
+    array. Many tiles per CTA (both arrays, an odd count per CTA), M and N edges, K shorter than the
+    chunks (K = 64: one K step, the chunks after it), a K tail, every layout, both widths, the
+    fused epilogue forms (bias + Gelu, a per-row input with two outputs, a float32 output)."""
+    out = []
+    for bn in (128, 192):
+        for ta, tb in ((0, 0), (1, 1)):
+            out.append(
+                Case(
+                    f"fp16-overlap-bn{bn}-t{ta}{tb}",
+                    "fp16",
+                    "MatMul",
+                    [(520, 2184) if ta else (2184, 520), (2112, 520) if tb else (520, 2112)],
+                    domain="graphc",
+                    attrs={"trans_a": ta, "trans_b": tb},
+                    params={"BN": bn, "OVERLAP": 1},
+                )
+            )
+    out.append(Case("bf16-overlap-k64", "bf16", "MatMul", [(2180, 64), (64, 1048)], params={"BN": 128, "OVERLAP": 1}))
+    out.append(
+        Case("fp16-overlap-deep", "fp16", "MatMul", [(1000, 2048), (2048, 776)], params={"BN": 192, "OVERLAP": 1})
+    )
+    for mode, bn in (("fp16", 128), ("bf16", 192)):
+        out.append(
+            Case(
+                f"{mode}-ffn-overlap-bn{bn}",
+                mode,
+                "MatMul",
+                [(2176, 768), (768, 1544), (1544,)],
+                n_anchor=2,
+                epilogue=bg,
+                outputs=(OP(1),),
+                params={"BN": bn, "OVERLAP": 1},
+            )
+        )
+    out.append(
+        Case(
+            "fp16-rowscale-2out-overlap",
+            "fp16",
+            "MatMul",
+            [(2600, 256), (256, 1064), (2600, 1)],
+            n_anchor=2,
+            epilogue=row2,
+            outputs=(OP(0), OP(1)),
+            params={"BN": 128, "OVERLAP": 1},
+        )
+    )
+    out.append(
+        Case(
+            "bf16-cast-f32-overlap",
+            "bf16",
+            "MatMul",
+            [(2200, 320), (320, 2200), (2200, 2200)],
+            n_anchor=2,
+            epilogue=cast,
+            outputs=(OP(1),),
+            params={"BN": 192, "OVERLAP": 1},
+        )
+    )
+    return out
 
 
 CASES = _cases()
