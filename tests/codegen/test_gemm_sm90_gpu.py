@@ -301,6 +301,71 @@ def _overlap_cases(bg, row2, cast) -> list[Case]:
             params={"BN": 192, "OVERLAP": 1},
         )
     )
+    f = _bias_gelu_residual(2184, 1064)  # bias + Gelu + residual [M, N]: BN 192 loads its inputs late
+    out.append(
+        Case(
+            "fp16-fused-overlap-bn192",
+            "fp16",
+            "MatMul",
+            [(2184, 768), (768, 1064), *f["extra"]],
+            n_anchor=2,
+            epilogue=f["epilogue"],
+            outputs=f["outputs"],
+            params={"BN": 192, "OVERLAP": 1},
+        )
+    )
+    # WARP_EPI: the per-warp epilogue in the cooperative and ping-pong schedules
+    for mode, bn, pp in (("fp16", 256, 0), ("bf16", 128, 1), ("fp16", 192, 1)):
+        out.append(
+            Case(
+                f"{mode}-fused-warpepi-bn{bn}-pp{pp}",
+                mode,
+                "MatMul",
+                [(2184, 768), (768, 1064), *f["extra"]],
+                n_anchor=2,
+                epilogue=f["epilogue"],
+                outputs=f["outputs"],
+                params={"BN": bn, "PINGPONG": pp, "WARP_EPI": 1},
+            )
+        )
+    out.append(
+        Case(
+            "fp16-ffn-warpepi-pp192",
+            "fp16",
+            "MatMul",
+            [(2176, 256), (256, 776), (776,)],
+            n_anchor=2,
+            epilogue=bg,
+            outputs=(OP(1),),
+            params={"BN": 192, "PINGPONG": 1, "WARP_EPI": 1},
+        )
+    )
+    out.append(
+        Case(
+            "fp16-rowscale-2out-warpepi",
+            "fp16",
+            "MatMul",
+            [(2600, 256), (256, 1064), (2600, 1)],
+            n_anchor=2,
+            epilogue=row2,
+            outputs=(OP(0), OP(1)),
+            params={"BN": 256, "WARP_EPI": 1},
+        )
+    )
+    # the default (OVERLAP rule) on a residual epilogue, B stored [N, K]
+    out.append(
+        Case(
+            "fp16-default-overlap-res",
+            "fp16",
+            "MatMul",
+            [(4096, 768), (1024, 768), (4096, 1024)],
+            domain="graphc",
+            attrs={"trans_b": 1},
+            n_anchor=2,
+            epilogue=(EpilogueOp("Add", get_op("Add").attrs(), (ACC, IN(2))),),
+            outputs=(OP(0),),
+        )
+    )
     return out
 
 
@@ -375,6 +440,8 @@ def test_gemm_sm90(case: Case):
     assert kernels[0][0].params["path"] == "tma"
     main = kernels[0][0].params
     assert main["VEC_EPI"] == _want_vec(case, main["SPLITS"]), main
+    if case.id == "fp16-default-overlap-res":
+        assert main.get("OVERLAP") == 1 and main["BN"] == 192, main
     for out, ref in zip(outs, refs, strict=True):
         assert np.isfinite(out).all(), f"{np.count_nonzero(~np.isfinite(out))} elements unwritten or not finite"
         err = np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30)
