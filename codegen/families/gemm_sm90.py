@@ -488,7 +488,8 @@ def generate(
 #   (MID_M_*, measured 2026-12-01 16:16 UTC, tools/bench_gemm_small_m.py --mid,
 #   docs/results/gemm_mid_m_h200_2026-12-01.md).
 # The tile choice inside (heuristic()) matched the best measured variant within 4% on every M >= 4096
-# shape; the ping-pong schedule won only at 6304x2304x768 (+3%), so the heuristic stays cooperative.
+# shape; the ping-pong schedule won only at 6304x2304x768 (+3%), so the heuristic stayed cooperative;
+# later the OVERLAP rule (overlap_rule, beside heuristic()) replaced it at N, K in 768..3072.
 SELECT_MIN_M = 4096
 SMALL_M_MAX = 256
 SMALL_M_MIN_K = 3072

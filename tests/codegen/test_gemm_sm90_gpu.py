@@ -464,6 +464,8 @@ def test_engine_runs_tma_gemms(tmp_path):
     eng = graphc.compile(model, target="cuda", precision="fp16", arch=["sm_90"])
     paths = [ln.params.get("path") for s in eng.plan.steps for ln in s.launches if ln.family == "gemm"]
     assert paths.count("tma") == 2, paths
+    overlap = [ln.params.get("OVERLAP") for s in eng.plan.steps for ln in s.launches if ln.family == "gemm"]
+    assert overlap == [1, 1], overlap  # the OVERLAP rule (bias + ReLU; residual)
     path = tmp_path / "mlp.engine"
     eng.save(path)
     loaded = graphc.runtime.load(path)
