@@ -3,6 +3,7 @@ older GEMM paths, in one run on one GPU: many variants per shape, each checked, 
 
     python tools/bench_gemm_sm90.py [--quick] [--dtype fp16 --dtype bf16] [--out DIR]
     python tools/bench_gemm_sm90.py --compile-only --cache DIR   # NVRTC every variant, no GPU
+    python tools/bench_gemm_sm90.py --overlap [--epilogue bias-gelu] --shape MxNxK   # epilogue schedules
 
 Each variant's output is poisoned (NaN) before a checked run on fresh random inputs and compared
 with torch's fp32 product (relative Frobenius error); a NaN left or an error above 1e-2 fails it.
@@ -52,7 +53,8 @@ def variants(prob, lean: bool = False) -> list[dict[str, Any]]:
 
 
 def context(m: int, n: int, k: int, dtype, b_layout: str, epilogue: str = "none"):
-    """The GEMM step; epilogue "bias-gelu": Gelu(acc + bias[n]) fused, as an FFN's first layer."""
+    """The GEMM step; epilogue "bias-gelu": Gelu(acc + bias[n]) fused, as an FFN's first layer;
+    "bias-res": acc + bias[n] + residual[m, n], as its second."""
     from graphc.codegen.families.gemm import standalone_context
     from graphc.ops.fused import ACC, IN, OP, EpilogueOp
     from graphc.ops.registry import get_op
@@ -67,6 +69,14 @@ def context(m: int, n: int, k: int, dtype, b_layout: str, epilogue: str = "none"
         kw["epilogue"] = (
             EpilogueOp("Add", get_op("Add").attrs(), (ACC, IN(2))),
             EpilogueOp("Gelu", get_op("Gelu").attrs(), (OP(0),)),
+        )
+        kw["outputs"] = (OP(1),)
+    elif epilogue == "bias-res":  # acc + bias[n] + residual[m, n], as an FFN's second layer
+        shapes += [(n,), (m, n)]
+        kw["n_anchor"] = 2
+        kw["epilogue"] = (
+            EpilogueOp("Add", get_op("Add").attrs(), (ACC, IN(2))),
+            EpilogueOp("Add", get_op("Add").attrs(), (OP(0), IN(3))),
         )
         kw["outputs"] = (OP(1),)
     return standalone_context("MatMul", shapes, dtype, **kw)
@@ -93,8 +103,33 @@ def epilogue_variants(prob) -> list[dict[str, Any]]:
     return out
 
 
+def overlap_variants(prob, epilogue: str = "none") -> list[dict[str, Any]]:
+    """The epilogue schedules side by side: cooperative (each width), ping-pong, each also with the
+    per-warp epilogue (WARP_EPI), and OVERLAP (the epilogue of a tile during the next tile's main
+    loop), each with the deepest ring."""
+    from graphc.codegen.families import gemm_sm90 as g
+
+    extra = {"VEC_EPI": 1, "FAST_GELU": 1} if epilogue != "none" else {}
+    out = [{"BN": bn, "STAGES": g.max_stages(bn), "SPLITS": 1, "PINGPONG": 0, **extra} for bn in g.BNS]
+    out.append({"BN": 256, "STAGES": g.max_stages(256), "SPLITS": 1, "PINGPONG": 0, "WARP_EPI": 1, **extra})
+    for w in (0, 1):
+        out += [
+            {
+                "BN": bn,
+                "STAGES": g.max_stages(bn),
+                "SPLITS": 1,
+                "PINGPONG": 1,
+                **({"WARP_EPI": 1} if w else {}),
+                **extra,
+            }
+            for bn in g.PINGPONG_BNS
+        ]
+    out += [{"BN": bn, "STAGES": g.max_stages(bn), "SPLITS": 1, "OVERLAP": 1, **extra} for bn in g.OVERLAP_BNS]
+    return out
+
+
 def kernels_for(
-    ctx, prob, quick: bool, lean: bool = False, epilogue: str = "none"
+    ctx, prob, quick: bool, lean: bool = False, epilogue: str = "none", overlap: bool = False
 ) -> list[tuple[str, dict | None, list]]:
     """(label, params, KernelSources) of every candidate: the TMA variants, graphc's default
     and its cp.async wgmma path."""
@@ -105,7 +140,10 @@ def kernels_for(
     h = g.heuristic(prob)
     if epilogue != "none":
         h = {**h, "VEC_EPI": 1, "FAST_GELU": 1}
-    vs = [h] if quick else (epilogue_variants(prob) if epilogue != "none" else variants(prob, lean))
+    if overlap:
+        vs = overlap_variants(prob, epilogue)
+    else:
+        vs = [h] if quick else (epilogue_variants(prob) if epilogue != "none" else variants(prob, lean))
     if h not in vs:
         vs.insert(0, h)
     for p in vs:
@@ -113,6 +151,8 @@ def kernels_for(
             out.append(("tma" + ("*" if p == h else ""), p, g.generate(ctx, p)))
         except Exception as e:  # noqa: BLE001 - a variant that does not render is reported and skipped
             print(f"  skip {p}: {e}")
+    if overlap:  # the TMA schedules only
+        return out
     fam = family_for(ctx)
     out.append(("default", None, fam.generate(ctx)))
     try:
@@ -150,6 +190,7 @@ class Shape:
         self.b = [torch.randn(bshape, generator=g, device="cuda").to(tdt) for _ in range(self.sets)]
         self.out = torch.empty((m, n), device="cuda", dtype=tdt)
         self.bias = torch.randn((n,), generator=g, device="cuda").to(tdt)
+        self.res = torch.randn((m, n), generator=g, device="cuda").to(tdt) if epilogue == "bias-res" else None
 
     def torch_launch(self, fused: bool = False):
         """cuBLAS's plain GEMM; `fused`: what PyTorch runs for Linear + GELU (addmm with the bias,
@@ -182,6 +223,7 @@ class Shape:
         ws = cupy.empty(max(max(k.workspace_bytes for k in ks), 1), dtype=cupy.uint8)
         outv = cupy.asarray(self.out)
         biasv = cupy.asarray(self.bias)
+        resv = cupy.asarray(self.res) if self.res is not None else None
         av = [cupy.asarray(x) for x in self.a]
         bv = [cupy.asarray(x) for x in self.b]
         tables = []  # per operand set, per kernel
@@ -195,7 +237,7 @@ class Shape:
 
         def go(i):
             j = i % self.sets
-            names = {"x0": av[j], "x1": bv[j], "x2": biasv, "y0": outv, "@workspace": ws}
+            names = {"x0": av[j], "x1": bv[j], "x2": biasv, "x3": resv, "y0": outv, "@workspace": ws}
             for q, (fn, k, _) in enumerate(fns):
                 args = tuple(tables[j][q].arg(tmap_index(a, k.name)) if is_tmap_arg(a) else names[a] for a in k.args)
                 fn(k.grid, k.block, args, shared_mem=k.shared_bytes)
@@ -225,6 +267,8 @@ class Shape:
         ref = self.a[0].float() @ (b.t() if self.b_layout == "k" else b)
         if self.epilogue == "bias-gelu":
             ref = torch.nn.functional.gelu(ref + self.bias.float())
+        elif self.epilogue == "bias-res":
+            ref = ref + self.bias.float() + self.res.float()
         return float((ours - ref).norm() / ref.norm())
 
     def time(self, go, iters: int, reps: int = 7) -> float:
@@ -243,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", type=Path, help="NVRTC cache directory")
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--lean", action="store_true", help="fewer variants per shape (see variants())")
-    ap.add_argument("--epilogue", choices=["none", "bias-gelu"], default="none", help="a fused epilogue")
+    ap.add_argument("--epilogue", choices=["none", "bias-gelu", "bias-res"], default="none", help="a fused epilogue")
+    ap.add_argument("--overlap", action="store_true", help="the epilogue schedules: cooperative, ping-pong, OVERLAP")
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
 
@@ -263,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         for lay in layouts:
             for m, n, k in shapes:
                 ctx = context(m, n, k, dtype, lay, args.epilogue)
-                cands = kernels_for(ctx, problem_of(ctx), args.quick, args.lean, args.epilogue)
+                cands = kernels_for(ctx, problem_of(ctx), args.quick, args.lean, args.epilogue, args.overlap)
                 todo.append((dt, lay, (m, n, k), cands))
     every = [k for *_, cands in todo for _, _, ks in cands for k in ks]
     t0 = time.time()
@@ -291,8 +336,10 @@ def main(argv: list[str] | None = None) -> int:
         flop = 2.0 * m * n * k
         t_ref = sh.time(sh.torch_launch(), args.iters)
         extra = {}
-        if args.epilogue != "none":  # the ratio stays against the plain GEMM of cuBLAS
+        if args.epilogue == "bias-gelu":  # the ratio stays against the plain GEMM of cuBLAS
             extra = {"epilogue": args.epilogue, "torch_fused_ms": sh.time(sh.torch_launch(fused=True), args.iters)}
+        elif args.epilogue != "none":
+            extra = {"epilogue": args.epilogue}
         rows = []
         for label, p, ks in cands:
             cub = [next(cubins) for _ in ks]
@@ -317,10 +364,12 @@ def main(argv: list[str] | None = None) -> int:
             log.write(json.dumps(row) + "\n")
             log.flush()
             rows.append(row)
-            if "ms" in row and args.epilogue != "none":
+            if "ms" in row and args.overlap:
+                print(f"    {label:5} {p} {row['ms']:.4f} ms {row['ratio']:.2f}x", flush=True)
+            elif "ms" in row and args.epilogue != "none":
                 print(
                     f"    {label:8} {p} {row['ms']:.4f} ms {row['ratio']:.2f}x "
-                    f"(torch addmm+gelu {row['torch_fused_ms']:.4f} ms)"
+                    f"(torch addmm+gelu {row.get('torch_fused_ms', float('nan')):.4f} ms)"
                 )
         ok = [r for r in rows if "ms" in r]
         tma = [r for r in ok if r["kernel"].startswith("tma")]

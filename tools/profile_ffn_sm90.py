@@ -6,10 +6,12 @@ models (ResNet-50, BERT-base at full size) per step.
 
     python tools/profile_ffn_sm90.py [--batch 32] [--models resnet,bert] [--out DIR]
 
-`--epilogue-forms` also compiles the FFN with the TMA GEMM's older epilogue (one element per call,
-erff: VEC_EPI=0, FAST_GELU=0), the vector epilogue with erff, the epilogue in the accumulator layout
-(VEC_EPI=2) and the ping-pong schedule, for a before/after in one run. Each
-engine's output is checked against float64 numpy (relative Frobenius error printed).
+`--overlap` also compiles the FFN and the plain MatMul with the OVERLAP schedule (the epilogue of a
+tile during the next tile's main loop) and the ping-pong one. `--epilogue-forms` also compiles the
+FFN with the TMA GEMM's older epilogue (one element per call, erff: VEC_EPI=0, FAST_GELU=0), the
+vector epilogue with erff, the epilogue in the accumulator layout (VEC_EPI=2) and the ping-pong
+schedule, for a before/after in one run. Each engine's output is checked against float64 numpy
+(relative Frobenius error printed).
 """
 
 from __future__ import annotations
@@ -126,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--epilogue-forms", action="store_true")
+    ap.add_argument("--overlap", action="store_true", help="also the OVERLAP schedule (BN 128, 192) and ping-pong")
     ap.add_argument("--models", default="", help="zoo models at full size, e.g. resnet,bert")
     ap.add_argument("--only", help="the FFN forms whose label contains this (e.g. under ncu)")
     ap.add_argument("--no-torch", action="store_true")
@@ -147,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
                   ("FFN ping-pong BN192", True, {"BN": 192, "PINGPONG": 1}),
                   ("FFN ping-pong BN192 VEC_EPI=2", True, {"BN": 192, "PINGPONG": 1, "VEC_EPI": 2}),
                   ("plain MatMul VEC_EPI=2", False, {"VEC_EPI": 2})]  # fmt: skip
+    if a.overlap:
+        forms += [("FFN ping-pong BN128", True, {"BN": 128, "PINGPONG": 1}),
+                  ("FFN OVERLAP BN128", True, {"BN": 128, "OVERLAP": 1}),
+                  ("FFN OVERLAP BN192", True, {"BN": 192, "OVERLAP": 1}),
+                  ("plain MatMul BN256", False, {"BN": 256}),
+                  ("plain MatMul OVERLAP BN192", False, {"BN": 192, "OVERLAP": 1})]  # fmt: skip
     for label, epi, extra in forms:
         if a.only and a.only not in label:
             continue
@@ -163,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         log.flush()
         tma = r["tma"][0] if r["tma"] else {}
         print(f"  {label:30} replay {r['replay_ms']:.4f} ms | GEMM alone {row['gemm_per_kernel_ms']:.4f} ms "
-              f"| {dict((k, tma.get(k)) for k in ('BN', 'STAGES', 'PINGPONG', 'VEC_EPI', 'FAST_GELU'))} "
+              f"| {dict((k, tma.get(k)) for k in ('BN', 'STAGES', 'PINGPONG', 'OVERLAP', 'VEC_EPI', 'FAST_GELU'))} "
               f"| rel err {err:.2e}", flush=True)  # fmt: skip
     for name in [m for m in a.models.split(",") if m]:
         import models

@@ -13,7 +13,11 @@ warpgroups split each tile's rows; 1: each takes whole tiles in turn, BN 128 or 
 (1, the default where the problem allows it: each epilogue thread takes 8 consecutive columns of a
 row, loads the epilogue's inputs once per 8 elements (16-byte vectors, or one value for an input
 broadcast along the row) and stores 8 outputs with one 16-byte store; 0: one element per call, the
-inputs loaded and the output stored element by element, as the other GEMM templates do).
+inputs loaded and the output stored element by element, as the other GEMM templates do),
+OVERLAP (1: cooperative with the epilogue of each tile run in chunks during the next tile's main
+loop, from a second accumulator array; BN 128 or 192, one K slice, VEC_EPI 1), WARP_EPI (1: the
+cooperative or ping-pong epilogue done by each warp for its own 16 rows, no barrier across warps;
+VEC_EPI 1).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ BM = 128
 BK = 64
 BNS = (128, 192, 256)
 PINGPONG_BNS = (128, 192)
+OVERLAP_BNS = (128, 192)  # the accumulators twice in registers: BN 256 would need 256 of them
 THREADS = 384  # producer warpgroup + two consumer warpgroups
 SMEM_LIMIT = 227 * 1024
 _EP_BYTES = 2 * 64 * 40 * 4  # the consumers' fp32 epilogue buffers
@@ -81,10 +86,12 @@ def units(prob: Problem, bn: int, splits: int) -> int:
     return ceil_div(prob.M, BM) * ceil_div(prob.N, bn) * prob.batch * splits
 
 
-def heuristic(prob: Problem) -> dict[str, Any]:
+def heuristic(prob: Problem, vec_ok: bool = True) -> dict[str, Any]:
     """Tile width and split count by a wave model: the busiest SM's share of (padded) tile work,
     the wider tiles a little faster per element (fewer operand bytes per FLOP), split-K charged its
-    workspace round trip. Measured rules: see docs/results/gemm_sm90.md."""
+    workspace round trip; then the OVERLAP rule (overlap_rule) where the problem can have the 8-column
+    vector epilogue (`vec_ok`). Measured rules: see docs/results/gemm_sm90.md and
+    docs/results/gemm_sm90_epilogue_2026-12-01.md."""
     ktiles = ceil_div(prob.K, BK)
     best, best_cost = None, float("inf")
     for bn in BNS:
@@ -108,8 +115,38 @@ def heuristic(prob: Problem) -> dict[str, Any]:
         best["PINGPONG"] = 1
     else:
         best["PINGPONG"] = 0
+    if vec_ok and overlap_rule(prob, best):
+        best = {"BN": OVERLAP_RULE_BN, "SPLITS": 1, "PINGPONG": 0, "OVERLAP": 1}
     best["STAGES"] = max_stages(best["BN"])
     return best
+
+
+# OVERLAP as the default, measured on an H200 (2026-12-01, tools/bench_gemm_sm90.py --overlap,
+# fp16, B [K, N], CUDA-graph replays, ratio = cuBLAS / ours; docs/results/gemm_sm90_epilogue_2026-12-01.md):
+# plain GEMMs, OVERLAP BN 192 against the heuristic's cooperative tile before:
+#   4096 x {768x768, 2304x768, 3072x768, 768x3072}: 0.96 / 1.02 / 1.04 / 0.97x (before 0.86 / 0.88 / 0.91 / 0.95x)
+#   6304 x the same: 0.81 / 1.00 / 0.92 / 0.82x (before 0.71 / 0.85 / 0.83 / 0.76x)
+# and the fastest variant on all eight. Not taken: 4096^3 (cooperative BN 256 0.96x, OVERLAP BN 192
+# 0.73x, BN 128 0.87x), so N and K stay within the measured 768..3072; a Gelu epilogue (bias + Gelu
+# at 4096x3072x768: OVERLAP BN 128 0.0512 ms, BN 192 0.0764 (NVRTC 13.0 spilled it), the ping-pong
+# default 0.0470); split-K problems (the reduce kernel runs the epilogue).
+OVERLAP_RULE_BN = 192
+OVERLAP_RULE_MIN_M = 4096
+OVERLAP_RULE_NK = (768, 3072)
+
+
+def overlap_rule(prob: Problem, best: dict[str, Any]) -> bool:
+    """Whether the heuristic takes OVERLAP BN 192 over its cooperative choice `best` (rule above)."""
+    lo, hi = OVERLAP_RULE_NK
+    return (
+        best["SPLITS"] == 1
+        and not best.get("PINGPONG")
+        and prob.batch * prob.M >= OVERLAP_RULE_MIN_M
+        and lo <= prob.N <= hi
+        and lo <= prob.K <= hi
+        and prob.N % 8 == 0
+        and not any(e.op in PINGPONG_EPILOGUE_OPS for e in prob.epilogue)
+    )
 
 
 # Epilogue ops that make the heuristic take the ping-pong schedule (BN 128). Measured on an H200
@@ -121,12 +158,21 @@ def heuristic(prob: Problem) -> dict[str, Any]:
 PINGPONG_EPILOGUE_OPS = frozenset({"Gelu"})
 
 
+def overlap_every(ktiles: int, bn: int) -> int:
+    """K steps per epilogue chunk with OVERLAP: the BN / 32 chunks spread over the main loop (at
+    most 3 steps apart, so the unrolled part of the loop stays small)."""
+    return max(1, min(3, ktiles // (bn // 32)))
+
+
 def valid(prob: Problem, p: dict[str, Any]) -> bool:
     bn, st, s = p.get("BN"), p.get("STAGES"), p.get("SPLITS", 1)
     if bn not in BNS or not isinstance(st, int) or not isinstance(s, int):
         return False
     if p.get("PINGPONG", 0) not in (0, 1) or (p.get("PINGPONG") and (bn not in PINGPONG_BNS or s > 1)):
         return False  # a ping-pong warpgroup holds the whole 128 x BN accumulator; never won split
+    ov = p.get("OVERLAP", 0)
+    if ov not in (0, 1) or (ov and (bn not in OVERLAP_BNS or s > 1 or p.get("PINGPONG", 0))):
+        return False
     if not 2 <= st <= max_stages(bn) or s < 1 or s > max(1, ceil_div(prob.K, BK)):
         return False
     return unsupported(prob) is None
@@ -183,6 +229,20 @@ def vector_epilogue(prob: Problem, ops: dict, splits: int, width: int = 8) -> li
         vtype, nv = _vec_type(op.dtype.itemsize, width)
         got.append(VecInput(i, last == 1, ct.storage, vtype, nv, broadcast_index(shape, out_shape, "base")))
     return got
+
+
+def pingpong_wide(p: dict[str, Any], bn: int) -> bool:
+    """A ping-pong warpgroup with the per-warp epilogue holds two BN / 2 accumulator arrays as
+    OVERLAP does: from BN 192 its epilogue inputs are loaded late (ov_late in the template)."""
+    return bool(p.get("PINGPONG")) and bn > 128
+
+
+def vec_epilogue_ok(prob: Problem, ops: dict, out_specs) -> bool:
+    """Whether a one-slice launch of the problem gets the 8-column vector epilogue (VEC_EPI 1):
+    its inputs broadcast along rows (vector_epilogue) and every output 2 or 4 bytes wide."""
+    if isinstance(vector_epilogue(prob, ops, 1, WIDTHS[1]), str):
+        return False
+    return all(dtype_from_numpy_name(s.dtype).itemsize in (2, 4) for s in out_specs)
 
 
 def _tmap(tensor: str, dtype: DType, lay, k: int, tile_rows: int, batch: int) -> tuple[dict[str, Any], bool]:
@@ -283,15 +343,25 @@ def generate(
     if why is not None:
         raise ctx.fail(f"no TMA GEMM: {why}")
     params = {
-        k: v for k, v in (params or {}).items() if k in ("BN", "STAGES", "SPLITS", "PINGPONG", "VEC_EPI", "FAST_GELU")
+        k: v
+        for k, v in (params or {}).items()
+        if k in ("BN", "STAGES", "SPLITS", "PINGPONG", "OVERLAP", "WARP_EPI", "VEC_EPI", "FAST_GELU")
     }
     vec_epi, fast_gelu = params.pop("VEC_EPI", 1), params.pop("FAST_GELU", 1)
     if vec_epi not in (0, 1, 2) or fast_gelu not in (0, 1):
         raise ctx.fail(f"TMA GEMM parameters VEC_EPI={vec_epi!r} (0, 1, 2), FAST_GELU={fast_gelu!r} (0, 1)")
+    ops = step_operands(ctx)
+    out_specs = [ctx.tensors[o] for o in step.outputs]
     if "BN" in params:  # a forced tile: one K slice, cooperative, the deepest ring unless named
-        p = {"SPLITS": 1, "PINGPONG": 0, "STAGES": max_stages(params["BN"]) if params["BN"] in BNS else 0, **params}
+        p = {
+            "SPLITS": 1,
+            "PINGPONG": 0,
+            "OVERLAP": 0,
+            "STAGES": max_stages(params["BN"]) if params["BN"] in BNS else 0,
+            **params,
+        }
     else:
-        p = {**heuristic(prob), **params}
+        p = {**heuristic(prob, vec_epi == 1 and vec_epilogue_ok(prob, ops, out_specs)), **params}
     if not valid(prob, p):
         raise ctx.fail(f"TMA GEMM parameters {p} are not valid for M={prob.M} N={prob.N} K={prob.K}")
     bn, stages = p["BN"], p["STAGES"]
@@ -299,9 +369,7 @@ def generate(
     kt_per = ceil_div(ktiles, p["SPLITS"])
     splits = ceil_div(ktiles, kt_per)  # no empty slice
     p["SPLITS"] = splits
-    ops = step_operands(ctx)
     name = ctx.kernel_name()
-    out_specs = [ctx.tensors[o] for o in step.outputs]
     rendered = render_epilogue(
         prob.epilogue, prob.outputs, ops, out_specs, prob.out_shape, prob.dtype, where=where, name=f"{name}_epi"
     )
@@ -316,6 +384,16 @@ def generate(
     if vec is not None and fast_gelu:
         vec["function"].function = _fast_gelu(vec["function"].function)
     p["VEC_EPI"] = vec["mode"] if vec is not None else 0
+    overlap, warp_epi = int(p.pop("OVERLAP", 0)), int(p.pop("WARP_EPI", 0))
+    for key, on in (("OVERLAP", overlap), ("WARP_EPI", warp_epi)):
+        if on not in (0, 1):
+            raise ctx.fail(f"TMA GEMM parameter {key}={on!r} (0, 1)")
+        if on:  # named only where set: the parameters (and cache keys) of the other forms stay as they were
+            p[key] = 1
+        if on and p["VEC_EPI"] != 1:
+            raise ctx.fail(
+                f"TMA GEMM {key}=1 needs the 8-column vector epilogue (VEC_EPI 1), which this step cannot have"
+            )
     p["FAST_GELU"] = fast_gelu
     ta, a_batched = _tmap(step.inputs[0], prob.dtype, prob.a, prob.K, BM, prob.batch)
     tb, b_batched = _tmap(step.inputs[1], prob.dtype, prob.b, prob.K, bn, prob.batch)
@@ -349,6 +427,10 @@ def generate(
         batch=prob.batch,
         group_m=8,
         pingpong=bool(p.get("PINGPONG", 0)),
+        overlap=bool(overlap),
+        warp_epi=bool(warp_epi and not overlap),  # OVERLAP's epilogue is per warp already
+        ov_late=bool(vec and vec["inputs"] and (overlap and bn > 128 or pingpong_wide(p, bn))),
+        overlap_every=overlap_every(ktiles, bn),
         a_kcontig=prob.a.kcontig,
         b_kcontig=prob.b.kcontig,
         trans_a=int(not prob.a.kcontig),
@@ -406,7 +488,8 @@ def generate(
 #   (MID_M_*, measured 2026-12-01 16:16 UTC, tools/bench_gemm_small_m.py --mid,
 #   docs/results/gemm_mid_m_h200_2026-12-01.md).
 # The tile choice inside (heuristic()) matched the best measured variant within 4% on every M >= 4096
-# shape; the ping-pong schedule won only at 6304x2304x768 (+3%), so the heuristic stays cooperative.
+# shape; the ping-pong schedule won only at 6304x2304x768 (+3%), so the heuristic stayed cooperative;
+# later the OVERLAP rule (overlap_rule, beside heuristic()) replaced it at N, K in 768..3072.
 SELECT_MIN_M = 4096
 SMALL_M_MAX = 256
 SMALL_M_MIN_K = 3072

@@ -12,6 +12,7 @@ from graphc.codegen.families import gemm_sm90
 from graphc.codegen.families.gemm import problem_of, standalone_context
 from graphc.errors import CompileError
 from graphc.ir.types import DType
+from graphc.ops.fused import ACC, IN, OP, EpilogueOp
 from graphc.ops.registry import get_op
 from graphc.runtime.errors import EngineError
 from graphc.runtime.tensormap import spec_from_json, validate_launch
@@ -167,4 +168,96 @@ def test_heuristic_takes_ping_pong_for_a_gelu_epilogue():
         (k,) = gemm_sm90.generate(ctx)
         assert (k.params["BN"], k.params["PINGPONG"], k.params["VEC_EPI"]) == (128, 1, 1)
     plain = gemm_sm90.heuristic(problem_of(_ctx(4096, 3072, 768)))
-    assert (plain["BN"], plain["PINGPONG"]) == (256, 0)
+    assert (plain["BN"], plain["PINGPONG"], plain["OVERLAP"]) == (192, 0, 1)  # the OVERLAP rule
+    assert (gemm_sm90.heuristic(problem_of(_ctx(4096, 3072, 768)), vec_ok=False)["BN"]) == 256
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "layout", "overlap"),
+    [
+        (4096, 768, 768, "mn", True),
+        (6304, 3072, 768, "mn", True),
+        (4096, 768, 3072, "k", True),
+        (4096, 4096, 4096, "mn", False),  # cooperative BN 256 measured faster
+        (2048, 3072, 768, "mn", False),  # below the measured M
+        (128, 768, 3072, "mn", False),  # split-K
+    ],
+)
+def test_overlap_rule(m, n, k, layout, overlap):
+    (kern,) = gemm_sm90.generate(_ctx(m, n, k, b_layout=layout))[:1]
+    assert (kern.params.get("OVERLAP", 0) == 1) == overlap, kern.params
+    if overlap:
+        assert kern.params["BN"] == gemm_sm90.OVERLAP_RULE_BN and kern.params["VEC_EPI"] == 1
+
+
+def test_overlap_rule_needs_the_vector_epilogue():
+    """An epilogue input that does not broadcast along rows (no 8-column vector epilogue): the
+    heuristic keeps the cooperative tile instead of failing."""
+    ctx = standalone_context(
+        "MatMul", [(4096, 768), (768, 768), (4096, 768)], DType.float16, n_anchor=2,
+        epilogue=(EpilogueOp("Add", get_op("Add").attrs(), (ACC, IN(2))),), outputs=(OP(0),),
+    )  # fmt: skip
+    (k,) = gemm_sm90.generate(ctx)
+    assert k.params.get("OVERLAP") == 1  # a residual [M, N] vectorizes
+    (k,) = gemm_sm90.generate(ctx, {"VEC_EPI": 0})
+    assert "OVERLAP" not in k.params and k.params["VEC_EPI"] == 0
+
+
+def test_overlap_parameters():
+    """OVERLAP (the epilogue during the next tile's main loop) holds two accumulator arrays: BN 128
+    or 192, one K slice, cooperative consumers, and the 8-column vector epilogue."""
+    ctx = _ctx(4096, 3072, 768)
+    for p in (
+        {"BN": 256, "OVERLAP": 1},
+        {"BN": 128, "OVERLAP": 1, "PINGPONG": 1},
+        {"BN": 128, "OVERLAP": 1, "SPLITS": 2},
+    ):
+        with pytest.raises(CompileError, match="not valid"):
+            gemm_sm90.generate(ctx, p)
+    with pytest.raises(CompileError, match="OVERLAP=1 needs the 8-column vector epilogue"):
+        gemm_sm90.generate(ctx, {"BN": 128, "OVERLAP": 1, "VEC_EPI": 0})
+    with pytest.raises(CompileError, match="OVERLAP=1 needs the 8-column vector epilogue"):
+        gemm_sm90.generate(_ctx(4096, 3076, 768, b_layout="k"), {"BN": 128, "OVERLAP": 1})
+    (k,) = gemm_sm90.generate(ctx, {"BN": 192, "OVERLAP": 1})
+    assert k.params["OVERLAP"] == 1 and k.params["VEC_EPI"] == 1 and k.params["PINGPONG"] == 0
+    (plain,) = gemm_sm90.generate(ctx, {"BN": 192})
+    assert "OVERLAP" not in plain.params  # the other forms' parameters (and cache keys) are unchanged
+    assert [gemm_sm90.overlap_every(kt, 128) for kt in (1, 4, 8, 12, 48)] == [1, 1, 2, 3, 3]
+
+
+def _ptxas_log(source: str) -> str:
+    from graphc.codegen.nvrtc import BASE_OPTIONS, _nvrtc
+
+    nv = _nvrtc()
+    _, prog = nv.nvrtcCreateProgram(source.encode(), b"k.cu", 0, [], [])
+    try:
+        opts = [o.encode() for o in (*BASE_OPTIONS, "--gpu-architecture=sm_90a", "--ptxas-options=-v")]
+        (err,) = nv.nvrtcCompileProgram(prog, len(opts), opts)
+        _, size = nv.nvrtcGetProgramLogSize(prog)
+        buf = b" " * size
+        nv.nvrtcGetProgramLog(prog, buf)
+        assert err == nv.nvrtcResult.NVRTC_SUCCESS, buf.decode(errors="replace")
+        return buf.decode(errors="replace")
+    finally:
+        nv.nvrtcDestroyProgram(prog)
+
+
+@pytest.mark.parametrize(("bn", "gelu"), [(128, True), (192, False)])
+def test_overlap_keeps_the_wgmma_pipelined(bn, gelu):
+    """ptxas keeps the OVERLAP kernel's wgmma asynchronous (no C7511 "serialized due to insufficient
+    register resources", which a copy of the accumulators into a second array caused) and spills
+    nothing, with an FFN epilogue (bias + Gelu; bias + residual for BN 192, the default's form)
+    between a K step's issue and its wait. (BN 192 with bias + Gelu spilled 48 bytes with NVRTC
+    13.0, not with 13.5; the default never takes it.)"""
+    add = EpilogueOp("Add", get_op("Add").attrs(), (ACC, IN(2)))
+    if gelu:
+        epi, extra = (add, EpilogueOp("Gelu", get_op("Gelu").attrs(), (OP(0),))), [(3072,)]
+    else:
+        epi, extra = (add, EpilogueOp("Add", get_op("Add").attrs(), (OP(0), IN(3)))), [(3072,), (4096, 3072)]
+    ctx = standalone_context(
+        "MatMul", [(4096, 768), (768, 3072), *extra], DType.float16, n_anchor=2, epilogue=epi, outputs=(OP(1),)
+    )
+    (k,) = gemm_sm90.generate(ctx, {"BN": bn, "OVERLAP": 1})
+    log = _ptxas_log(k.source)
+    assert "C7511" not in log and "serialized" not in log, log
+    assert "0 bytes spill stores, 0 bytes spill loads" in log, log

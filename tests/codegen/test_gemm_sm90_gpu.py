@@ -237,7 +237,136 @@ def _cases() -> list[Case]:
             outputs=(OP(1),),
         )  # fmt: skip
     )
+    cases += _overlap_cases(bg, row2, cast)
     return cases
+
+
+def _overlap_cases(bg, row2, cast) -> list[Case]:
+    """OVERLAP 1: a tile's epilogue during the next tile's main loop, from the other accumulator
+    array. Many tiles per CTA (both arrays, an odd count per CTA), M and N edges, K shorter than the
+    chunks (K = 64: one K step, the chunks after it), a K tail, every layout, both widths, the
+    fused epilogue forms (bias + Gelu, a per-row input with two outputs, a float32 output)."""
+    out = []
+    for bn in (128, 192):
+        for ta, tb in ((0, 0), (1, 1)):
+            out.append(
+                Case(
+                    f"fp16-overlap-bn{bn}-t{ta}{tb}",
+                    "fp16",
+                    "MatMul",
+                    [(520, 2184) if ta else (2184, 520), (2112, 520) if tb else (520, 2112)],
+                    domain="graphc",
+                    attrs={"trans_a": ta, "trans_b": tb},
+                    params={"BN": bn, "OVERLAP": 1},
+                )
+            )
+    out.append(Case("bf16-overlap-k64", "bf16", "MatMul", [(2180, 64), (64, 1048)], params={"BN": 128, "OVERLAP": 1}))
+    out.append(
+        Case("fp16-overlap-deep", "fp16", "MatMul", [(1000, 2048), (2048, 776)], params={"BN": 192, "OVERLAP": 1})
+    )
+    for mode, bn in (("fp16", 128), ("bf16", 192)):
+        out.append(
+            Case(
+                f"{mode}-ffn-overlap-bn{bn}",
+                mode,
+                "MatMul",
+                [(2176, 768), (768, 1544), (1544,)],
+                n_anchor=2,
+                epilogue=bg,
+                outputs=(OP(1),),
+                params={"BN": bn, "OVERLAP": 1},
+            )
+        )
+    out.append(
+        Case(
+            "fp16-rowscale-2out-overlap",
+            "fp16",
+            "MatMul",
+            [(2600, 256), (256, 1064), (2600, 1)],
+            n_anchor=2,
+            epilogue=row2,
+            outputs=(OP(0), OP(1)),
+            params={"BN": 128, "OVERLAP": 1},
+        )
+    )
+    out.append(
+        Case(
+            "bf16-cast-f32-overlap",
+            "bf16",
+            "MatMul",
+            [(2200, 320), (320, 2200), (2200, 2200)],
+            n_anchor=2,
+            epilogue=cast,
+            outputs=(OP(1),),
+            params={"BN": 192, "OVERLAP": 1},
+        )
+    )
+    f = _bias_gelu_residual(2184, 1064)  # bias + Gelu + residual [M, N]: BN 192 loads its inputs late
+    out.append(
+        Case(
+            "fp16-fused-overlap-bn192",
+            "fp16",
+            "MatMul",
+            [(2184, 768), (768, 1064), *f["extra"]],
+            n_anchor=2,
+            epilogue=f["epilogue"],
+            outputs=f["outputs"],
+            params={"BN": 192, "OVERLAP": 1},
+        )
+    )
+    # WARP_EPI: the per-warp epilogue in the cooperative and ping-pong schedules
+    for mode, bn, pp in (("fp16", 256, 0), ("bf16", 128, 1), ("fp16", 192, 1)):
+        out.append(
+            Case(
+                f"{mode}-fused-warpepi-bn{bn}-pp{pp}",
+                mode,
+                "MatMul",
+                [(2184, 768), (768, 1064), *f["extra"]],
+                n_anchor=2,
+                epilogue=f["epilogue"],
+                outputs=f["outputs"],
+                params={"BN": bn, "PINGPONG": pp, "WARP_EPI": 1},
+            )
+        )
+    out.append(
+        Case(
+            "fp16-ffn-warpepi-pp192",
+            "fp16",
+            "MatMul",
+            [(2176, 256), (256, 776), (776,)],
+            n_anchor=2,
+            epilogue=bg,
+            outputs=(OP(1),),
+            params={"BN": 192, "PINGPONG": 1, "WARP_EPI": 1},
+        )
+    )
+    out.append(
+        Case(
+            "fp16-rowscale-2out-warpepi",
+            "fp16",
+            "MatMul",
+            [(2600, 256), (256, 1064), (2600, 1)],
+            n_anchor=2,
+            epilogue=row2,
+            outputs=(OP(0), OP(1)),
+            params={"BN": 256, "WARP_EPI": 1},
+        )
+    )
+    # the default (OVERLAP rule) on a residual epilogue, B stored [N, K]
+    out.append(
+        Case(
+            "fp16-default-overlap-res",
+            "fp16",
+            "MatMul",
+            [(4096, 768), (1024, 768), (4096, 1024)],
+            domain="graphc",
+            attrs={"trans_b": 1},
+            n_anchor=2,
+            epilogue=(EpilogueOp("Add", get_op("Add").attrs(), (ACC, IN(2))),),
+            outputs=(OP(0),),
+        )
+    )
+    return out
 
 
 CASES = _cases()
@@ -311,6 +440,8 @@ def test_gemm_sm90(case: Case):
     assert kernels[0][0].params["path"] == "tma"
     main = kernels[0][0].params
     assert main["VEC_EPI"] == _want_vec(case, main["SPLITS"]), main
+    if case.id == "fp16-default-overlap-res":
+        assert main.get("OVERLAP") == 1 and main["BN"] == 192, main
     for out, ref in zip(outs, refs, strict=True):
         assert np.isfinite(out).all(), f"{np.count_nonzero(~np.isfinite(out))} elements unwritten or not finite"
         err = np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30)
@@ -333,6 +464,8 @@ def test_engine_runs_tma_gemms(tmp_path):
     eng = graphc.compile(model, target="cuda", precision="fp16", arch=["sm_90"])
     paths = [ln.params.get("path") for s in eng.plan.steps for ln in s.launches if ln.family == "gemm"]
     assert paths.count("tma") == 2, paths
+    overlap = [ln.params.get("OVERLAP") for s in eng.plan.steps for ln in s.launches if ln.family == "gemm"]
+    assert overlap == [1, 1], overlap  # the OVERLAP rule (bias + ReLU; residual)
     path = tmp_path / "mlp.engine"
     eng.save(path)
     loaded = graphc.runtime.load(path)
