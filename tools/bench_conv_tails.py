@@ -26,7 +26,12 @@ from typing import Any
 
 import numpy as np
 
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the zoo (models/) is a folder of the checkout, not an installed package: a build process started
+# as `python tools/bench_conv_tails.py` has tools/ on its path, not the checkout (the first GPU run
+# of this tool failed so: ModuleNotFoundError: No module named 'models')
+sys.path.insert(1, str(ROOT))
 import bench_timing  # noqa: E402
 
 log = logging.getLogger("bench_conv_tails")

@@ -37,7 +37,8 @@ def _problem(g: ConvGeometry) -> Problem:
     )  # fmt: skip
 
 
-def test_waves_counts_a_tail_as_part_of_a_wave():
+def test_waves_counts_a_tail_as_part_of_a_wave(monkeypatch):
+    monkeypatch.setattr(conv_sm90, "TAIL_BASE", 0.6)
     assert conv_sm90.waves(1) == conv_sm90.waves(SM_COUNT) == 1.0  # at most one wave: one, as before
     assert conv_sm90.waves(2 * SM_COUNT) == 2.0 and conv_sm90.waves(3 * SM_COUNT) == 3.0
     t = conv_sm90.TAIL_BASE
@@ -64,21 +65,25 @@ def test_with_whole_wave_tails_the_1x1_tile_is_gemm_sm90s(batch, monkeypatch):
 def test_at_batch_1_and_2_the_partial_wave_cost_changes_nothing(batch, monkeypatch):
     # the batch-1 rules were measured with whole waves; these choices fit one wave or are far past it
     picks = {}
-    for tail in (1.0, conv_sm90.TAIL_BASE):
+    for tail in (1.0, 0.6, 0.3):
         monkeypatch.setattr(conv_sm90, "TAIL_BASE", tail)
         picks[tail] = [
             conv_sm90.tma_heuristic(_problem(g)) if k == 1 and s == 1 else conv_sm90.igemm_heuristic(g)
             for hw, cin, cout, k, s in LAYERS
             for g in [_geometry(batch, hw, cin, cout, k, s)]
         ]
-    assert picks[1.0] == picks[conv_sm90.TAIL_BASE]
+    assert picks[1.0] == picks[0.6] == picks[0.3]
 
 
-def test_batch_22_keeps_batch_20s_tiles_where_a_few_tiles_spill_over():
+def test_batch_22_keeps_batch_20s_tiles_where_a_few_tiles_spill_over(monkeypatch):
     # 14x14, 256 -> 1024 (1x1): batch 20 is 31 row tiles x 4 of BN 256 = 124 (one wave); batch 22 is
     # 34 x 4 = 136, four over. Counted as two whole waves the heuristic fled to BN 192 (204 tiles);
     # with the tail at its measured cost BN 256 stays
     g20, g22 = _geometry(20, 14, 256, 1024, 1, 1), _geometry(22, 14, 256, 1024, 1, 1)
-    assert conv_sm90.tma_heuristic(_problem(g20))["BN"] == 256
-    if conv_sm90.TAIL_BASE < 0.6:
-        assert conv_sm90.tma_heuristic(_problem(g22))["BN"] == 256
+    for tail in (1.0, 0.3):
+        monkeypatch.setattr(conv_sm90, "TAIL_BASE", tail)
+        assert conv_sm90.tma_heuristic(_problem(g20))["BN"] == 256  # one wave: the tail cost plays no part
+    monkeypatch.setattr(conv_sm90, "TAIL_BASE", 1.0)
+    assert conv_sm90.tma_heuristic(_problem(g22))["BN"] == 192  # 204 tiles: "2 waves" of thinner tiles
+    monkeypatch.setattr(conv_sm90, "TAIL_BASE", 0.3)
+    assert conv_sm90.tma_heuristic(_problem(g22))["BN"] == 256  # 136 tiles: a wave and a cheap tail
