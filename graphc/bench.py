@@ -234,6 +234,7 @@ def benchmark_batcher(
     max_wait_ms: float = 2.0,
     pipeline: int | None = None,
     warmup_requests: int | None = None,
+    eager: bool = False,
 ) -> dict[str, Any]:
     """Batch-1 requests (rows of `feeds`) from `concurrency` threads, twice: unbatched (one
     engine.run per request under a lock, the request padded to a batch the engine accepts) and
@@ -274,11 +275,14 @@ def benchmark_batcher(
         _drive(unbatched, reqs, warm_n, concurrency)
     lat, wall = _drive(unbatched, reqs, requests, concurrency)
     result["unbatched"] = {"latency": _stats(lat), "throughput_per_s": requests / wall, "mean_batch": 1.0}
-    kw = {} if pipeline is None else {"pipeline": pipeline}
+    kw: dict[str, Any] = {} if pipeline is None else {"pipeline": pipeline}
+    if eager:  # Batcher(eager=True): a batch also closes when none is running
+        kw["eager"] = True
     # warm=: on a CUDA engine every lane's context of every bucket is made (and timed) before the load
     with Batcher(engine, max_batch=max_batch, max_wait_ms=max_wait_ms, warm=reqs[0], **kw) as batcher:
         result["max_batch"] = batcher.max_batch
         result["pipeline"] = batcher.pipeline
+        result["eager"] = batcher.eager
         batcher.run(reqs[0])
         if warm_n:
             _drive(batcher.run, reqs, warm_n, concurrency)

@@ -110,37 +110,28 @@ class BatcherStats:
 
 class _Request:
     """One request: a Future for submit() (and asyncio), or for run() a plain lock that the caller
-    blocks on (a Future costs a Condition and an RLock per request; a lock is the cheapest wait)."""
+    blocks on (a Future costs a Condition and an RLock per request; a lock is the cheapest wait).
+    `host`: every input is a numpy array (stacked into a staging buffer by one concatenate).
+    `next`: the batch's next run() request, which this one's caller wakes once woken itself (see
+    Batcher._deliver); `gone`: its caller gave up waiting (a timeout), so the chain skips it."""
 
-    __slots__ = ("feeds", "rows", "arrived", "future", "lock", "result", "error")
+    __slots__ = ("feeds", "rows", "arrived", "future", "lock", "result", "error", "host", "next", "gone")
 
-    def __init__(self, feeds: dict[str, Any], rows: int, arrived: float, future: bool = True) -> None:
-        self.feeds, self.rows, self.arrived = feeds, rows, arrived
-        self.future: Future | None = Future() if future else None
-        self.lock: Any = None
+    def __init__(
+        self, feeds: dict[str, Any], rows: int, arrived: float, future: bool = True, host: bool = False
+    ) -> None:
+        self.feeds, self.rows, self.arrived, self.host = feeds, rows, arrived, host
         self.result: dict[str, Any] | None = None
         self.error: BaseException | None = None
-        if not future:
-            self.lock = threading.Lock()
-            self.lock.acquire()  # released once the result or error is in
-
-    def take(self) -> bool:
-        """Mark the request running; False if its Future was cancelled (it then drops out)."""
-        return self.future is None or self.future.set_running_or_notify_cancel()
-
-    def done(self, result: dict[str, Any]) -> None:
-        if self.future is not None:
-            self.future.set_result(result)
+        self.next: _Request | None = None
+        self.gone = False
+        if future:
+            self.future: Future | None = Future()
+            self.lock: Any = None
         else:
-            self.result = result
-            self.lock.release()
-
-    def fail(self, error: BaseException) -> None:
-        if self.future is not None:
-            self.future.set_exception(error)
-        else:
-            self.error = error
-            self.lock.release()
+            self.future = None
+            self.lock = lock = threading.Lock()
+            lock.acquire()  # released once the result or error is in
 
 
 @dataclass
@@ -214,9 +205,10 @@ class _ContextLane:
             return self.b._host.start(batch, rows)
         ctx = self.context(size)
         feeds: dict[str, Any] = {}
+        host = all(r.host for r in batch)  # known from submit: no per-input type scan here
         for name in self.b._specs:
             pieces = [r.feeds[name] for r in batch]
-            if all(type(p) is np.ndarray for p in pieces):
+            if host or all(type(p) is np.ndarray for p in pieces):
                 buf = self._staging[name][:size]
                 if len(pieces) == 1:
                     buf[:rows] = pieces[0]
@@ -293,10 +285,19 @@ class Batcher:
         max_wait_ms: float = 2.0,
         pipeline: int = 2,
         warm: Mapping[str, Any] | None = None,
+        eager: bool = False,
     ) -> None:
         """`warm`: a sample request; on a CUDA engine every lane then makes its context of every
         bucket up to max_batch here and runs it (the sample's first row repeated), timing the
-        second run, so no context, graph capture or first measurement happens while serving."""
+        second run, so no context, graph capture or first measurement happens while serving.
+
+        `eager`: a batch also closes, before max_batch rows or max_wait, as soon as no batch is
+        running (the engine would otherwise sit idle); max_wait stays the bound. The default holds
+        a partial batch for max_wait. With as many client threads as max_batch, each waiting for its
+        answer before it sends again, the held batch is always full, so only one batch is ever in
+        flight: every client's turnaround (thread wake-up, GIL hand-over, the next request) is time
+        the engine stands idle. Eager batches split the clients into groups whose turnaround runs
+        while the other group's batch runs."""
         self.engine = engine
         self.sizes = accepted_batch_sizes(engine)
         top = max(self.sizes)
@@ -319,11 +320,16 @@ class Batcher:
         self.max_batch = max_batch
         self.max_wait = max_wait_ms / 1000.0
         self.pipeline = pipeline
+        self.eager = bool(eager)
+        self._running = 0  # batches started and not yet finished (eager: close one when 0)
         self.stats = BatcherStats()
         self._specs = {s.name: s for s in engine.inputs}
         # per input (name, dtype, shape after dim 0, rank): submit's fast check compares these only
         self._fast = [(s.name, np.dtype(s.dtype), tuple(int(d) for d in s.shape[1:]), len(s.shape))
                       for s in engine.inputs]  # fmt: skip
+        # the same for the common batch-1 request: one tuple comparison of its whole shape
+        self._fast1 = [(name, dt, (1, *tail)) for name, dt, tail, _r in self._fast]
+        self._n_inputs = len(self._fast)
         self._bucket_sizes: dict[int, int] = {}
         # whether a batch may run padded past its own bucket: False once a profile's batch dim is
         # not one the compiler proved safe to pad (its rows might then mix)
@@ -332,7 +338,12 @@ class Batcher:
         self._last_finish = 0.0
         self._queue: deque[_Request] = deque()
         self._queued_rows = 0
-        self._cond = threading.Condition()
+        # A plain lock under the condition: a caller takes it with one C call (`with self._mu`),
+        # where Condition.__enter__/__exit__ are Python frames around an RLock; only the worker
+        # waits on the condition, and a caller notifies it (two per batch, not one per request).
+        self._mu = threading.Lock()
+        self._cond = threading.Condition(self._mu)
+        self._chain_mu = threading.Lock()  # orders a wake-up in the chain against a caller's timeout
         self._closed = False
         lanes = [_ContextLane(self, i) for i in range(pipeline)] if _uses_contexts(engine) else [
             _HostLane(self) for _ in range(pipeline)
@@ -353,8 +364,17 @@ class Batcher:
 
     def _check(self, feeds: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
         """The request's arrays and its rows, or a one-line EngineInputError for this caller alone.
-        numpy arrays of the right dtype and trailing shape take a fast path of a few comparisons."""
-        if len(feeds) == len(self._fast):
+        numpy arrays of the right dtype and trailing shape take a fast path of a few comparisons
+        (batch-1 requests one shape comparison an input)."""
+        if len(feeds) == self._n_inputs:
+            out1: dict[str, Any] = {}
+            for name, dtype, one in self._fast1:
+                x = feeds.get(name)
+                if type(x) is not np.ndarray or x.shape != one or x.dtype != dtype:
+                    break
+                out1[name] = x
+            else:
+                return out1, 1
             out: dict[str, Any] = {}
             rows = -1
             for name, dtype, tail, rank in self._fast:
@@ -407,14 +427,20 @@ class Batcher:
 
     def _enqueue(self, feeds: Mapping[str, Any], future: bool) -> _Request:
         checked, rows = self._check(feeds)
-        req = _Request(checked, rows, time.monotonic(), future)
-        with self._cond:
+        host = True
+        for x in checked.values():
+            if type(x) is not np.ndarray:
+                host = False
+                break
+        req = _Request(checked, rows, time.monotonic(), future, host)
+        with self._mu:
             if self._closed:
                 raise EngineError("the batcher is closed")
-            self._queue.append(req)
-            self._queued_rows += rows
+            q = self._queue
+            q.append(req)
+            queued = self._queued_rows = self._queued_rows + rows
             # the worker waits only for a first request or for a full batch: wake it for those
-            if len(self._queue) == 1 or self._queued_rows >= self.max_batch:
+            if len(q) == 1 or queued >= self.max_batch:
                 self._cond.notify()
         return req
 
@@ -422,8 +448,15 @@ class Batcher:
         """Submit one request and wait for its outputs (from any thread); TimeoutError after
         `timeout` seconds (the request still runs, its result is dropped)."""
         req = self._enqueue(feeds, False)
-        if not req.lock.acquire(timeout=-1 if timeout is None else timeout):
-            raise TimeoutError(f"no result within {timeout} s")
+        lock = req.lock
+        if not lock.acquire(timeout=-1 if timeout is None else timeout):
+            with self._chain_mu:  # woken just now, or gone: the chain then skips this request
+                woken = lock.acquire(False)
+                req.gone = not woken
+            if not woken:
+                raise TimeoutError(f"no result within {timeout} s")
+        if req.next is not None:
+            self._pass_on(req.next)  # the next caller of this batch wakes while this one returns
         if req.error is not None:
             raise req.error
         assert req.result is not None
@@ -547,6 +580,8 @@ class Batcher:
                 self._cond.wait()
             deadline = self._queue[0].arrived + self.max_wait
             while self._queued_rows < self.max_batch and not self._closed:
+                if self.eager and not self._running:
+                    break  # nothing runs: waiting for company would only leave the engine idle
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -570,7 +605,8 @@ class Batcher:
                 if batch is None:
                     self._free.put(lane)
                     break
-                live = [r for r in batch if r.take()]  # cancelled ones drop out
+                # cancelled Futures drop out; run()'s requests (no Future) cannot be cancelled
+                live = [r for r in batch if r.future is None or r.future.set_running_or_notify_cancel()]
                 if not live:
                     self._free.put(lane)
                     continue
@@ -583,6 +619,9 @@ class Batcher:
                     job.results = _cut(live, outs)
                 except Exception as e:  # noqa: BLE001  (the batch's callers get it, in _deliver)
                     job.error = e
+                if job.error is None:
+                    with self._mu:
+                        self._running += 1
                 self._started.put(job)
         finally:
             self._started.put(None)
@@ -594,12 +633,48 @@ class Batcher:
             finally:
                 self._free.put(job.lane)
 
+    def _pass_on(self, req: _Request | None) -> None:
+        """Wake the first caller still waiting from `req` on along its batch's chain."""
+        while req is not None:
+            with self._chain_mu:
+                if not req.gone:
+                    req.lock.release()
+                    return
+            req = req.next
+
+    def _wake(self, batch: list[_Request]) -> None:
+        """Hand the batch's run() callers their result or error (already set): the first is woken
+        here and each wakes the next as it returns (run()), so the callers wake one after another,
+        each when the one before is about to need the GIL no more. Woken all at once (32 lock
+        releases here) they would all contend for the GIL: each sleeps a second time, on the GIL,
+        and on a 2-core machine 32 callers took 0.62-0.88 ms to get through, against 0.36-0.52 ms
+        chained (tools/bench_batcher_standin.py, docs/dynamic_shapes.md)."""
+        first = prev = None
+        for r in batch:
+            if r.future is None:
+                if prev is None:
+                    first = r
+                else:
+                    prev.next = r
+                prev = r
+        self._pass_on(first)
+
+    def _finished(self) -> None:
+        """A started batch is done (or failed) on the engine; an eager worker may close the next."""
+        with self._mu:
+            self._running -= 1
+            if self.eager and not self._running and self._queue:
+                self._cond.notify()
+
     def _deliver(self, job: _InFlight) -> None:
         batch = job.batch
         try:
             if job.error is not None:
                 raise job.error
-            job.lane.finish(job.token)
+            try:
+                job.lane.finish(job.token)
+            finally:
+                self._finished()
             if job.lane.measures and job.token is not None:
                 self._measure(job)
             results = job.results
@@ -607,7 +682,11 @@ class Batcher:
             log.debug("batch of %d requests failed: %s", len(batch), e)
             self.stats.failed_batches += 1
             for r in batch:
-                r.fail(e)
+                if r.future is None:
+                    r.error = e
+                else:
+                    r.future.set_exception(e)
+            self._wake(batch)
             return
         st = self.stats
         st.requests += len(batch)
@@ -615,4 +694,8 @@ class Batcher:
         st.batches += 1
         st.padded_rows += job.size - job.rows
         for r, res in zip(batch, results, strict=True):
-            r.done(res)
+            if r.future is None:
+                r.result = res
+            else:
+                r.future.set_result(res)
+        self._wake(batch)

@@ -342,7 +342,9 @@ def bench_batcher(spec: ModelSpec, builds: dict[tuple, Build], a: argparse.Names
     feeds = feeds_at(spec, a.max, a.seq, seed=99)
     runs: list[dict[str, Any]] = []
     failed: list[dict[str, Any]] = []
-    for pipeline in a.pipelines:
+    # --eager: each pipeline again with Batcher(eager=True) (a batch also closes when none runs)
+    combos = [(p, False) for p in a.pipelines] + [(p, True) for p in a.pipelines if a.eager]
+    for pipeline, eager in combos:
         try:
             res = benchmark_batcher(
                 engine,
@@ -352,10 +354,11 @@ def bench_batcher(spec: ModelSpec, builds: dict[tuple, Build], a: argparse.Names
                 max_batch=a.max,
                 max_wait_ms=a.max_wait_ms,
                 pipeline=pipeline,
+                eager=eager,
             )
         except Exception as e:  # noqa: BLE001  (the other pipelines still run; the error is recorded)
             log.exception("batcher pipeline %d", pipeline)
-            if not runs and pipeline == a.pipelines[-1]:
+            if not runs and (pipeline, eager) == combos[-1]:
                 raise
             failed.append({"pipeline": pipeline, "error": f"{type(e).__name__}: {e}"[:400]})
             continue
@@ -506,7 +509,7 @@ def markdown(result: dict[str, Any]) -> str:
                 for k in ("unbatched", "batcher"):
                     x = v[k]
                     lines.append(
-                        f"| {k} (pipeline {v['pipeline']} run) | {x['latency']['median_ms']:.3f} | "
+                        f"| {k} (pipeline {v['pipeline']}{_eager(v)} run) | {x['latency']['median_ms']:.3f} | "
                         f"{x['latency']['p99_ms']:.3f} | {x['throughput_per_s']:.1f} | {x['mean_batch']:.2f} |"
                     )
             lines += [
@@ -519,10 +522,14 @@ def markdown(result: dict[str, Any]) -> str:
             ]
             for v in bt.get("variants", []):
                 lines.append(
-                    f"Pipeline {v['pipeline']}: {v['speedup']:.2f}x its unbatched run, p99 "
+                    f"Pipeline {v['pipeline']}{_eager(v)}: {v['speedup']:.2f}x its unbatched run, p99 "
                     f"{v['batcher']['latency']['p99_ms']:.3f} ms."
                 )
     return "\n".join(lines) + "\n"
+
+
+def _eager(run: dict[str, Any]) -> str:
+    return ", eager" if run.get("eager") else ""
 
 
 def write(result: dict[str, Any], a: argparse.Namespace) -> None:
@@ -562,6 +569,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="build only the text model's dynamic engine and run only the Batcher load (a short GPU call)",
     )
     p.add_argument("--pipelines", default="2", help="Batcher batches in flight, one load each (comma-separated)")
+    p.add_argument(
+        "--eager", action="store_true", help="also run each pipeline with Batcher(eager=True), as further variants"
+    )
     p.add_argument("--jobs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)), help="builds at once")
     p.add_argument("--calls", type=int, default=50, help="calls per timed round")
     p.add_argument("--rounds", type=int, default=3)
@@ -648,6 +658,7 @@ def main(argv: list[str] | None = None) -> int:
                 "requests",
                 "max_wait_ms",
                 "pipelines",
+                "eager",
                 "batcher_only",
                 "calls",
                 "rounds",

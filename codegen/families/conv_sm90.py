@@ -97,11 +97,72 @@ def _problem(ctx: StepContext, g: ConvGeometry) -> Problem:
     )
 
 
+# ---- partial waves ------------------------------------------------------------------------------
+# Both heuristics below (the TMA GEMM's tile for a 1x1 conv, the implicit GEMM's) cost a launch by
+# its waves of tiles over the SMs. Counting a partial last wave as a whole one (ceil) made every
+# layer of ResNet-50's last three stages change its tile between batch 20 and 22 on an H200: at
+# batch 22, 34 row tiles at 14x14 (M = 4312) and 135 at 28x28 (M = 17248) put 136 and 135 tiles
+# on 132 SMs, "two waves", so the heuristics fled to thinner or split tiles (BN 192, BN 256 with 3
+# K slices, BN 128 at half a wave); the static engine took 1.11 ms against 0.89 at batch 20 (+24%
+# for +10% rows; docs/results/h200_profiles_2026-12-01_1729.md). A tail of a few tiles runs on
+# otherwise idle SMs with the memory system to itself and costs less than a full wave: measured at
+# batch 32 (docs/results/h200_conv_sm90_2026-12-01.jsonl, TMA GEMM, BN 128 against BN 256 of the
+# same layer), 1.48 waves of BN 128 tiles cost as 1.81 full ones (14x14 1024 -> 512) and 1.58 as 1.82
+# (7x7 512 -> 2048): a tail of fraction f of the SMs costs about TAIL_BASE + (1 - TAIL_BASE) * f of a
+# wave, TAIL_BASE = 0.6 (0.79 and 0.83 at these f); the whole-model times at batch 12, 20, 22 and 32
+# fit 0.2 better. A launch of one wave or less counts one (the batch-1 and batch-32 rules were
+# measured so).
+# TAIL_BASE stays 1.0 here, a partial wave counted whole (the plans of main, unchanged), until whole
+# engines of the other values are timed: tools/bench_conv_tails.py builds ResNet-50 at chosen batches
+# and TAIL_BASE values and times them in one GPU run (its first run failed to build, see its
+# docstring). By the model itself the cliff stays: at TAIL_BASE 0.6 the selection at batch 22 costs
+# 0.2% less than the ceil one, at 0.2 5%, at 0 12%, against 21% more per row than batch 20
+# (docs/dynamic_shapes.md): 128-row tiles on 132 SMs leave batch 22 just over a wave whatever the tile.
+TAIL_BASE = 1.0
+
+
+def waves(tiles: int) -> float:
+    """The cost of `tiles` tiles in waves over SM_COUNT SMs, a partial last wave as above."""
+    if tiles <= SM_COUNT:
+        return 1.0
+    full, rest = divmod(tiles, SM_COUNT)
+    return full + (TAIL_BASE + (1 - TAIL_BASE) * rest / SM_COUNT if rest else 0.0)
+
+
+# The TMA GEMM's tile efficiencies and split-K charge, as gemm_sm90.heuristic has them.
+_TMA_EFF = {128: 0.86, 192: 0.95, 256: 1.0}
+
+
+def tma_heuristic(prob: Problem) -> dict[str, Any]:
+    """gemm_sm90.heuristic's choice for a 1x1 conv's GEMM with the partial-wave cost above (its
+    ping-pong choice for a costly epilogue unchanged)."""
+    base = gemm_sm90.heuristic(prob)
+    if base.get("PINGPONG"):
+        return base
+    ktiles = ceil_div(prob.K, gemm_sm90.BK)
+    best, best_cost = None, float("inf")
+    for bn in gemm_sm90.BNS:
+        for s in (1, 2, 3, 4, 6, 8):
+            if s > 1 and ktiles // s < 4:
+                continue
+            cost = waves(gemm_sm90.units(prob, bn, s)) * gemm_sm90.BM * bn * ceil_div(ktiles, s) * gemm_sm90.BK
+            cost /= _TMA_EFF[bn]
+            if s > 1:
+                cost += 2 * s * prob.batch * prob.M * prob.N * 4 * 40 / SM_COUNT + 3e5
+            if cost < best_cost * 0.999:
+                best, best_cost = (bn, s), cost
+    assert best is not None
+    return {"BN": best[0], "SPLITS": best[1], "PINGPONG": 0, "STAGES": gemm_sm90.max_stages(best[0])}
+
+
 def generate(ctx: StepContext, params: dict | None = None) -> list[KernelSource]:
-    """The TMA GEMM's kernels for a 1x1 convolution step (a CompileError where it is not one)."""
+    """The TMA GEMM's kernels for a 1x1 convolution step (a CompileError where it is not one);
+    without `params` (a tuner's candidate) the tile of tma_heuristic."""
     prob = gemm_problem(ctx)
     if isinstance(prob, str):
         raise ctx.fail(f"no TMA GEMM for this convolution: {prob}")
+    if params is None:
+        params = tma_heuristic(prob)
     ks = gemm_sm90.generate(ctx, params, prob=prob, family="conv")
     for k in ks:
         k.params["variant"] = "tma_gemm"
@@ -173,7 +234,7 @@ def igemm_heuristic(g: ConvGeometry) -> dict[str, Any]:
             if s > 1 and ktiles // s < 6:
                 continue
             tiles = ceil_div(g.m, IGEMM_BM) * ceil_div(g.k, bn) * s
-            cost = ceil_div(tiles, SM_COUNT) * IGEMM_BM * bn * ceil_div(ktiles, s) * IGEMM_BK / _IGEMM_EFF[bn]
+            cost = waves(tiles) * IGEMM_BM * bn * ceil_div(ktiles, s) * IGEMM_BK / _IGEMM_EFF[bn]
             if s > 1:
                 cost += 2 * s * g.m * g.k * 4 * 40 / SM_COUNT + 1e5
             if cost < best_cost * 0.999:
