@@ -141,3 +141,17 @@ def test_cli_compile_io_precision_and_inspect(tmp_path, capsys):
     assert "inputs:  input float16[" in text and "logits float16[" in text, text
     assert main(["compile", str(src), "-o", str(eng), "--shapes", "batch=2", "--io-precision", "fp16", "-q"]) != 0
     assert "io_precision fp16 needs precision fp16" in capsys.readouterr().err
+
+
+def test_bench_torch_io_precision_flag_applies_to_its_own_precision_rows():
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    import bench_torch as B
+
+    assert B.parse(["--dry-run"]).io_precision == "model"  # off by default
+    a = B.parse(["--io-precision", "fp16", "--precision", "fp16,bf16", "--dry-run"])
+    bench = SimpleNamespace(args=a)
+    assert B.Bench.io_precision(bench, "fp16") == "fp16" and B.Bench.io_precision(bench, "bf16") == "model"
