@@ -3,6 +3,7 @@ launch sequence captured into a CUDA graph on the first run and replayed afterwa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Iterable, Mapping
@@ -594,10 +595,16 @@ class CUDAContext:
         self.stream.begin_capture()
         try:
             self._memcpys(srcs, dsts, None)
-        except BaseException:
-            self.stream.end_capture()  # a partial graph would replay without the work that failed
-            raise
-        graph = self._copy_graphs[key] = self.stream.end_capture()
+            graph = self.stream.end_capture()
+        except Exception as e:
+            with contextlib.suppress(Exception):  # a partial graph would replay without the work that failed
+                self.stream.end_capture()
+            # the plain graph captured and ran before: the copies go back to memcpys around it, said once
+            log.warning("engine.run: capturing the input/output copies into the graph failed (%s); "
+                        "copies by cudaMemcpyAsync around the graph from now on", e)  # fmt: skip
+            self._capture_whole = False
+            return None
+        self._copy_graphs[key] = graph
         return graph
 
 

@@ -233,14 +233,17 @@ def array(a: np.ndarray) -> FakeArray:
     return out
 
 
-def fake_engine(inputs: int = 2, outputs: int = 1, shape: tuple[int, ...] = (1, 128)) -> tuple[Any, Any, dict]:
+def fake_engine(
+    inputs: int = 2, outputs: int = 1, shape: tuple[int, ...] = (1, 128), const_output: bool = False
+) -> tuple[Any, Any, dict]:
     """An Engine whose CUDA context runs on the fake: `inputs` inputs (int64 ids, then float16) and
     `outputs` float16 outputs of `shape`, no steps; the graph launch copies input 0's first row into
     each output, so a test sees data go through (a launch list of one fake kernel, captured into a
-    fake graph as the real one is). Returns (engine, context, feeds as fake arrays)."""
+    fake graph as the real one is). const_output: one more output, "yc", that is a weight of the
+    plan (the constant 7). Returns (engine, context, feeds as fake arrays)."""
     from graphc.runtime.cuda import CUDAContext, CUDAExecutor
     from graphc.runtime.engine import Engine
-    from graphc.runtime.plan import ARENA, INPUT, KernelPlan, TensorSpec
+    from graphc.runtime.plan import ARENA, INPUT, WEIGHT, KernelPlan, TensorSpec
 
     n = int(np.prod(shape))
     tensors = {}
@@ -249,11 +252,16 @@ def fake_engine(inputs: int = 2, outputs: int = 1, shape: tuple[int, ...] = (1, 
         tensors[f"in{i}"] = TensorSpec(f"in{i}", dt, list(shape), n * np.dtype(dt).itemsize, INPUT)
     for i in range(outputs):
         tensors[f"out{i}"] = TensorSpec(f"out{i}", "float16", list(shape), n * 2, ARENA)
-    plan = KernelPlan(tensors, [], [f"in{i}" for i in range(inputs)], [f"out{i}" for i in range(outputs)],
-                      [f"y{i}" for i in range(outputs)])  # fmt: skip
+    names, public = [f"out{i}" for i in range(outputs)], [f"y{i}" for i in range(outputs)]
+    if const_output:
+        tensors["c0"] = TensorSpec("c0", "float16", list(shape), n * 2, WEIGHT)
+        names, public = [*names, "c0"], [*public, "yc"]
+    plan = KernelPlan(tensors, [], [f"in{i}" for i in range(inputs)], names, public)
     ctx = object.__new__(CUDAContext)
     ctx.cupy, ctx.plan, ctx.device, ctx.stream = cupy, plan, 0, _Stream()
     ctx.views = {name: FakeArray(tuple(t.shape), t.dtype) for name, t in tensors.items()}
+    if const_output:
+        ctx.views["c0"].host()[...] = 7
     ctx.lock = threading.Lock()
 
     def kernel(grid: Any, block: Any, args: tuple, shared_mem: int = 0, stream: Any = None) -> None:

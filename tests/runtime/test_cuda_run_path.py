@@ -89,6 +89,26 @@ def test_copy_graphs_are_bounded_and_say_so(fake, caplog) -> None:
     }  # fmt: skip
 
 
+def test_a_failed_copy_capture_falls_back_to_memcpys_and_says_so(fake, caplog, monkeypatch) -> None:
+    engine, ctx, feeds = fake
+    engine.run(feeds, reuse_outputs=True)  # the plain graph captured, the copies by memcpy
+    end = ctx.stream.end_capture
+
+    def refused():
+        end()
+        raise RuntimeError("capture refused")
+
+    monkeypatch.setattr(ctx.stream, "end_capture", refused)
+    with caplog.at_level(logging.WARNING, logger="graphc.runtime.cuda"):
+        outs = engine.run(feeds, reuse_outputs=True)  # the second sighting: its capture fails
+    assert "capturing the input/output copies into the graph failed (capture refused)" in caplog.text
+    np.testing.assert_array_equal(outs["y0"].host(), feeds["in0"].host().astype(np.float16))
+    assert not ctx._copy_graphs
+    assert F.counts_per_call(lambda: engine.run(feeds, sync=False, reuse_outputs=True)) == {
+        "memcpy_d2d": 2, "graph_launch": 1,
+    }  # fmt: skip
+
+
 def test_reused_outputs_are_the_engines_own_buffers(fake) -> None:
     engine, ctx, feeds = fake
     a, b, c = _calls(engine, 3, feeds=feeds, reuse_outputs=True)
@@ -97,6 +117,20 @@ def test_reused_outputs_are_the_engines_own_buffers(fake) -> None:
     outs = engine.run(feeds, reuse_outputs=True)
     assert outs["y0"] is ctx.views["out0"] and outs["y1"] is ctx.views["out1"]
     np.testing.assert_array_equal(outs["y1"].host(), feeds["in0"].host().astype(np.float16))
+
+
+def test_a_constant_output_is_reused_through_a_buffer_of_its_own() -> None:
+    """reuse_outputs returns engine-owned memory; a weight must not be it (a caller writing into
+    what it got back would change the engine): such an output is copied into a context buffer."""
+    F.MOVE[0] = True
+    engine, ctx, feeds = F.fake_engine(inputs=1, outputs=1, const_output=True)
+    for _ in range(3):
+        outs = engine.run(feeds, reuse_outputs=True)
+    assert outs["y0"] is ctx.views["out0"] and outs["yc"].data.ptr != ctx.views["c0"].data.ptr
+    outs["yc"].host()[...] = 0  # the caller scribbles on it
+    again = engine.run(feeds, reuse_outputs=True)
+    assert (again["yc"].host() == 7).all() and (ctx.views["c0"].host() == 7).all()
+    assert F.counts_per_call(lambda: engine.run(feeds, sync=False, reuse_outputs=True)) == {"graph_launch": 1}
 
 
 def test_without_a_graph_the_copies_are_memcpys_around_the_launches(fake) -> None:
