@@ -562,8 +562,10 @@ class CUDAContext:
             self.stream.begin_capture()
             try:
                 self.launch_all()
-            finally:
-                self.graph = self.stream.end_capture()
+            except BaseException:
+                self.stream.end_capture()  # no partial graph kept: it would replay without what failed
+                raise
+            self.graph = self.stream.end_capture()
         return self.graph
 
     def _graph_for(self, key: tuple) -> Any:

@@ -145,10 +145,11 @@ class Engine:
         # else, cupy arrays of the input's dtype and shape) are checked by the CUDA context alone;
         # any other feeds take the checks of check_feeds, whose errors name the input
         exact = self.__dict__.get("_run_exact")
-        if exact is None or exact[0] is not self.executor:
-            exact = self.__dict__["_run_exact"] = (self.executor, _exact_runner(self.executor, self.dynamic))
-        if exact[1] is not None:
-            outs = exact[1](feeds, **kwargs)
+        if exact is None or exact[0] is not self.executor or exact[1] is not self.dynamic:
+            exact = (self.executor, self.dynamic, _exact_runner(self.executor, self.dynamic))
+            self.__dict__["_run_exact"] = exact
+        if exact[2] is not None:
+            outs = exact[2](feeds, **kwargs)
             if outs is not None:
                 return outs
         if self.dynamic is not None:
