@@ -284,6 +284,11 @@ def _add_compile(sub) -> None:
     c.add_argument("--fp16", action="store_true", help="same as --precision fp16 (trtexec)")
     c.add_argument("--bf16", action="store_true", help="same as --precision bf16 (trtexec)")
     c.add_argument("--int8", action="store_true", help="same as --precision int8 (trtexec)")
+    c.add_argument(
+        "--io-precision", choices=["model", "fp16", "bf16"], default="model",
+        help="float inputs/outputs: the model's types (default, cast at the edges), or the --precision itself: "
+        "the engine takes and returns fp16/bf16 (trtexec --inputIOFormats/--outputIOFormats=fp16)",
+    )  # fmt: skip
     # ---- int8 calibration (issue 13; graphc/calibrate.py) ----
     c.add_argument("--calibration-data", help="int8: CALIB.npz (per input [N, *shape]) or a folder of .npz feeds")
     c.add_argument("--calibration-method", choices=["minmax", "entropy", "percentile"], default="entropy")
@@ -364,6 +369,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     opts = dict(
         target=args.target,
         precision=precision,
+        io_precision=args.io_precision,
         shapes=shapes,
         opt_level=args.opt_level,
         dump_ir=args.dump_ir,

@@ -25,6 +25,8 @@ class CompileOptions:
 
     target: "cpu" runs the plan with numpy (a reference); "cuda" generates CUDA kernels.
     precision: "fp32" | "fp16" | "bf16" (reduced precisions are the CUDA target's).
+    io_precision: "model" (default: float inputs and outputs keep the model's types, cast at the
+        edges) or the precision itself ("fp16", "bf16"): the engine takes and returns that type.
     shapes: input name (or symbolic dim name) -> concrete shape (or size).
     opt_level: 0 (no optimization) .. 3.
     dump_ir: a folder to write the graph after every pass (NN-passname.txt).
@@ -44,6 +46,7 @@ class CompileOptions:
 
     target: str = "cpu"
     precision: str = "fp32"
+    io_precision: str = "model"
     shapes: Mapping[str, Sequence[int] | int] | None = None
     opt_level: int = 2
     dump_ir: str | Path | None = None
@@ -79,6 +82,9 @@ class CompileOptions:
             raise CompileError(f"target must be one of {TARGETS}, got {self.target!r}")
         if self.precision not in PRECISIONS:
             raise CompileError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        from graphc.passes.precision import check_io_precision
+
+        check_io_precision(self.precision, self.io_precision)
         if not 0 <= int(self.opt_level) <= 3:
             raise CompileError(f"opt_level must be 0..3, got {self.opt_level}")
         if self.tune not in ("off", "fast", "full"):
@@ -154,8 +160,9 @@ def compile_loaded(graph: Any, model: Any, opts: CompileOptions, phase: _Phases)
     # Every rewrite, target-specific ones included, is a pass of passes/pipeline.py, switched on
     # by the target context: --dump-ir, verification and the report's per-pass times cover all.
     target = Target(
-        opts.target, opts.precision, bool(opts.allow_tf32), row_norm_epilogues=bool(opts.row_norm_epilogues)
-    )
+        opts.target, opts.precision, bool(opts.allow_tf32), row_norm_epilogues=bool(opts.row_norm_epilogues),
+        io_precision=opts.io_precision,
+    )  # fmt: skip
     calibrator = None
     if opts.precision == "int8":
         calibrator = _int8_calibrator(graph, opts)

@@ -255,17 +255,20 @@ def compile_branch(
 
 def lower_branch(g: Graph, opt_level: int, target: Any, outer: HostIfs, where: str) -> tuple[Any, dict, HostIfs]:
     """A branch graph optimized for the CUDA `target` and lowered (kernels come later)."""
+    import dataclasses
+
     from graphc.codegen.lower import lower_to_plan
     from graphc.passes.manager import OptimizeOptions, optimize
 
     if target.precision == "int8":
-        import dataclasses
-
         # calibration samples are the main graph's inputs, which a branch does not take: it keeps fp32
         line = f"{where}: a data-dependent If's branch keeps fp32 under int8 (calibration covers the main graph)"
         log.warning("%s", line)
         outer.lines.append(line)
         target = dataclasses.replace(target, precision="fp32", calibrator=None)
+    # a branch's inputs and outputs are the If's, fp32 at its edges (passes/precision.py), whatever
+    # the engine's own IO precision
+    target = dataclasses.replace(target, io_precision="model")
     g = optimize(g, OptimizeOptions(opt_level=opt_level, target=target)).graph
     inner = plan_host_ifs(g, opt_level, target, prefix=f"{where}/")
     outer.lines += inner.lines

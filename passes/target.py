@@ -44,6 +44,9 @@ class Target:
     # default: on an H200 (2026-12-01) the models at batch 1 were slower with it (BERT-base 1.35 ms
     # against 0.80 before this and the one-launch split-K landed), not yet measured apart.
     row_norm_epilogues: bool = False
+    # "model": float inputs and outputs in the model's declared types; "fp16"/"bf16" (equal to the
+    # precision): declared in that type, no Cast at the edges (passes/precision.py)
+    io_precision: str = "model"
 
     def __post_init__(self) -> None:
         if self.name not in TARGET_NAMES:

@@ -3,6 +3,7 @@ launch sequence captured into a CUDA graph on the first run and replayed afterwa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Iterable, Mapping
@@ -99,6 +100,11 @@ PDL_DEFAULT_MEAN_WAVES = 2.0
 # wave; None: every PDL-ready launch); GRAPHC_PDL_MAX_CTAS=N sets it (0: no limit). One wave
 # alone kept most of the batch-1 gain away (BERT-base 0.98x against 0.95x), so there is no limit.
 DEFAULT_PDL_MAX_CTAS: int | str | None = None
+# engine.run captures the copies of device inputs and outputs into a graph with the kernels, per
+# set of addresses that comes back (a call is then one graph launch: issue 11, host overhead); a
+# graph is the whole launch sequence again (its device memory and instantiation time), so a
+# context keeps at most this many.
+MAX_COPY_GRAPHS = 4
 
 
 def _cuda_driver() -> Any:
@@ -245,7 +251,8 @@ class CUDAContext:
 
     def prepare_io(self) -> None:
         """Per-call constants of run(), computed once: each input's and output's view, address,
-        bytes, dtype and shape, so that a call allocates nothing and looks nothing up by name twice."""
+        bytes, dtype and shape, and the fast path's checks, so that a call allocates no device
+        memory and looks nothing up by name twice (engine.run's host overhead, issue 11)."""
         self._inputs = [(n, self.views[n], self._slot(n)) for n in self.plan.inputs]
         self._outputs = [
             (public, self.views[n], self._slot(n))
@@ -253,6 +260,47 @@ class CUDAContext:
         ]
         self._d2d = int(getattr(self.cupy.cuda.runtime, "memcpyDeviceToDevice", 3))
         self._slow_logged = False
+        self._ndarray = self.cupy.ndarray
+        self._get_device = self.cupy.cuda.runtime.getDevice
+        # the exact form of a fast call: per input (name, dtype, shape, the slot's address)
+        self._exact = tuple((n, dtype, shape, ptr) for n, _v, (ptr, _b, dtype, shape) in self._inputs)
+        # what a copy in (source -> slot) and a copy out (output's view -> target) move
+        self._in_copies = tuple((ptr, nbytes) for _n, _v, (ptr, nbytes, _d, _s) in self._inputs)
+        self._out_copies = tuple((ptr, nbytes) for _p, _v, (ptr, nbytes, _d, _s) in self._outputs)
+        self._out_checks = tuple((public, dtype, shape) for public, _v, (_p, _b, dtype, shape) in self._outputs)
+        # new output arrays are allocated last output first: a caller that drops a result frees its
+        # arrays first to last, and a last-in-first-out pool (cupy's) then hands each output the
+        # block it had before, so the addresses, and the graph with their copies, stay the same
+        self._out_names = tuple(o[0] for o in self._outputs)
+        self._out_allocs = tuple((shape, dtype) for _p, _v, (_ptr, _b, dtype, shape) in reversed(self._outputs))
+        # reuse_outputs=True: the outputs' own arena views, no copy; an output the plan keeps in
+        # the weights (a constant output) goes to a buffer of the context instead, so that a
+        # caller writing into what it got back never changes the engine
+        own, targets = {}, []
+        for (public, view, (_ptr, _nbytes, dtype, shape)), name in zip(self._outputs, self.plan.outputs, strict=True):
+            if self._weight_rooted(name):
+                with self.cupy.cuda.Device(self.device):
+                    view = self.cupy.empty(shape, dtype=dtype)
+                targets.append(int(view.data.ptr))
+            else:
+                targets.append(0)
+            own[public] = view
+        self._own_outputs, self._own_targets = own, tuple(targets)
+        # graphs with the copies in and out captured inside, per (sources, targets) address set
+        self._copy_graphs: dict[tuple, Any] = {}
+        self._sightings: dict[tuple, int] = {}
+        self._full_logged = False
+        # a context whose launch_all is not the plain launch list (host-If: host decisions between
+        # captured segments) cannot be captured whole: its copies stay memcpys around the replay
+        self._capture_whole = type(self).launch_all is CUDAContext.launch_all
+
+    def _weight_rooted(self, name: str) -> bool:
+        seen = set()
+        t = self.plan.tensors[name]
+        while t.kind == ALIAS and t.alias_of and t.alias_of not in seen:
+            seen.add(t.alias_of)
+            t = self.plan.tensors[t.alias_of]
+        return t.kind == WEIGHT
 
     def _slot(self, name: str) -> tuple[int, int, Any, tuple[int, ...]]:
         v = self.views[name]
@@ -314,6 +362,57 @@ class CUDAContext:
             else:
                 pdl()
 
+    def exact_sources(self, feeds: Mapping[str, Any]) -> tuple[int, ...] | None:
+        """The fast path's check: every input, and nothing else, as a C-contiguous cupy array of
+        its slot's dtype and shape on this device. Then per input the address to copy it from (0:
+        it is the slot itself, nothing to copy); None for any other form (then run() stages each
+        input the general way, and Engine checks the feeds first, with errors that name them)."""
+        if len(feeds) != len(self._exact):
+            return None
+        nd, dev, srcs = self._ndarray, self.device, []
+        for name, dtype, shape, slot in self._exact:
+            x = feeds.get(name)
+            if type(x) is not nd or x.dtype != dtype or x.shape != shape or not x._c_contiguous:
+                return None
+            data = x.data
+            if data.device_id != dev:
+                return None
+            p = data.ptr
+            srcs.append(0 if p == slot else p)
+        return tuple(srcs)
+
+    def run_exact(
+        self,
+        feeds: Mapping[str, Any],
+        *,
+        use_graph: bool = True,
+        to_numpy: bool = False,
+        sync: bool = True,
+        out: Mapping[str, Any] | None = None,
+        reuse_outputs: bool = False,
+    ) -> dict[str, Any] | None:
+        """run() for feeds of the exact form (exact_sources), else None having done nothing:
+        Engine.run's fast path, which then needs no other check of the feeds."""
+        # exact_sources, written out here: this is the per-call path whose host time is measured
+        if len(feeds) != len(self._exact):
+            return None
+        nd, dev, srcs = self._ndarray, self.device, []
+        for name, dtype, shape, slot in self._exact:
+            x = feeds.get(name)
+            if type(x) is not nd or x.dtype != dtype or x.shape != shape or not x._c_contiguous:
+                return None
+            data = x.data
+            if data.device_id != dev:
+                return None
+            p = data.ptr
+            srcs.append(0 if p == slot else p)
+        srcs = tuple(srcs)
+        with self.lock:
+            if self._get_device() == self.device:
+                return self._execute(srcs, use_graph, to_numpy, sync, out, reuse_outputs)
+            with self.cupy.cuda.Device(self.device):
+                return self._execute(srcs, use_graph, to_numpy, sync, out, reuse_outputs)
+
     def run(
         self,
         feeds: Mapping[str, Any],
@@ -322,73 +421,193 @@ class CUDAContext:
         to_numpy: bool = False,
         sync: bool = True,
         out: Mapping[str, Any] | None = None,
+        reuse_outputs: bool = False,
     ) -> dict[str, Any]:
-        """One inference. Inputs are copied into the engine's slots (numpy: host to device; a cupy
-        array of the slot's dtype and shape, C-contiguous, on this device: one device-to-device
-        memcpy on the engine's stream, none when it already is the slot). Outputs are returned as
-        new arrays, or copied into `out` (cupy arrays by output name, of the outputs' dtypes and
-        shapes: no allocation per call). With sync=False the call returns once the work is queued."""
-        cupy = self.cupy
-        with self.lock, cupy.cuda.Device(self.device), self.stream:
-            for name, view, (ptr, nbytes, dtype, shape) in self._inputs:
-                x = feeds[name]
-                if isinstance(x, np.ndarray):
-                    view.set(x if x.flags.c_contiguous else np.ascontiguousarray(x), stream=self.stream)
-                elif isinstance(x, cupy.ndarray):
-                    self._copy_in(x, view, ptr, nbytes, dtype, shape, name)
-                else:
-                    view[...] = cupy.asarray(x) if hasattr(x, "__cuda_array_interface__") else cupy.from_dlpack(x)
-            if use_graph:
-                if self.graph is None:
-                    self._bind_driver_context()
-                    self.stream.begin_capture()
-                    try:
-                        self.launch_all()
-                    finally:
-                        self.graph = self.stream.end_capture()
-                self.graph.launch(stream=self.stream)
-            else:
-                self._bind_driver_context()
-                self.launch_all()
-            if out is not None:
-                self._copy_out(out)
-                outs = dict(out)
-            else:  # new arrays (valid after the next run), each filled by one memcpy, never a copy kernel
-                empty, copy, d2d, stream = cupy.empty, cupy.cuda.runtime.memcpyAsync, self._d2d, self.stream.ptr
-                outs = {}
-                for public, _view, (ptr, nbytes, dtype, shape) in self._outputs:
-                    dst = outs[public] = empty(shape, dtype=dtype)
-                    copy(dst.data.ptr, ptr, nbytes, d2d, stream)
-            if to_numpy:
-                return {k: cupy.asnumpy(v, stream=self.stream) for k, v in outs.items()}
-            if sync:
-                self.stream.synchronize()
-            return outs
+        """One inference (feeds already checked for names, dtypes and shapes: Engine.check_feeds).
 
-    def _copy_in(self, x: Any, view: Any, ptr: int, nbytes: int, dtype: Any, shape: tuple, name: str) -> None:
-        src = x.data.ptr
+        Inputs: a C-contiguous cupy array of the slot's dtype and shape on this device is copied by
+        one device-to-device copy (none when it is the slot); numpy is uploaded on the engine's
+        stream; a strided or other-device array is copied by a kernel (logged once); any other
+        tensor through the CUDA array interface or DLPack.
+        Outputs, by output name:
+        - default: new cupy arrays, one allocation each (valid after later runs);
+        - out=: copied into the caller's cupy arrays (the outputs' dtypes and shapes, C-contiguous,
+          this device), which are returned: no allocation;
+        - reuse_outputs=True: the engine's own output buffers (views of its arena), no allocation
+          and no copy; valid until the next run of this context, which overwrites them (TensorRT's
+          bound output buffers; torch.compile's reduce-overhead outputs).
+        Copies of device inputs and outputs are captured into the CUDA graph with the kernels once
+        the same addresses come back (the second call with them; at most MAX_COPY_GRAPHS address
+        sets per context): a call is then one graph launch. Other calls add one cudaMemcpyAsync per
+        copy around the plain graph. With sync=False the call returns once the work is queued."""
+        srcs = self.exact_sources(feeds)
+        with self.lock:
+            if self._get_device() == self.device and srcs is not None:
+                return self._execute(srcs, use_graph, to_numpy, sync, out, reuse_outputs)
+            with self.cupy.cuda.Device(self.device):
+                if srcs is None:
+                    with self.stream:
+                        srcs = self._stage_inputs(feeds)
+                return self._execute(srcs, use_graph, to_numpy, sync, out, reuse_outputs)
+
+    def _stage_inputs(self, feeds: Mapping[str, Any]) -> tuple[int, ...]:
+        """The general path of the inputs (see run()): numpy uploaded and other forms copied now,
+        on the engine's stream; per input the address of a device-to-device copy still to make, or 0."""
+        cupy, srcs = self.cupy, []
+        for name, view, (ptr, _nbytes, dtype, shape) in self._inputs:
+            x = feeds[name]
+            src = 0
+            if isinstance(x, np.ndarray):
+                view.set(x if x.flags.c_contiguous else np.ascontiguousarray(x), stream=self.stream)
+            elif isinstance(x, cupy.ndarray):
+                src = self._copy_in(x, view, ptr, dtype, shape, name)
+            else:
+                view[...] = cupy.asarray(x) if hasattr(x, "__cuda_array_interface__") else cupy.from_dlpack(x)
+            srcs.append(src)
+        return tuple(srcs)
+
+    def _copy_in(self, x: Any, view: Any, ptr: int, dtype: Any, shape: tuple, name: str) -> int:
+        """A cupy input: the address to copy it from by memcpy, or 0 (it is the slot, or it was
+        copied here by a kernel: strided, or on another device)."""
+        src = int(x.data.ptr)
         if src == ptr and x.shape == shape and x.dtype == dtype:
-            return  # the engine's own slot (a caller writing its input in place): nothing to copy
+            return 0  # the engine's own slot (a caller writing its input in place): nothing to copy
         if x.dtype == dtype and x.shape == shape and x.flags.c_contiguous and x.device.id == self.device:
-            self.cupy.cuda.runtime.memcpyAsync(ptr, src, nbytes, self._d2d, self.stream.ptr)
-            return
+            return src
         if not self._slow_logged:  # a strided or other-device array: an elementwise copy kernel instead
             log.info("input '%s': not a C-contiguous array on device %d; copied by a kernel", name, self.device)
             self._slow_logged = True
         view[...] = x
+        return 0
 
-    def _copy_out(self, out: Mapping[str, Any]) -> None:
-        if len(out) != len(self._outputs):
+    def _out_targets(self, out: Mapping[str, Any]) -> tuple[int, ...]:
+        """The addresses of the out= arrays, checked (one error naming the output otherwise)."""
+        nd, dev, dsts = self._ndarray, self.device, []
+        if len(out) != len(self._out_checks):
             raise EngineError(f"out= names {sorted(out)}; the engine's outputs are {[o[0] for o in self._outputs]}")
-        for public, _view, (ptr, nbytes, dtype, shape) in self._outputs:
+        for public, dtype, shape in self._out_checks:
             dst = out.get(public)
-            if dst is None:
-                raise EngineError(f"out= has no array for output '{public}'")
-            if not isinstance(dst, self.cupy.ndarray) or dst.dtype != dtype or dst.shape != shape:
-                raise EngineError(f"out['{public}'] must be a cupy array of dtype {dtype} and shape {shape}")
-            if not dst.flags.c_contiguous or dst.device.id != self.device:
-                raise EngineError(f"out['{public}'] must be C-contiguous and on device {self.device}")
-            self.cupy.cuda.runtime.memcpyAsync(int(dst.data.ptr), ptr, nbytes, self._d2d, self.stream.ptr)
+            if type(dst) is nd and dst.dtype == dtype and dst.shape == shape and dst._c_contiguous:
+                data = dst.data
+                if data.device_id == dev:
+                    dsts.append(data.ptr)
+                    continue
+            self._bad_out(public, dst, dtype, shape)
+        return tuple(dsts)
+
+    def _bad_out(self, public: str, dst: Any, dtype: Any, shape: tuple) -> None:
+        if dst is None:
+            raise EngineError(f"out= has no array for output '{public}'")
+        if not isinstance(dst, self.cupy.ndarray) or dst.dtype != dtype or dst.shape != shape:
+            raise EngineError(f"out['{public}'] must be a cupy array of dtype {dtype} and shape {shape}")
+        raise EngineError(f"out['{public}'] must be C-contiguous and on device {self.device}")
+
+    def _execute(
+        self, srcs: tuple[int, ...], use_graph: bool, to_numpy: bool, sync: bool, out: Any, reuse_outputs: bool
+    ) -> dict[str, Any]:
+        """The inputs' copies (from `srcs`), the launches and the outputs' copies, on the stream."""
+        if out is not None:
+            dsts = self._out_targets(out)
+            outs = dict(out)
+        elif reuse_outputs:
+            dsts, outs = self._own_targets, dict(self._own_outputs)
+        else:  # new arrays, allocated on the engine's stream (cupy's pool keeps blocks per stream)
+            empty, made, ptrs = self.cupy.empty, [], []
+            with self.stream:  # the last output first: see prepare_io
+                for shape, dtype in self._out_allocs:
+                    a = empty(shape, dtype=dtype)
+                    made.append(a)
+                    ptrs.append(a.data.ptr)
+            made.reverse()
+            ptrs.reverse()
+            outs = dict(zip(self._out_names, made, strict=True))
+            dsts = tuple(ptrs)
+        if use_graph:
+            key = (srcs, dsts)
+            graph = self._copy_graphs.get(key)
+            if graph is None:
+                graph = self._graph_for(key)
+            if graph is not None:
+                graph.launch(stream=self.stream)
+            else:  # copies by memcpy around the plain graph
+                self._memcpys(srcs, dsts, self._plain_graph())
+        else:
+            self._bind_driver_context()
+            self._memcpys(srcs, dsts, None)
+        if to_numpy:
+            return {k: self.cupy.asnumpy(v, stream=self.stream) for k, v in outs.items()}
+        if sync:
+            self.stream.synchronize()
+        return outs
+
+    def _memcpys(self, srcs: tuple[int, ...], dsts: tuple[int, ...], graph: Any) -> None:
+        """The copies in, `graph`'s launch (None: the launch list itself), the copies out: one
+        cudaMemcpyAsync per copy on the stream."""
+        copy, d2d, stream = self.cupy.cuda.runtime.memcpyAsync, self._d2d, self.stream.ptr
+        for src, (slot, nbytes) in zip(srcs, self._in_copies, strict=True):
+            if src:
+                copy(slot, src, nbytes, d2d, stream)
+        if graph is not None:
+            graph.launch(stream=self.stream)
+        else:
+            self.launch_all()
+        for dst, (view, nbytes) in zip(dsts, self._out_copies, strict=True):
+            if dst:
+                copy(dst, view, nbytes, d2d, stream)
+
+    def _plain_graph(self) -> Any:
+        """The launch sequence alone as a CUDA graph, captured on first use."""
+        if self.graph is None:
+            self._bind_driver_context()
+            self.stream.begin_capture()
+            try:
+                self.launch_all()
+            except BaseException:
+                self.stream.end_capture()  # no partial graph kept: it would replay without what failed
+                raise
+            self.graph = self.stream.end_capture()
+        return self.graph
+
+    def _graph_for(self, key: tuple) -> Any:
+        """The graph that runs the copies of `key` (sources, targets) and the launches, or None
+        (then run() makes the copies by memcpy around the plain graph). Nothing to copy: the plain
+        graph. Else a graph with the copies inside, captured the second time these addresses come
+        (an address seen once, such as a new output array kept by the caller, is not worth a
+        capture), up to MAX_COPY_GRAPHS per context."""
+        srcs, dsts = key
+        if not any(srcs) and not any(dsts):
+            return self._plain_graph()
+        if not self._capture_whole:
+            return None
+        seen = self._sightings.get(key, 0) + 1
+        if seen < 2 or len(self._copy_graphs) >= MAX_COPY_GRAPHS:
+            if seen >= 2 and not self._full_logged:
+                log.info(
+                    "engine.run: %d address sets of inputs/outputs captured with their copies already; further "
+                    "ones copy by cudaMemcpyAsync around the graph (stable addresses, out= or reuse_outputs=True "
+                    "avoid that)", MAX_COPY_GRAPHS,
+                )  # fmt: skip
+                self._full_logged = True
+            if len(self._sightings) >= 64:  # one-off addresses (new arrays every call) do not pile up
+                self._sightings.clear()
+            self._sightings[key] = seen
+            return None
+        self._sightings.pop(key, None)
+        self._bind_driver_context()
+        self.stream.begin_capture()
+        try:
+            self._memcpys(srcs, dsts, None)
+            graph = self.stream.end_capture()
+        except Exception as e:
+            with contextlib.suppress(Exception):  # a partial graph would replay without the work that failed
+                self.stream.end_capture()
+            # the plain graph captured and ran before: the copies go back to memcpys around it, said once
+            log.warning("engine.run: capturing the input/output copies into the graph failed (%s); "
+                        "copies by cudaMemcpyAsync around the graph from now on", e)  # fmt: skip
+            self._capture_whole = False
+            return None
+        self._copy_graphs[key] = graph
+        return graph
 
 
 class CUDAExecutor:

@@ -6,7 +6,8 @@
 GPU mode compiles a zoo model (fp16, batch 1, tiny by default: the host's work does not depend on
 the model's size, only on its inputs and outputs) and reports, as medians over rounds of back-to-back
 calls (microseconds per call):
-- `run`: engine.run(cupy feeds, sync=False), the ordinary call with device inputs;
+- `run`: engine.run(cupy feeds, sync=False), the ordinary call with device inputs (new output
+  arrays each call: one cupy allocation per output);
 - `launch`: the engine's CUDA graph launched alone (cudaGraphLaunch's own host cost);
 - `run_idle`, `launch_idle`, `overhead_idle` = run_idle - launch_idle: one call's host time with
   the GPU's queue empty (a sync before each call, outside the timing), median: the issue's number;
@@ -14,11 +15,19 @@ calls (microseconds per call):
   the replay's GPU time and the difference means little);
 - `run_noop_launch`: engine.run with the graph launch replaced by a no-op (the same, measured directly);
 - `run_out`: engine.run(..., out=preallocated) (no allocation per call);
+- `run_reuse`: engine.run(..., reuse_outputs=True) (the engine's own output buffers: no
+  allocation, no copy), and `overhead_reuse_idle`;
+- `copy_graphs`: the graphs the context captured with the copies of these addresses inside (the
+  steady state of a call is then one graph launch);
 - `run_numpy`: engine.run with numpy feeds (a host-to-device copy per input);
 - `run_sync` - `launch_sync`: the end-to-end call against a replay and a stream sync.
 
 --fake replaces cupy by no-op fakes (tools/fake_cupy.py) and times engine.run's own Python on a
-hand-made plan of the same inputs and outputs: the part of the overhead that is graphc's code.
+hand-made plan of the same inputs and outputs: the part of the overhead that is graphc's code
+(numbers of this machine's CPU, not of the GPU host's), with the calls each makes.
+
+On the H200 (under 30 s; docs/runtime.md, host overhead):
+    python tools/bench_host_overhead.py --json docs/results/h200_host_overhead_<date>.json
 """
 
 from __future__ import annotations
@@ -87,7 +96,11 @@ def gpu(model: str, size: str, calls: int, rounds: int) -> dict[str, Any]:
 
     m = models.build(model, size=size, batch=1)
     feeds = models.sample_inputs(model, m)
-    engine = graphc.compile(m, target="cuda", precision="fp16", shapes={k: v.shape for k, v in feeds.items()})
+    from graphc.runtime.cuda import device_arch
+
+    # this GPU's arch alone: the tool finishes in well under 30 s on a fresh machine (no kernel cache)
+    shapes = {k: v.shape for k, v in feeds.items()}
+    engine = graphc.compile(m, target="cuda", precision="fp16", shapes=shapes, arch=[device_arch()])
     dev = {k: cupy.asarray(v.astype(s.dtype)) for s in engine.inputs for k, v in feeds.items() if k == s.name}
     host = {k: cupy.asnumpy(v) for k, v in dev.items()}
     engine.run(dev)  # captures the graph
@@ -103,11 +116,14 @@ def gpu(model: str, size: str, calls: int, rounds: int) -> dict[str, Any]:
     r["launch_idle"] = idle_call_us(lambda: graph.launch(stream=stream), sync, calls)
     r["run_idle"] = idle_call_us(lambda: engine.run(dev, sync=False), sync, calls)
     r["run_out_idle"] = idle_call_us(lambda: engine.run(dev, sync=False, out=out), sync, calls)
+    r["run_reuse_idle"] = idle_call_us(lambda: engine.run(dev, sync=False, reuse_outputs=True), sync, calls)
     r["overhead_idle"] = r["run_idle"] - r["launch_idle"]
     r["overhead_out_idle"] = r["run_out_idle"] - r["launch_idle"]
+    r["overhead_reuse_idle"] = r["run_reuse_idle"] - r["launch_idle"]
     r["launch"] = per_call_us(lambda: graph.launch(stream=stream), calls, rounds, sync)
     r["run"] = per_call_us(lambda: engine.run(dev, sync=False), calls, rounds, sync)
     r["run_out"] = per_call_us(lambda: engine.run(dev, sync=False, out=out), calls, rounds, sync)
+    r["run_reuse"] = per_call_us(lambda: engine.run(dev, sync=False, reuse_outputs=True), calls, rounds, sync)
     r["run_numpy"] = per_call_us(lambda: engine.run(host, sync=False), calls, rounds, sync)
     r["launch_sync"] = per_call_us(lambda: (graph.launch(stream=stream), sync()), calls, rounds)
     r["run_sync"] = per_call_us(lambda: engine.run(dev), calls, rounds)
@@ -119,11 +135,19 @@ def gpu(model: str, size: str, calls: int, rounds: int) -> dict[str, Any]:
     end.record(stream)
     end.synchronize()
     r["replay_gpu"] = cupy.cuda.get_elapsed_time(start, end) * 1000 / calls
+    r["copy_graphs"] = len(getattr(ctx, "_copy_graphs", {}))
+    copy_graphs = dict(getattr(ctx, "_copy_graphs", {}))
     ctx.graph = NoopGraph()
+    for k in copy_graphs:  # the graphs with the copies inside, too: the call's host work alone is left
+        ctx._copy_graphs[k] = NoopGraph()
     try:
         r["run_noop_launch"] = per_call_us(lambda: engine.run(dev, sync=False), calls, rounds, sync)
+        r["run_reuse_noop_launch"] = per_call_us(
+            lambda: engine.run(dev, sync=False, reuse_outputs=True), calls, rounds, sync
+        )
     finally:
         ctx.graph = graph
+        ctx._copy_graphs.update(copy_graphs)
     # the pieces of a call, each alone (what a fix would save)
     first_out = next(iter(out.values()))
     src = first_out
@@ -152,6 +176,9 @@ def gpu(model: str, size: str, calls: int, rounds: int) -> dict[str, Any]:
     r["overhead_sync"] = r["run_sync"] - r["launch_sync"]
     got = engine.run(dev, to_numpy=True)
     r["outputs_finite"] = bool(all(np.isfinite(np.asarray(v, dtype=np.float32)).all() for v in got.values()))
+    reused = {k: cupy.asnumpy(v) for k, v in engine.run(dev, reuse_outputs=True).items()}
+    got_out = {k: cupy.asnumpy(v) for k, v in engine.run(dev, out=out).items()}
+    r["outputs_match"] = all(np.array_equal(got[k], reused[k]) and np.array_equal(got[k], got_out[k]) for k in got)
     name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
     r["gpu"] = name.decode() if isinstance(name, bytes) else str(name)
     return r
@@ -159,20 +186,27 @@ def gpu(model: str, size: str, calls: int, rounds: int) -> dict[str, Any]:
 
 def fake(calls: int, rounds: int, inputs: int = 2, outputs: int = 1) -> dict[str, Any]:
     import fake_cupy
+    import numpy as np
 
     engine, ctx, feeds = fake_cupy.fake_engine(inputs, outputs)
+    out = {o.name: fake_cupy.array(np.zeros(tuple(o.shape), o.dtype)) for o in engine.outputs}
     fake_cupy.MOVE[0] = False  # the fake's calls then cost next to nothing: graphc's Python is what is left
-    out = {o.name: fake_cupy.FakeArray(tuple(o.shape), o.dtype) for o in engine.outputs}
     r: dict[str, Any] = {"mode": "fake cupy", "inputs": inputs, "outputs": outputs}
     r["run"] = per_call_us(lambda: engine.run(feeds, sync=False), calls, rounds)
     r["run_sync"] = per_call_us(lambda: engine.run(feeds), calls, rounds)
+    r["run_out"] = per_call_us(lambda: engine.run(feeds, sync=False, out=out), calls, rounds)
     try:
-        engine.run(feeds, sync=False, out=out)
-        r["run_out"] = per_call_us(lambda: engine.run(feeds, sync=False, out=out), calls, rounds)
-    except TypeError:  # a runtime without out=
-        r["run_out"] = None
+        r["run_reuse"] = per_call_us(lambda: engine.run(feeds, sync=False, reuse_outputs=True), calls, rounds)
+    except TypeError:  # a runtime without reuse_outputs= (to measure the one before it)
+        r["run_reuse"] = None
     r["check_feeds"] = per_call_us(lambda: engine.check_feeds(feeds), calls, rounds)
+    # what a call does in the steady state (allocations, host memcpys, launches)
     r["counts_per_call"] = fake_cupy.counts_per_call(lambda: engine.run(feeds, sync=False))
+    r["counts_per_call_out"] = fake_cupy.counts_per_call(lambda: engine.run(feeds, sync=False, out=out))
+    if r["run_reuse"] is not None:
+        r["counts_per_call_reuse"] = fake_cupy.counts_per_call(
+            lambda: engine.run(feeds, sync=False, reuse_outputs=True)
+        )
     return r
 
 
@@ -203,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{k:>16}: {v:.2f} us" if isinstance(v, float) else f"{k:>16}: {v}")
     if "overhead_idle" in r:
         print(
-            f"engine.run overhead {r['overhead_idle']:.2f} us, {r['overhead_out_idle']:.2f} us with out= "
+            f"engine.run overhead {r['overhead_idle']:.2f} us (new output arrays), {r['overhead_out_idle']:.2f} us "
+            f"with out=, {r['overhead_reuse_idle']:.2f} us with reuse_outputs=True "
             f"(one call, queue empty; target <= {TARGET_US:.0f} us)"
         )
     if a.json:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import threading
 import types
-import weakref
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -21,13 +20,27 @@ COUNTS: Counter = Counter()
 MOVE = [True]  # copy bytes and count (tests); the benchmark turns it off: the fake then costs next to nothing
 _BUFFERS: dict[int, np.ndarray] = {}  # base address -> its bytes
 _NEXT = [1 << 20]
+# freed addresses by rounded size: as cupy's memory pool does, a new array takes the block of one
+# freed before it (engine.run's graphs with their copies are keyed on addresses, so this matters)
+_FREE: dict[int, list[int]] = {}
 
 
-def _alloc(nbytes: int) -> int:
-    ptr = _NEXT[0]
-    _NEXT[0] += (max(nbytes, 1) + 255) // 256 * 256
-    _BUFFERS[ptr] = np.zeros(max(nbytes, 1), np.uint8)
+def _alloc(nbytes: int, store: bool = True) -> int:
+    size = (max(nbytes, 1) + 255) // 256 * 256
+    free = _FREE.get(size)
+    if free:
+        ptr = free.pop()
+    else:
+        ptr = _NEXT[0]
+        _NEXT[0] += size
+    if store:
+        _BUFFERS[ptr] = np.zeros(max(nbytes, 1), np.uint8)
     return ptr
+
+
+def _free(ptr: int, nbytes: int) -> None:
+    _BUFFERS.pop(ptr, None)
+    _FREE.setdefault((max(nbytes, 1) + 255) // 256 * 256, []).append(ptr)
 
 
 def _bytes_at(ptr: int, nbytes: int) -> np.ndarray:
@@ -38,6 +51,8 @@ def _bytes_at(ptr: int, nbytes: int) -> np.ndarray:
 
 
 class _Data:
+    device_id = 0
+
     def __init__(self, ptr: int):
         self.ptr = ptr
 
@@ -67,18 +82,20 @@ class FakeArray:
     def __init__(self, shape: tuple[int, ...], dtype: Any, memptr: _Data | None = None, strided: bool = False):
         self.shape, self.dtype = (shape,) if isinstance(shape, int) else tuple(shape), np.dtype(dtype)
         self.nbytes = math.prod(self.shape) * self.dtype.itemsize
+        self._owned = memptr is None
         if memptr is None:
             if MOVE[0]:
                 COUNTS["alloc"] += 1
-            if MOVE[0]:
-                memptr = _Data(_alloc(self.nbytes))
-                weakref.finalize(self, _BUFFERS.pop, memptr.ptr, None)  # freed with its owner
-            else:  # an address alone: nothing is stored there
-                memptr = _Data(_NEXT[0])
-                _NEXT[0] += 256
+            # with MOVE off an address alone: nothing is stored there
+            memptr = _Data(_alloc(self.nbytes, store=MOVE[0]))
         self.data = memptr
         self.flags = _Flags(not strided)
+        self._c_contiguous = not strided
         self.device = _Device(0)
+
+    def __del__(self) -> None:
+        if self._owned:  # back to the pool with its owner
+            _free(self.data.ptr, self.nbytes)
 
     def host(self) -> np.ndarray:
         return _bytes_at(self.data.ptr, self.nbytes).view(self.dtype).reshape(self.shape)
@@ -168,11 +185,13 @@ class FakeGraph:
 
 
 def _memcpy_async(dst: int, src: int, nbytes: int, kind: int, stream: int) -> None:
+    """Counted where the host makes the call: "memcpy_d2d" (a cudaMemcpyAsync of the call), or
+    "captured_memcpy" (a copy node recorded into a graph being captured)."""
     assert kind == 3, "only device-to-device copies are faked"
+    if MOVE[0]:
+        COUNTS["captured_memcpy" if _CAPTURE[0] is not None else "memcpy_d2d"] += 1
 
     def op() -> None:
-        if MOVE[0]:
-            COUNTS["memcpy_d2d"] += 1
         if MOVE[0]:
             _bytes_at(dst, nbytes)[...] = _bytes_at(src, nbytes)
 
@@ -196,7 +215,7 @@ cupy = types.SimpleNamespace(
     cuda=types.SimpleNamespace(
         Device=_Device,
         Stream=_Stream,
-        runtime=types.SimpleNamespace(memcpyAsync=_memcpy_async, memcpyDeviceToDevice=3),
+        runtime=types.SimpleNamespace(memcpyAsync=_memcpy_async, memcpyDeviceToDevice=3, getDevice=lambda: 0),
     ),
 )
 
@@ -214,13 +233,17 @@ def array(a: np.ndarray) -> FakeArray:
     return out
 
 
-def fake_engine(inputs: int = 2, outputs: int = 1, shape: tuple[int, ...] = (1, 128)) -> tuple[Any, Any, dict]:
+def fake_engine(
+    inputs: int = 2, outputs: int = 1, shape: tuple[int, ...] = (1, 128), const_output: bool = False
+) -> tuple[Any, Any, dict]:
     """An Engine whose CUDA context runs on the fake: `inputs` inputs (int64 ids, then float16) and
     `outputs` float16 outputs of `shape`, no steps; the graph launch copies input 0's first row into
-    each output, so a test sees data go through. Returns (engine, context, feeds as fake arrays)."""
+    each output, so a test sees data go through (a launch list of one fake kernel, captured into a
+    fake graph as the real one is). const_output: one more output, "yc", that is a weight of the
+    plan (the constant 7). Returns (engine, context, feeds as fake arrays)."""
     from graphc.runtime.cuda import CUDAContext, CUDAExecutor
     from graphc.runtime.engine import Engine
-    from graphc.runtime.plan import ARENA, INPUT, KernelPlan, TensorSpec
+    from graphc.runtime.plan import ARENA, INPUT, WEIGHT, KernelPlan, TensorSpec
 
     n = int(np.prod(shape))
     tensors = {}
@@ -229,24 +252,29 @@ def fake_engine(inputs: int = 2, outputs: int = 1, shape: tuple[int, ...] = (1, 
         tensors[f"in{i}"] = TensorSpec(f"in{i}", dt, list(shape), n * np.dtype(dt).itemsize, INPUT)
     for i in range(outputs):
         tensors[f"out{i}"] = TensorSpec(f"out{i}", "float16", list(shape), n * 2, ARENA)
-    plan = KernelPlan(tensors, [], [f"in{i}" for i in range(inputs)], [f"out{i}" for i in range(outputs)],
-                      [f"y{i}" for i in range(outputs)])  # fmt: skip
+    names, public = [f"out{i}" for i in range(outputs)], [f"y{i}" for i in range(outputs)]
+    if const_output:
+        tensors["c0"] = TensorSpec("c0", "float16", list(shape), n * 2, WEIGHT)
+        names, public = [*names, "c0"], [*public, "yc"]
+    plan = KernelPlan(tensors, [], [f"in{i}" for i in range(inputs)], names, public)
     ctx = object.__new__(CUDAContext)
     ctx.cupy, ctx.plan, ctx.device, ctx.stream = cupy, plan, 0, _Stream()
     ctx.views = {name: FakeArray(tuple(t.shape), t.dtype) for name, t in tensors.items()}
+    if const_output:
+        ctx.views["c0"].host()[...] = 7
     ctx.lock = threading.Lock()
-    graph = FakeGraph()
 
-    def launch(stream: Any = None) -> None:
-        if MOVE[0]:
-            COUNTS["graph_launch"] += 1
-        for i in range(outputs if MOVE[0] else 0):
-            ctx.views[f"out{i}"].host()[...] = ctx.views["in0"].host().astype(np.float16)
+    def kernel(grid: Any, block: Any, args: tuple, shared_mem: int = 0, stream: Any = None) -> None:
+        """The plan's one fake kernel: input 0 into every output (recorded while capturing)."""
 
-    graph.launch = launch  # type: ignore[method-assign]
-    ctx.graph = graph
-    if hasattr(ctx, "prepare_io"):  # the run path's per-call constants (absent in older runtimes)
-        ctx.prepare_io()
+        def op() -> None:
+            for i in range(outputs if MOVE[0] else 0):
+                ctx.views[f"out{i}"].host()[...] = ctx.views["in0"].host().astype(np.float16)
+
+        enqueue(op)
+
+    ctx.launches, ctx.programmatic, ctx.graph = [(kernel, (1, 1, 1), (1, 1, 1), (), 0, "fake")], [None], None
+    ctx.prepare_io()
     executor = object.__new__(CUDAExecutor)
     executor.default = ctx
     engine = Engine("cuda", plan, None, {}, executor)

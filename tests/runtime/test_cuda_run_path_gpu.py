@@ -70,6 +70,35 @@ def test_out_buffers_hold_the_outputs_and_stay_valid(bert):
         np.testing.assert_array_equal(cupy.asnumpy(first[k]), ref[k])
 
 
+def test_graphs_with_the_copies_inside_take_each_calls_values(bert):
+    """Calls at the same addresses replay a graph with the copies captured inside: new values
+    written into the same input arrays must come out, for new arrays, out= and reuse_outputs."""
+    import cupy
+
+    eng, feeds, ref = bert
+    ctx = eng.executor.default
+    dev = {k: cupy.asarray(v) for k, v in feeds.items()}
+    zeros = {k: cupy.zeros_like(v) for k, v in dev.items()}
+    ref_zeros = eng.run({k: cupy.asnumpy(v) for k, v in zeros.items()}, to_numpy=True)
+    out = {
+        s.name: cupy.empty(tuple(s.shape), dtype=ctx.views[n].dtype)
+        for s, n in zip(eng.outputs, ctx.plan.outputs, strict=True)
+    }
+    for mode in ({}, {"out": out}, {"reuse_outputs": True}):
+        for step in range(4):  # the same arrays, alternately holding the two feeds' values
+            src, want = (feeds, ref) if step % 2 == 0 else ({k: cupy.asnumpy(v) for k, v in zeros.items()}, ref_zeros)
+            for k, v in dev.items():
+                v.set(np.asarray(src[k]))
+            got = eng.run(dev, **mode)
+            for k in want:
+                np.testing.assert_array_equal(cupy.asnumpy(got[k]), want[k], err_msg=f"{mode} call {step}")
+    assert 1 <= len(ctx._copy_graphs) <= 4
+    reused = eng.run(dev, reuse_outputs=True)
+    assert all(
+        reused[s.name].data.ptr == ctx.views[n].data.ptr for s, n in zip(eng.outputs, ctx.plan.outputs, strict=True)
+    )
+
+
 def test_host_overhead_tool_on_the_gpu(tmp_path):
     import bench_host_overhead as H
 
@@ -77,5 +106,6 @@ def test_host_overhead_tool_on_the_gpu(tmp_path):
     assert H.main(["--model", "bert", "--calls", "200", "--rounds", "3", "--json", str(js)]) == 0
     r = json.loads(js.read_text())
     assert r["outputs_finite"] and r["launch"] > 0 and r["run"] > r["launch"] * 0.5, r
-    for k in ("run_out", "run_numpy", "run_sync", "launch_sync", "run_noop_launch", "replay_gpu"):
+    assert r["outputs_match"] and r["copy_graphs"] >= 1, r
+    for k in ("run_out", "run_reuse", "run_numpy", "run_sync", "launch_sync", "run_noop_launch", "replay_gpu"):
         assert r[k] > 0, (k, r)
