@@ -187,3 +187,47 @@ def test_cli_accuracy(resnet, tmp_path, capsys):
         assert cli([*base, *args]) != 0
         out = capsys.readouterr().err.strip().splitlines()
         assert len(out) >= 1 and why in out[-1] and "Traceback" not in "".join(out), out
+
+
+def _mlp(rng: np.random.Generator):
+    """x -> MatMul+bias -> Relu -> MatMul+bias."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w1 = rng.standard_normal((64, 64)).astype(np.float32) / 8
+    w2 = rng.standard_normal((64, 32)).astype(np.float32) / 8
+    inits = [numpy_helper.from_array(a, n) for n, a in [("w1", w1), ("w2", w2), ("b1", np.zeros(64, np.float32)),
+                                                         ("b2", np.zeros(32, np.float32))]]  # fmt: skip
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["t"], name="fc1"),
+        helper.make_node("Add", ["t", "b1"], ["u"]),
+        helper.make_node("Relu", ["u"], ["v"]),
+        helper.make_node("MatMul", ["v", "w2"], ["z"], name="fc2"),
+        helper.make_node("Add", ["z", "b2"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 32])],
+        inits,
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_cuda_engine_keeps_the_chosen_layer_float():
+    """On the CUDA target (NVRTC only, no GPU): the search runs on the host in the CPU int8
+    arithmetic, and the engine runs the kept layer as a float GEMM, the other as an int8 GEMM."""
+    rng = np.random.default_rng(1)
+    m = _mlp(rng)
+    # one feature of x is 30x the others: fc1's per-tensor input scale is coarse for the rest, so
+    # fc1 is the sensitive layer
+    feeds = [{"x": (rng.standard_normal((16, 64)) * np.where(np.arange(64) == 0, 30, 1)).astype(np.float32)}
+             for _ in range(4)]  # fmt: skip
+
+    e = graphc.compile(m, target="cuda", precision="int8", calibration_data=feeds, accuracy="cosine:0.9998",
+                       arch=["sm_80"])  # fmt: skip
+    a = e.report["quantization"]["accuracy"]
+    assert [k["layer"] for k in a["kept"]] == ["fc1"], a
+    assert a["sensitivity"][0]["layer"] == "fc1" and not a["points"][0]["holds"]
+    fams = [ln.family for s in e.plan.steps for ln in s.launches]
+    assert fams.count("gemm_int8") == 1 and fams.count("gemm") == 1, fams
