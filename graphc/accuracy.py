@@ -293,8 +293,9 @@ def search_keep_float(graph: Any, opts: Any, target: Any) -> tuple[frozenset[str
     inner = target.calibrator
 
     def recording(g: Any, names: Sequence[str]) -> Mapping[str, float]:
-        captured.append(g)
-        return inner(g, names) if inner is not None else {}
+        answer = dict(inner(g, names)) if inner is not None else {}
+        captured.append((g, answer))
+        return answer
 
     # The compile's pipeline up to (and through) the int8 pass, to get the graph that pass sees;
     # the calibrator runs here, and the real compile later asks it again (from its memory).
@@ -306,9 +307,10 @@ def search_keep_float(graph: Any, opts: Any, target: Any) -> tuple[frozenset[str
         raise CompileError(
             f"accuracy {acc.spec}: the model has no float Conv/MatMul/Gemm layer to quantize or keep float"
         )
-    float_graph = captured[-1]
-    # The points are measured in the CPU target's int8 form (the CUDA one computes the same numbers).
-    int8_target = Target("cpu", "int8", calibrator=inner if inner is not None else (lambda g, names: {}))
+    float_graph, amax = captured[-1]
+    # The points are measured in the CPU target's int8 form (the CUDA one computes the same numbers),
+    # with the ranges calibrated above (answered here: the graph is the same, no need to hash it again).
+    int8_target = Target("cpu", "int8", calibrator=lambda g, names: {n: amax[n] for n in names if n in amax})
     layers = layer_names(float_graph) if inner is not None else []
     s = _Search(acc, float_graph, int8_target, samples, refs, say)
     say(f"accuracy: {acc} on {len(samples)} validation sample(s), {len(layers)} quantizable layer(s)")

@@ -162,6 +162,7 @@ def check_search(name: str, size: str, samples: int, spec: str, validation: int)
         calibration_data=calib,
         accuracy=spec,
         validation_data=val,
+        accuracy_progress=lambda line: print(line, file=sys.stderr, flush=True),
         shapes={k: v.shape for k, v in calib[0].items()},
     )
     acc = e.report["quantization"]["accuracy"]
