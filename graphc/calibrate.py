@@ -217,6 +217,9 @@ class Calibrator:
     seconds: float = 0.0
     split: dict[str, float] = field(default_factory=lambda: {"run": 0.0, "statistics": 0.0, "thresholds": 0.0})
     cache: str | None = None  # "hit" | "written" | None
+    # graph hash -> thresholds found this session: an accuracy search (graphc/accuracy.py) runs
+    # the int8 pass several times over the same graph, and calibrates it once.
+    memo: dict[str, dict[str, float]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -226,10 +229,14 @@ class Calibrator:
 
     def __call__(self, graph: Any, names: Sequence[str]) -> dict[str, float]:
         key = graph_hash(graph)
+        known = self.memo.get(key, {})
+        if all(n in known for n in names):
+            return {n: known[n] for n in names}
         cached = self._read_cache(key, names)
         if cached is not None:
             self.cache = "hit"
             self.thresholds.update(cached)
+            self.memo.setdefault(key, {}).update(cached)
             log.info("int8: calibration cache %s holds all %d tensors; no sample run", self.cache_path, len(names))
             return cached
         if not self.samples:
@@ -239,6 +246,7 @@ class Calibrator:
         found = self._collect(graph, names)
         self.seconds += time.perf_counter() - t0
         self.thresholds.update(found)
+        self.memo.setdefault(key, {}).update(found)
         if self.cache_path is not None:
             self._write_cache(key, found)
             self.cache = "written"

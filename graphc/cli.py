@@ -294,6 +294,10 @@ def _add_compile(sub) -> None:
     c.add_argument("--calibration-method", choices=["minmax", "entropy", "percentile"], default="entropy")
     c.add_argument("--percentile", type=float, default=99.99, help="for --calibration-method percentile")
     c.add_argument("--calibration-cache", help="int8: JSON file of calibrated ranges, reused when it matches")
+    c.add_argument(
+        "--accuracy", help="int8: keep the most sensitive layers float until e.g. cosine:0.999 or max-rel:1e-2 holds"
+    )
+    c.add_argument("--validation-data", help="--accuracy: V.npz (per input [N, *shape]); default the calibration data")
     c.add_argument("--shapes", help="input shapes, e.g. input:1x3x224x224,mask:1x128, or dims by name: batch=8")
     for flag, what in (("min", "smallest"), ("opt", "tuned-for"), ("max", "largest")):
         c.add_argument(
@@ -335,6 +339,10 @@ def _profile_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 def _calibration_printer(done: int, total: int) -> None:
     print(f"\rcalibrating: sample {done}/{total}", end="\n" if done == total else "", file=sys.stderr, flush=True)
+
+
+def _accuracy_printer(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
@@ -388,9 +396,16 @@ def _cmd_compile(args: argparse.Namespace) -> int:
             percentile=args.percentile,
             calibration_cache=args.calibration_cache,
             calibration_progress=None if args.quiet else _calibration_printer,
+            accuracy=args.accuracy,
+            validation_data=args.validation_data,
+            accuracy_progress=None if args.quiet else _accuracy_printer,
         )
-    elif args.calibration_data or args.calibration_cache:
-        raise UsageError("--calibration-data/--calibration-cache: only with --precision int8")
+        if args.validation_data and not args.accuracy:
+            raise UsageError("--validation-data: only with --accuracy")
+    elif args.calibration_data or args.calibration_cache or args.accuracy or args.validation_data:
+        raise UsageError(
+            "--calibration-data/--calibration-cache/--accuracy/--validation-data: only with --precision int8"
+        )
     print(f"compiling {args.model} for {args.target} ({precision}, opt level {args.opt_level})", file=sys.stderr)
     engine = graphc.compile(str(model), **opts)
     engine.save(output)
@@ -399,6 +414,10 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         report_path.write_text(json.dumps(report, indent=1, default=str))
     if not args.quiet:
         print(compile_summary(report, max_lines=6), file=sys.stderr)
+        if args.accuracy:
+            from graphc.accuracy import summary_lines
+
+            print("\n".join(summary_lines(report)), file=sys.stderr)
         if engine.dynamic is not None:
             from graphc.runtime.profiles import describe_profiles
 

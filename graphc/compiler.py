@@ -42,6 +42,8 @@ class CompileOptions:
     calibration_*: precision "int8" (graphc/calibrate.py): the samples (CALIB.npz of [N, *shape]
     per input, a folder of .npz feeds, or an iterable of feed dicts), "minmax" | "entropy" |
     "percentile" (of |x|), the percentile, a JSON cache of the thresholds, a (done, total) callback.
+    accuracy: int8: "cosine:0.999" | "max-rel:1e-2": keep the most sensitive layers float until the
+    target holds on validation_data (default: the calibration data); graphc/accuracy.py.
     """
 
     target: str = "cpu"
@@ -66,6 +68,9 @@ class CompileOptions:
     percentile: float = 99.99
     calibration_cache: str | Path | None = None
     calibration_progress: Callable[[int, int], None] | None = None
+    accuracy: str | None = None
+    validation_data: Any = None
+    accuracy_progress: Callable[[str], None] | None = None  # one line per point tried
     # ---- optimization profiles (issue 14; graphc/profiles.py, docs/dynamic_shapes.md) ----
     # input name -> shape, one mapping per profile (or a list of mappings: several profiles); the
     # engine then runs any shape between min and max, with its own plan built at opt.
@@ -97,6 +102,14 @@ class CompileOptions:
                 raise CompileError(f"a profile needs min_shapes, opt_shapes and max_shapes; {missing[0]} is missing")
             if self.precision == "int8":
                 raise CompileError("precision int8 with optimization profiles is not supported (calibrate one shape)")
+        if self.accuracy is not None or self.validation_data is not None:
+            from graphc.accuracy import parse_accuracy
+
+            if self.precision != "int8":
+                raise CompileError("accuracy / validation_data: only with precision int8")
+            if self.accuracy is None:
+                raise CompileError("validation_data: only with accuracy (e.g. accuracy='cosine:0.999')")
+            parse_accuracy(self.accuracy)
 
 
 class _Phases:
@@ -172,6 +185,13 @@ def compile_loaded(graph: Any, model: Any, opts: CompileOptions, phase: _Phases)
 
         # Fusion asks the target what its kernels can hold; passes never import codegen.
         target = dataclasses.replace(target, capabilities=CUDA)
+    accuracy = None
+    if opts.precision == "int8" and opts.accuracy is not None:
+        from graphc.accuracy import search_keep_float
+
+        with phase("accuracy"):  # which layers stay float (graphc/accuracy.py)
+            keep, accuracy = search_keep_float(graph, opts, target)
+        target = dataclasses.replace(target, keep_float=keep)
     with phase("optimize"):
         result = optimize(
             graph,
@@ -209,6 +229,8 @@ def compile_loaded(graph: Any, model: Any, opts: CompileOptions, phase: _Phases)
         # A QDQ model alone has no calibrator: its scales are its own (constants of the engine).
         calibrated = (calibrator or Calibrator(None, opts.calibration_method, opts.percentile)).report()
         report["quantization"] = {**calibrated, "integer_ops": integer_ops(optimized)}
+        if accuracy is not None:
+            report["quantization"]["accuracy"] = accuracy
     # what a report read on its own needs to say what it is about
     report["graphc_version"] = _graphc_version()
     report["model"] = str(model) if isinstance(model, (str, Path)) else f"<{type(model).__name__}>"
@@ -224,11 +246,14 @@ def compile_loaded(graph: Any, model: Any, opts: CompileOptions, phase: _Phases)
     options_json = {
         f.name: _jsonable(getattr(opts, f.name))
         for f in dataclasses.fields(opts)
-        if f.name not in ("progress", "extra", "calibration_data", "calibration_progress")
+        if f.name
+        not in ("progress", "extra", "calibration_data", "calibration_progress", "validation_data", "accuracy_progress")
         and not (f.name.endswith("_shapes") and getattr(opts, f.name) is None)
     }
     if isinstance(opts.calibration_data, (str, Path)):
         options_json["calibration_data"] = str(opts.calibration_data)
+    if isinstance(opts.validation_data, (str, Path)):
+        options_json["validation_data"] = str(opts.validation_data)
 
     if opts.target == "cpu":
         from graphc.cpu_kernels import cpu_kernel

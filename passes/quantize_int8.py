@@ -1,7 +1,8 @@
 """INT8 engines: Conv, MatMul and Gemm with constant weights in integer arithmetic.
 
 Each quantized op becomes the ONNX integer ops (their CPU references are exact: int8 products
-summed in float64 through BLAS, exact below 2**53, then rounded to int32) with the bias folded
+summed in float64 through BLAS, exact below 2**53, then taken modulo 2**32 as int32 accumulators
+wrap: runtime/reference/nn.py int32_sums) with the bias folded
 into the int32 accumulator and a dequantize epilogue:
 
     QuantizeLinear(x, s_x, 0) -> int8                  (round half to even, saturating)
@@ -152,6 +153,13 @@ class _Candidate:
     absorbed: tuple[Node, ...]  # the nodes the integer form replaces (MatMul + its bias Add)
 
 
+def layer_names(graph: Graph) -> list[str]:
+    """The names of the Conv/MatMul/Gemm nodes `quantize_int8` would quantize (in graph order):
+    the layers an accuracy search may keep float (Target.keep_float takes these names)."""
+    found, _ = _candidates(graph)
+    return [c.node.name for c in found.values()]
+
+
 def _candidates(graph: Graph) -> tuple[dict[str, _Candidate], set[str]]:
     """By the name of the node whose output the integer form replaces; and the MatMuls whose bias
     Add stands in for them."""
@@ -222,8 +230,15 @@ def _quantize_calibrated(graph: Graph, target: Target) -> Graph:
     found, folded = _candidates(graph)
     if not found:
         return graph
+    # Every candidate's input is calibrated, kept-float ones too: the calibrator then sees the same
+    # question whatever the keep set (graphc/accuracy.py tries several), and answers from memory.
     names = sorted({c.x.name for c in found.values()})
     amax = dict(target.calibrator(graph, names))
+    kept = {k: c for k, c in found.items() if c.node.name in target.keep_float}
+    for k, c in kept.items():
+        log.info("int8: %s '%s' stays float (keep_float)", c.node.op, c.node.name)
+        del found[k]
+        folded.discard(c.node.name)
     quant_x: dict[str, Value] = {}  # one QuantizeLinear per activation (Q, K and V share theirs)
 
     def visit(node: Node, ctx: RewriteContext) -> Rewritten | None:
@@ -406,4 +421,11 @@ def integer_ops(graph: Graph) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-__all__: Sequence[str] = ("quantize_int8", "quantize_qdq_int8", "integer_ops", "quantize_weight", "bias_int32")
+__all__: Sequence[str] = (
+    "quantize_int8",
+    "layer_names",
+    "quantize_qdq_int8",
+    "integer_ops",
+    "quantize_weight",
+    "bias_int32",
+)

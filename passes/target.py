@@ -40,6 +40,9 @@ class Target:
     allow_tf32: bool = False
     capabilities: FusionCapabilities = REFERENCE
     calibrator: Calibrator | None = None  # int8 only: where activation ranges come from
+    # int8 only: names of the Conv/MatMul/Gemm nodes the int8 pass leaves in float (the layers
+    # graphc/accuracy.py's search keeps out of int8 for an accuracy target).
+    keep_float: frozenset[str] = frozenset()
     # GEMM + residual + LayerNorm/RMSNorm as one kernel (passes/fuse_residual_norm.py). Off by
     # default: on an H200 (2026-12-01) the models at batch 1 were slower with it (BERT-base 1.35 ms
     # against 0.80 before this and the one-launch split-K landed), not yet measured apart.

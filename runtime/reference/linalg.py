@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 
-from graphc.runtime.reference.nn import acc_dtype
+from graphc.runtime.reference.nn import acc_dtype, int32_sums
 from graphc.runtime.reference.registry import register_kernel
 
 
@@ -64,7 +64,7 @@ def _mmi_compute(ins, attrs, n):
         af -= az.reshape(-1, 1) if az.ndim == 1 and a.ndim >= 2 else az
     if bz is not None:
         bf -= np.asarray(bz, dtype=np.float64)  # per column of B: broadcasts along the last axis
-    return [np.rint(np.matmul(af, bf)).astype(np.int32)]
+    return [int32_sums(np.matmul(af, bf))]
 
 
 # ---- Einsum ------------------------------------------------------------------------------------

@@ -226,6 +226,14 @@ def _conv_compute(ins, attrs, n):
     return [y.astype(x.dtype, copy=False)]
 
 
+def int32_sums(y: np.ndarray) -> np.ndarray:
+    """Integer sums computed exactly in float64 (every int8/uint8 product sum below 2**53) as
+    int32 accumulators hold them: modulo 2**32, as the CUDA int8 kernels' (IMMA/IGMMA without
+    .satfinite) and ONNX Runtime's int32 accumulation wrap. A float64 -> int32 cast of a sum
+    past 2**31 would instead be undefined (numpy gives INT_MIN)."""
+    return np.rint(y).astype(np.int64).astype(np.int32)
+
+
 def _conv_integer_compute(ins, attrs, n):
     x, w = ins[0], ins[1]
     xz = ins[2] if len(ins) > 2 and ins[2] is not None else None
@@ -242,7 +250,7 @@ def _conv_integer_compute(ins, attrs, n):
     geom = window_geometry(attrs, x.shape[2:], w.shape[2:], _fail_compute)
     # Zero padding after subtracting the zero point is padding with the zero point.
     y = conv_nd(xf, wf, geom, attrs.group)
-    return [np.rint(y).astype(np.int32)]
+    return [int32_sums(y)]
 
 
 # ---- ConvTranspose -----------------------------------------------------------------------------
