@@ -236,14 +236,17 @@ def _check_io(m: ManifestDoc, plan: KernelPlan, c: _Checker) -> None:
 def _sub_plan_reads(steps: Any) -> set[str]:
     """Tensor names the branch sub-plans of If steps read (runtime/cpu.py host_if_kernel), nested
     ones included; the sub-plans themselves are checked when their executors are built."""
-    return set().union(*(_attrs_reads(s.attrs) for s in steps if s.op == "If")) if steps else set()
+    return set().union(*(_attrs_reads(s.attrs) for s in steps if s.op in _SUB_PLAN_OPS)) if steps else set()
+
+
+_SUB_PLAN_OPS = ("If", "Loop", "Scan")  # a host Loop/Scan's body is a sub-plan too (graphc/host_loop.py)
 
 
 def _attrs_reads(attrs: Any) -> set[str]:
     out: set[str] = set()
-    if not isinstance(attrs, dict) or "host_if_version" not in attrs:
+    if not isinstance(attrs, dict) or ("host_if_version" not in attrs and "host_loop_version" not in attrs):
         return out
-    for key in ("then_branch", "else_branch"):
+    for key in ("then_branch", "else_branch", "body"):
         sub = attrs.get(key)
         plan = sub.get("plan", {}) if isinstance(sub, dict) else {}
         plan = plan if isinstance(plan, dict) else {}
@@ -255,7 +258,7 @@ def _attrs_reads(attrs: Any) -> set[str]:
                 continue
             if isinstance(st.get("inputs"), list):
                 out |= {n for n in st["inputs"] if isinstance(n, str)}
-            if st.get("op") == "If":
+            if st.get("op") in _SUB_PLAN_OPS:
                 out |= _attrs_reads(st.get("attrs"))
     return out
 
