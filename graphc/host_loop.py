@@ -192,8 +192,10 @@ def _report_line(node: Node, attrs: dict[str, Any], steps: int, cuda: bool) -> s
         reads = "no condition to read"
     else:
         trip = attrs["trip_count"]
-        count = f"{trip} iterations, more than fold_control_flow's MAX_UNROLL" if trip is not None else (
-            "trip count and exit known only at run time"
+        count = (
+            f"{trip} iterations, more than fold_control_flow's MAX_UNROLL"
+            if trip is not None
+            else ("trip count and exit known only at run time")
         )
         if attrs["body_cond"] is None:
             reads = (

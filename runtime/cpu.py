@@ -134,7 +134,9 @@ def _is_host_loop(step: Step) -> bool:
     return is_host_loop(step)
 
 
-def _host_loop_kernel(step: Step, plan: KernelPlan, weights: Mapping[str, np.ndarray], factory: KernelFactory) -> StepFn:
+def _host_loop_kernel(
+    step: Step, plan: KernelPlan, weights: Mapping[str, np.ndarray], factory: KernelFactory
+) -> StepFn:
     from graphc.runtime.host_loop_cpu import host_loop_kernel  # a Loop/Scan whose body is a sub-plan
 
     return host_loop_kernel(step, plan, weights, factory)

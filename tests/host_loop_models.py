@@ -49,8 +49,11 @@ def trip_count_model() -> onnx.ModelProto:
             helper.make_node("Mul", ["hT", "two"], ["y"]),
         ],
         "trip_count",
-        [helper.make_tensor_value_info("M", I64, []), helper.make_tensor_value_info("x0", FL, [2, 4]),
-         helper.make_tensor_value_info("x", FL, [2, 4])],  # fmt: skip
+        [
+            helper.make_tensor_value_info("M", I64, []),
+            helper.make_tensor_value_info("x0", FL, [2, 4]),
+            helper.make_tensor_value_info("x", FL, [2, 4]),
+        ],  # fmt: skip
         [helper.make_tensor_value_info("y", FL, [2, 4])],
         initializer=[numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(2.0, np.float32), "two")],
     )
@@ -69,10 +72,17 @@ def while_model() -> onnx.ModelProto:
             helper.make_node("Less", ["s", "limit"], ["c_out"]),
         ],
         "body",
-        [_scalar("i", I64), _scalar("c", B), helper.make_tensor_value_info("n", I64, []),
-         helper.make_tensor_value_info("v", FL, [3])],  # fmt: skip
-        [_scalar("c_out", B), helper.make_tensor_value_info("n_out", I64, []),
-         helper.make_tensor_value_info("v_out", FL, [3])],  # fmt: skip
+        [
+            _scalar("i", I64),
+            _scalar("c", B),
+            helper.make_tensor_value_info("n", I64, []),
+            helper.make_tensor_value_info("v", FL, [3]),
+        ],  # fmt: skip
+        [
+            _scalar("c_out", B),
+            helper.make_tensor_value_info("n_out", I64, []),
+            helper.make_tensor_value_info("v_out", FL, [3]),
+        ],  # fmt: skip
         initializer=[
             numpy_helper.from_array(np.array(1.5, np.float32), "k"),
             numpy_helper.from_array(np.array(1.0, np.float32), "one"),
@@ -153,8 +163,11 @@ def long_static_loop_model(trip: int = 100) -> onnx.ModelProto:
         ],
         "body",
         [_scalar("i", I64), _scalar("c", B), helper.make_tensor_value_info("h", FL, [2, 3])],
-        [_scalar("c_out", B), helper.make_tensor_value_info("h_out", FL, [2, 3]),
-         helper.make_tensor_value_info("scan", FL, [2, 3])],  # fmt: skip
+        [
+            _scalar("c_out", B),
+            helper.make_tensor_value_info("h_out", FL, [2, 3]),
+            helper.make_tensor_value_info("scan", FL, [2, 3]),
+        ],  # fmt: skip
         initializer=[numpy_helper.from_array(np.array(0.99, np.float32), "d")],
     )
     g = helper.make_graph(
@@ -173,20 +186,26 @@ def long_scan_model(length: int = 80) -> onnx.ModelProto:
     body = helper.make_graph(
         [
             helper.make_node("Add", ["acc", "xt"], ["acc_out"]),
-            helper.make_node("Mul", ["acc_out", "zt"], ["y1"]),
+            helper.make_node("Unsqueeze", ["acc_out", "ax0"], ["acc_b"]),
+            helper.make_node("Unsqueeze", ["zt", "ax1"], ["zt_b"]),
+            helper.make_node("Mul", ["acc_b", "zt_b"], ["y1"]),
             helper.make_node("Neg", ["acc_out"], ["y2"]),
         ],
         "body",
-        [helper.make_tensor_value_info("acc", FL, [3]), helper.make_tensor_value_info("xt", FL, [3]),
-         helper.make_tensor_value_info("zt", FL, [2])],  # fmt: skip
-        [helper.make_tensor_value_info("acc_out", FL, [3]), helper.make_tensor_value_info("y1", FL, [2, 3]),
-         helper.make_tensor_value_info("y2", FL, [3])],  # fmt: skip
-    )
-    body.node[1].CopyFrom(helper.make_node("Mul", ["acc_b", "zt_b"], ["y1"]))
-    body.node.insert(1, helper.make_node("Unsqueeze", ["acc_out", "ax0"], ["acc_b"]))
-    body.node.insert(2, helper.make_node("Unsqueeze", ["zt", "ax1"], ["zt_b"]))
-    body.initializer.extend(
-        [numpy_helper.from_array(np.array([0], np.int64), "ax0"), numpy_helper.from_array(np.array([1], np.int64), "ax1")]
+        [
+            helper.make_tensor_value_info("acc", FL, [3]),
+            helper.make_tensor_value_info("xt", FL, [3]),
+            helper.make_tensor_value_info("zt", FL, [2]),
+        ],  # fmt: skip
+        [
+            helper.make_tensor_value_info("acc_out", FL, [3]),
+            helper.make_tensor_value_info("y1", FL, [2, 3]),
+            helper.make_tensor_value_info("y2", FL, [3]),
+        ],  # fmt: skip
+        initializer=[
+            numpy_helper.from_array(np.array([0], np.int64), "ax0"),
+            numpy_helper.from_array(np.array([1], np.int64), "ax1"),
+        ],
     )
     g = helper.make_graph(
         [
