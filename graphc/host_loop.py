@@ -131,6 +131,8 @@ def _plan_loop(
         "num_scan": k,
         "trip_count": trip,
         "body_cond": body_cond_passthrough(body),
+        # the trip count M where it is a constant (the body may still exit early): for the report
+        "trip_bound": None if m_val is None else max(int(m_val.reshape(())), 0),
     }
     want = [list(cond_out.static_shape), *[list(t.static_shape) for t in types], *[s[1:] for s in scan_shapes]]
     steps = plan_sub(out, node.name, "body", g, c, inputs_from, where, opt_level, target, attrs,
@@ -187,6 +189,11 @@ def _plan_scan(
 
 
 def _report_line(node: Node, attrs: dict[str, Any], steps: int, cuda: bool) -> str:
+    from graphc.runtime.host_loop_cuda import WHOLE_GRAPH_MAX_ITERATIONS
+
+    static = (
+        attrs["length"] if attrs["op"] == "Scan" else attrs["trip_count"] if attrs["body_cond"] is not None else None
+    )
     if attrs["op"] == "Scan":
         count = f"{attrs['length']} steps, more than fold_control_flow's MAX_UNROLL"
         reads = "no condition to read"
@@ -195,7 +202,9 @@ def _report_line(node: Node, attrs: dict[str, Any], steps: int, cuda: bool) -> s
         count = (
             f"{trip} iterations, more than fold_control_flow's MAX_UNROLL"
             if trip is not None
-            else ("trip count and exit known only at run time")
+            else f"at most {attrs['trip_bound']} iterations, with an exit computed from data"
+            if attrs.get("trip_bound") is not None
+            else "trip count and exit known only at run time"
         )
         if attrs["body_cond"] is None:
             reads = (
@@ -207,15 +216,23 @@ def _report_line(node: Node, attrs: dict[str, Any], steps: int, cuda: bool) -> s
             reads = (
                 "no early exit: the trip count and initial condition read back once per run (one small device-to-"
                 "host copy each), then the iterations are queued without a sync"
-                if cuda
+                if cuda and static is None
+                else "no early exit and a static trip count: nothing read back"
+                if static is not None
                 else "no early exit: the trip count read once per run"
             )
-    how = (
-        "the CUDA engine replays the body as one CUDA graph per iteration (captured on first use), the carried "
-        "values copied device to device into the body's inputs inside that graph"
-        if cuda
-        else "the CPU engine runs it once per iteration"
-    )
+    if not cuda:
+        how = "the CPU engine runs it once per iteration"
+    elif static is not None and static <= WHOLE_GRAPH_MAX_ITERATIONS:
+        how = (
+            "the CUDA engine captures the whole loop (every iteration's copies and launches) as one CUDA graph on "
+            "first use and replays it per run"
+        )
+    else:
+        how = (
+            "the CUDA engine replays the body as one CUDA graph per iteration (captured on first use), the carried "
+            "values copied device to device into the body's inputs inside that graph"
+        )
     scans = (
         f"; {attrs['num_scan']} scan output(s) preallocated at their static length, each iteration's element "
         "copied into place"

@@ -106,7 +106,7 @@ def while_model() -> onnx.ModelProto:
 def greedy_decode_model(vocab: int = 8, steps: int = 6, eos: int = 0) -> onnx.ModelProto:
     """Greedy decoding: from a start token, `steps` at most; each step embeds the last token, mixes
     it into a state, takes the argmax of the logits, writes it at position i of a fixed-size token
-    buffer (ScatterElements), and stops early when it is the end token (the exit from data)."""
+    buffer (Where over the positions), and stops early when it is the end token (the exit from data)."""
     emb = RNG.standard_normal((vocab, 6)).astype(np.float32)
     wh = (RNG.standard_normal((6, 6)) * 0.6).astype(np.float32)
     wo = RNG.standard_normal((6, vocab)).astype(np.float32)
@@ -118,9 +118,8 @@ def greedy_decode_model(vocab: int = 8, steps: int = 6, eos: int = 0) -> onnx.Mo
             helper.make_node("Tanh", ["pre"], ["h_out"]),
             helper.make_node("MatMul", ["h_out", "wo"], ["logits"]),
             helper.make_node("ArgMax", ["logits"], ["nt"], axis=1, keepdims=0),
-            helper.make_node("Reshape", ["i", "shape1"], ["i1"]),
-            helper.make_node("Reshape", ["nt", "shape1"], ["nt1"]),
-            helper.make_node("ScatterElements", ["buf", "i1", "nt1"], ["buf_out"], axis=0),
+            helper.make_node("Equal", ["positions", "i"], ["here"]),
+            helper.make_node("Where", ["here", "nt", "buf"], ["buf_out"]),
             helper.make_node("Identity", ["nt"], ["tok_out"]),
             helper.make_node("Squeeze", ["nt", "ax0"], ["nts"]),
             helper.make_node("Equal", ["nts", "eos"], ["stop"]),
@@ -143,7 +142,7 @@ def greedy_decode_model(vocab: int = 8, steps: int = 6, eos: int = 0) -> onnx.Mo
             numpy_helper.from_array(wo, "wo"),
             numpy_helper.from_array(np.array(steps, np.int64), "M"),
             numpy_helper.from_array(np.full((steps,), -1, np.int64), "buf0"),
-            numpy_helper.from_array(np.array([1], np.int64), "shape1"),
+            numpy_helper.from_array(np.arange(steps, dtype=np.int64), "positions"),
             numpy_helper.from_array(np.array([0], np.int64), "ax0"),
             numpy_helper.from_array(np.array(eos, np.int64), "eos"),
         ],
