@@ -500,8 +500,10 @@ def validate_kernels(
         if s.alias:
             continue
         if (
-            s.op == "If" and isinstance(s.attrs, dict) and "host_if_version" in s.attrs
-        ):  # a data-dependent If: no launches of its own, two branch sub-plans
+            s.op in _SUB_PLAN_OPS
+            and isinstance(s.attrs, dict)
+            and ("host_if_version" in s.attrs or "host_loop_version" in s.attrs)
+        ):  # a data-dependent If or a host loop: no launches of its own, branch / body sub-plans
             _validate_branches(c, m, s, plan, sources, cubin_members, path, engine_tensors or plan.tensors)
             continue
         if not s.launches:
@@ -519,9 +521,17 @@ def _validate_branches(c, m, s, plan: KernelPlan, sources, cubin_members, path: 
     from graphc.runtime.plan import memory_plan_from_json
 
     where = f"step {s.index} ('{s.name}')"
-    if s.attrs.get("host_if_version") != 1:
+    loop = "host_loop_version" in s.attrs  # a host loop (runtime/host_loop_cpu.py loop_layout checks its counts)
+    if not loop and s.attrs.get("host_if_version") != 1:
         raise c.fail(f"{where}: sub-plan layout {s.attrs.get('host_if_version')!r}, expected 1")
-    for key in ("then_branch", "else_branch"):
+    if loop:
+        from graphc.runtime.host_loop_cpu import loop_layout
+
+        try:
+            loop_layout(s)
+        except EngineError as e:
+            raise c.fail(str(e)) from None
+    for key in ("body",) if loop else ("then_branch", "else_branch"):
         d = s.attrs.get(key)
         if isinstance(d, dict) and set(d) == {"refused", "num_captures"} and isinstance(d["refused"], str):
             continue  # a branch that does not type-check on the engine's shapes: a run taking it is refused
@@ -531,10 +541,13 @@ def _validate_branches(c, m, s, plan: KernelPlan, sources, cubin_members, path: 
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise c.fail(f"{where}: its {key} sub-plan is malformed ({type(e).__name__}: {e})") from None
         T = sub.tensors
-        if len(sub.outputs) != len(s.outputs) or any(
-            (T[a].dtype, list(T[a].shape)) != (plan.tensors[b].dtype, list(plan.tensors[b].shape))
-            for a, b in zip(sub.outputs, s.outputs, strict=False)
-            if a in T
+        if not loop and (
+            len(sub.outputs) != len(s.outputs)
+            or any(
+                (T[a].dtype, list(T[a].shape)) != (plan.tensors[b].dtype, list(plan.tensors[b].shape))
+                for a, b in zip(sub.outputs, s.outputs, strict=False)
+                if a in T
+            )
         ):
             raise c.fail(f"{where}: its {key} sub-plan's outputs are not the step's")
         for n, t in T.items():
