@@ -65,7 +65,10 @@ def loop_layout(step: Step, plan_outputs: list[Any] | None = None) -> dict[str, 
             raise EngineError(f"{where}: its trip_count is {trip!r}")
         if cond is not None and not isinstance(cond, bool):
             raise EngineError(f"{where}: its body_cond is {cond!r}")
-        out.update(trip_count=trip, body_cond=cond, formals=2 + n)
+        bound = a.get("trip_bound")  # M where it is a constant: nothing to read back for it
+        if bound is not None and (not isinstance(bound, int) or isinstance(bound, bool) or bound < 0):
+            raise EngineError(f"{where}: its trip_bound is {bound!r}")
+        out.update(trip_count=trip, body_cond=cond, trip_bound=bound, formals=2 + n)
     else:
         m = _int(a, "num_scan_inputs", where)
         out.update(

@@ -109,7 +109,10 @@ class HostLoop:
             init = [_view(parent, x, where) for x in ins[2 : 2 + n]]
             self.iter_slot, cond_slot = body_in[0], body_in[1]
             carried_in, first_out = body_in[2 : 2 + n], 1
-            self.cond_out = body_out[0]
+            # the condition is read from the body's condition input, where the carry copies put it: its
+            # output's slot may be another carried value's input slot (the memory plan reuses an input's
+            # bytes once it is read), which that value's copy overwrites
+            self.cond_now = cond_slot
             carry = [_copy(cond_slot, body_out[0], where, "the condition")]
             self.true = cupy.asarray(np.ones((), np.bool_))  # the condition before the first iteration
             self.cond_init = _copy(cond_slot, self.cond0 if self.cond0 is not None else self.true, where, "cond")
@@ -256,9 +259,12 @@ class HostLoop:
                 self._all_iterations(parent, trip, use_graph, stats)
                 return
         # per iteration: the body unit replayed as its graph; the trip count / condition on the host
-        m = None if self.step.op != "Loop" or self.m is None else int(self._read(parent, self.m, stats))
         if trip is not None:
             m = trip
+        elif self.step.op == "Loop" and self.lay["trip_bound"] is not None:
+            m = self.lay["trip_bound"]  # a constant M: known without a read
+        else:
+            m = None if self.step.op != "Loop" or self.m is None else int(self._read(parent, self.m, stats))
         keep = True if self.step.op != "Loop" or self.cond0 is None else bool(self._read(parent, self.cond0, stats))
         self._memcpys(parent, self.init_copies)
         if self.step.op == "Loop":
@@ -270,7 +276,9 @@ class HostLoop:
             self._ensure_table(parent, i + 1)
             self._iteration(parent, i, body)
             i += 1
-            keep = bool(self._read(parent, self.cond_out, stats)) if body_cond is None else bool(body_cond)
+            if m is not None and i >= m:
+                break  # the trip count ends it: no condition to read back
+            keep = bool(self._read(parent, self.cond_now, stats)) if body_cond is None else bool(body_cond)
         self._memcpys(parent, self.final_copies)
         stats[f"{self.name}:iterations"] += i
 
