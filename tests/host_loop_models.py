@@ -226,6 +226,54 @@ def long_scan_model(length: int = 80) -> onnx.ModelProto:
     return _model(g)
 
 
+def nested_loop_model(inner: int = 70) -> onnx.ModelProto:
+    """A Loop in a Loop's body: g = g + tanh(g * j * 0.01 + i) * x for j < `inner` (longer than
+    MAX_UNROLL), then h = g / 2, M times (an input): the inner loop reads the outer iteration number
+    and a capture of the outer scope (x, through two levels)."""
+    inner_body = helper.make_graph(
+        [
+            helper.make_node("Cast", ["j"], ["fj"], to=FL),
+            helper.make_node("Mul", ["g", "fj"], ["gj"]),
+            helper.make_node("Mul", ["gj", "small"], ["gs"]),
+            helper.make_node("Cast", ["i"], ["fi"], to=FL),
+            helper.make_node("Add", ["gs", "fi"], ["ga"]),
+            helper.make_node("Tanh", ["ga"], ["t"]),
+            helper.make_node("Mul", ["t", "x"], ["tx"]),
+            helper.make_node("Add", ["g", "tx"], ["g_out"]),
+            helper.make_node("Identity", ["c2"], ["c2_out"]),
+        ],
+        "inner",
+        [_scalar("j", I64), _scalar("c2", B), helper.make_tensor_value_info("g", FL, [2, 3])],
+        [_scalar("c2_out", B), helper.make_tensor_value_info("g_out", FL, [2, 3])],
+        initializer=[numpy_helper.from_array(np.array(0.01, np.float32), "small")],
+    )
+    outer_body = helper.make_graph(
+        [
+            helper.make_node("Loop", ["N", "", "h"], ["hi"], body=inner_body),
+            helper.make_node("Mul", ["hi", "half"], ["h_out"]),
+            helper.make_node("Identity", ["c"], ["c_out"]),
+        ],
+        "outer",
+        [_scalar("i", I64), _scalar("c", B), helper.make_tensor_value_info("h", FL, [2, 3])],
+        [_scalar("c_out", B), helper.make_tensor_value_info("h_out", FL, [2, 3])],
+        initializer=[
+            numpy_helper.from_array(np.array(inner, np.int64), "N"),
+            numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+        ],
+    )
+    g = helper.make_graph(
+        [helper.make_node("Loop", ["M", "", "h0"], ["h"], name="outer", body=outer_body)],
+        "nested_loop",
+        [
+            helper.make_tensor_value_info("M", I64, []),
+            helper.make_tensor_value_info("h0", FL, [2, 3]),
+            helper.make_tensor_value_info("x", FL, [2, 3]),
+        ],  # fmt: skip
+        [helper.make_tensor_value_info("h", FL, [2, 3])],
+    )
+    return _model(g)
+
+
 def growing_loop_model() -> onnx.ModelProto:
     """A loop whose carried value grows every iteration (Concat): refused on the engines."""
     body = helper.make_graph(
@@ -253,6 +301,9 @@ def feeds_for(name: str, seed: int = 0) -> dict[str, np.ndarray]:
         return {"v0": r.uniform(0, 1, 3).astype(np.float32), "limit": np.array(40.0 + 30 * seed, np.float32)}
     if name == "greedy":
         return {"tok0": np.array([1 + seed % 7], np.int64), "h0": r.standard_normal((1, HIDDEN)).astype(np.float32)}
+    if name == "nested_loop":
+        return {"M": np.array(2 + seed, np.int64), "h0": r.standard_normal((2, 3)).astype(np.float32),
+                "x": (r.standard_normal((2, 3)) * 0.2).astype(np.float32)}  # fmt: skip
     if name == "long_loop":
         return {"h0": r.standard_normal((2, 3)).astype(np.float32), "x": r.standard_normal((2, 3)).astype(np.float32)}
     if name == "long_scan":
@@ -267,4 +318,5 @@ MODELS = {
     "greedy": greedy_decode_model,
     "long_loop": long_static_loop_model,
     "long_scan": long_scan_model,
+    "nested_loop": nested_loop_model,
 }
