@@ -228,12 +228,15 @@ class HostLoop:
             raise EngineError(f"{self.where}: the trip count and condition must have one element, got {v.size}")
         return v[0]
 
-    def _all_iterations(self, parent: Any, trip: int, use_graph: bool, stats: Counter) -> None:
-        """A static loop: every iteration queued with no host sync."""
+    def _all_iterations(self, parent: Any, trip: int, use_graph: bool, stats: Counter, grow: bool = True) -> None:
+        """A static loop: every iteration queued with no host sync. `grow`: extend the iteration
+        table as it goes (not while capturing: the caller made it large enough first)."""
         self._memcpys(parent, self.init_copies)
         if self.step.op == "Loop":
             self._memcpys(parent, [self.cond_init])
         for i in range(trip):
+            if grow:
+                self._ensure_table(parent, i + 1)
             self._iteration(parent, i, lambda: self._unit(parent, use_graph))
         self._memcpys(parent, self.final_copies)
         stats[f"{self.name}:iterations"] += trip
@@ -241,15 +244,15 @@ class HostLoop:
     def run(self, parent: Any, use_graph: bool, stats: Counter) -> None:
         trip = self.static_trip
         if trip is not None:
-            self._ensure_table(parent, trip)
             whole = use_graph and not self.nested and trip <= WHOLE_GRAPH_MAX_ITERATIONS
             if whole:
                 if self.whole_graph is None:
                     from graphc.runtime.host_if_cuda import capture
 
+                    self._ensure_table(parent, trip)  # before the capture: nothing is allocated inside it
                     parent.stream.synchronize()  # capture starts on an idle stream (first use only)
                     self.whole_graph = capture(
-                        parent.stream, lambda: self._all_iterations(parent, trip, False, Counter())
+                        parent.stream, lambda: self._all_iterations(parent, trip, False, Counter(), grow=False)
                     )
                     stats[f"{self.name}:loop_captures"] += 1  # the whole loop, every iteration
                 self.whole_graph.launch(stream=parent.stream)

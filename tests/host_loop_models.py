@@ -62,9 +62,10 @@ def trip_count_model() -> onnx.ModelProto:
     return _model(g)
 
 
-def while_model() -> onnx.ModelProto:
+def while_model(max_trip: int | None = None) -> onnx.ModelProto:
     """A while loop: (n, v) = Loop(cond=sum(v) < limit) { v = v * 1.5 + 1; n = n + 1 }, the exit
-    computed from data every iteration; no trip count at all."""
+    computed from data every iteration; no trip count at all, or a constant `max_trip` (exporters
+    write INT64_MAX for a Python while loop)."""
     body = helper.make_graph(
         [
             helper.make_node("Mul", ["v", "k"], ["vk"]),
@@ -95,12 +96,15 @@ def while_model() -> onnx.ModelProto:
         [
             helper.make_node("ReduceSum", ["v0"], ["s0"], keepdims=0),
             helper.make_node("Less", ["s0", "limit"], ["c0"]),
-            helper.make_node("Loop", ["", "c0", "n0", "v0"], ["n", "v"], name="while", body=body),
+            helper.make_node(
+                "Loop", ["" if max_trip is None else "M", "c0", "n0", "v0"], ["n", "v"], name="while", body=body
+            ),  # fmt: skip
         ],
         "while",
         [helper.make_tensor_value_info("v0", FL, [3]), helper.make_tensor_value_info("limit", FL, [])],
         [helper.make_tensor_value_info("n", I64, []), helper.make_tensor_value_info("v", FL, [3])],
-        initializer=[numpy_helper.from_array(np.array(0, np.int64), "n0")],
+        initializer=[numpy_helper.from_array(np.array(0, np.int64), "n0")]
+        + ([] if max_trip is None else [numpy_helper.from_array(np.array(max_trip, np.int64), "M")]),
     )
     return _model(g)
 

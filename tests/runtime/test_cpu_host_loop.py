@@ -69,6 +69,15 @@ def test_zero_iterations_give_the_initial_values(engines):
     _close(out, run_ort(model, feeds))
 
 
+def test_an_exported_while_loop_with_an_int64_max_trip_count():
+    model = H.while_model(max_trip=np.iinfo(np.int64).max)
+    eng = graphc.compile(model, target="cpu")
+    assert "at most 9223372036854775807 iterations, with an exit computed from data" in eng.report["control_flow"][0]
+    for seed in range(3):
+        feeds = H.feeds_for("while", seed)
+        _close(eng.run(feeds), run_ort(model, feeds))
+
+
 def test_the_report_says_how_each_loop_runs(engines):
     lines = {n: " ".join(e.report["control_flow"]) for n, (_m, e) in engines.items()}
     assert "trip count and exit known only at run time" in lines["trip_count"]

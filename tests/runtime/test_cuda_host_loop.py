@@ -109,6 +109,20 @@ def test_what_each_run_reads_back_and_which_graphs_are_replayed(built, monkeypat
         assert stats[f"{key}:captures"] == 1 and not stats[f"{key}:loop_captures"]
 
 
+def test_an_exported_while_loop_with_an_int64_max_trip_count(monkeypatch):
+    # the trip count is a constant (not read back) too large to preallocate anything by: the
+    # iteration table grows as the loop runs
+    model = H.while_model(max_trip=np.iinfo(np.int64).max)
+    eng = graphc.compile(model, target="cuda", arch=[ARCH])
+    ex = _fake(monkeypatch, eng)
+    for seed in range(2):
+        feeds = H.feeds_for("while", seed)
+        ref = run_ort(model, feeds)
+        before = ex.default.host_if_stats["condition_reads"]
+        _close(G.host(ex.run(feeds)), ref)
+        assert ex.default.host_if_stats["condition_reads"] - before == int(ref["n"]) + 1
+
+
 def test_a_static_loop_replays_as_one_graph_launch(built, monkeypatch):
     model, eng = built["long_loop"]
     ex = _fake(monkeypatch, eng)
