@@ -31,6 +31,7 @@ Counters (`HostIfContext.host_if_stats`): "<step>/body:iterations", ":captures" 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter
 from typing import Any
@@ -56,8 +57,11 @@ def _view(ctx: Any, name: str | None, where: str) -> Any:
     return ctx.views[name]
 
 
-def _copy(dst: Any, src: Any, where: str, what: str) -> Copy:
-    if dst.dtype != src.dtype or tuple(dst.shape) != tuple(src.shape):
+def _copy(dst: Any, src: Any, where: str, what: str, any_shape: bool = False) -> Copy:
+    """A copy of `src` into `dst`, which must agree in dtype and shape (`any_shape`: in size only,
+    for a condition of one element written as [] or [1])."""
+    same = math.prod(dst.shape) == math.prod(src.shape) if any_shape else tuple(dst.shape) == tuple(src.shape)
+    if dst.dtype != src.dtype or not same:
         raise EngineError(
             f"{where}: {what} is {src.dtype}{list(src.shape)} on one side and {dst.dtype}{list(dst.shape)} on the other"
         )
@@ -113,9 +117,10 @@ class HostLoop:
             # output's slot may be another carried value's input slot (the memory plan reuses an input's
             # bytes once it is read), which that value's copy overwrites
             self.cond_now = cond_slot
-            carry = [_copy(cond_slot, body_out[0], where, "the condition")]
+            carry = [_copy(cond_slot, body_out[0], where, "the condition", any_shape=True)]
             self.true = cupy.asarray(np.ones((), np.bool_))  # the condition before the first iteration
-            self.cond_init = _copy(cond_slot, self.cond0 if self.cond0 is not None else self.true, where, "cond")
+            first = self.cond0 if self.cond0 is not None else self.true
+            self.cond_init = _copy(cond_slot, first, where, "the condition", any_shape=True)
         else:
             init = [_view(parent, x, where) for x in ins[:n]]
             carried_in, first_out, carry = body_in[:n], 0, []
