@@ -142,11 +142,12 @@ def _node_case(name: str):
     return model, feeds, dict(zip([o.name for o in model.graph.output], outs, strict=True))
 
 
+@pytest.mark.parametrize("name", ["test_scan9_sum", "test_scan9_multi_state", "test_scan9_scalar"])
 @pytest.mark.parametrize("unroll", [True, False])
-def test_onnx_node_test_scan9_sum_on_the_cpu_engine(monkeypatch, unroll):
+def test_onnx_node_tests_of_scan_on_the_cpu_engine(monkeypatch, unroll, name):
     if not unroll:
         monkeypatch.setattr(fold_control_flow, "MAX_UNROLL", 0)
-    model, feeds, want = _node_case("test_scan9_sum")
+    model, feeds, want = _node_case(name)
     eng = graphc.compile(model, target="cpu", shapes={k: v.shape for k, v in feeds.items()})
     assert ("control_flow" in eng.report) != unroll
     _close(eng.run(feeds), want)

@@ -203,3 +203,25 @@ def test_carried_copies_that_overwrite_each_others_sources_go_through_staging():
     assert mem[100] == b"B" * 8 and mem[200] == b"A" * 8
     assert HostLoop._stage(G.F.cupy, [(100, 300, 8), (200, 400, 8)])[1] is None  # disjoint: direct
     assert _overlaps((0, 100, 8), (104, 0, 8)) and not _overlaps((0, 100, 8), (108, 0, 8))
+
+
+@pytest.mark.parametrize("name", ["test_scan9_sum", "test_scan9_multi_state", "test_scan9_scalar"])
+def test_onnx_node_tests_of_scan_as_host_loops(monkeypatch, name):
+    import sys
+
+    import onnx
+
+    monkeypatch.setattr(fold_control_flow, "MAX_UNROLL", 0)
+    sys.path.insert(0, "tools")
+    from conformance import collect_cases
+
+    (case,) = collect_cases(rf"^{name}$")
+    model = onnx.load_from_string(case.model)
+    ins, outs = case.data_sets[0]
+    feeds = {i.name: np.asarray(a) for i, a in zip(model.graph.input, ins, strict=True)}  # a scalar as 0-d
+    eng = graphc.compile(model, target="cuda", arch=[ARCH], shapes={k: v.shape for k, v in feeds.items()})
+    assert any(line.startswith("Scan node") for line in eng.report["control_flow"])
+    ex = _fake(monkeypatch, eng)
+    want = dict(zip([o.name for o in model.graph.output], outs, strict=True))
+    for use_graph in (True, False):
+        _close(G.host(ex.run(feeds, use_graph=use_graph)), want)
