@@ -162,8 +162,8 @@ def _refuse_control_flow(node: Node) -> None:
         return
     raise CompileError(
         f"{node.op} node '{node.name}': data-dependent control flow (its condition, trip count or exit "
-        "depends on run-time values, or it runs more than 64 iterations) is not compiled: both engines run only "
-        "If this way (each branch a sub-plan chosen on the host); graphc.interpret runs it"
+        "depends on run-time values, or it runs more than 64 iterations) reached lowering without its sub-plans "
+        "(graphc/host_if.py and graphc/host_loop.py plan them first); graphc.interpret runs it"
     )
 
 

@@ -100,6 +100,8 @@ def benchmark(
             reads = h["stats"].get("condition_reads", 0) / runs
             result["host_if"] = {
                 "if_steps": h["if_steps"],
+                "loop_steps": h.get("loop_steps", 0),  # host loops (runtime/host_loop_cuda.py)
+                "loop_iterations_per_run": sum(v for k, v in h["stats"].items() if k.endswith(":iterations")) / runs,
                 "segments": h["segments"],
                 "condition_reads_per_run": reads,
                 "condition_wait_ms_per_run": h["condition_wait_s"] * 1000 / runs,
@@ -159,6 +161,12 @@ def format_bench(r: dict[str, Any]) -> str:
         tail = f"  p99 {e['p99_ms']:.4f} ms" if e["samples"] >= MIN_SAMPLES["p99_ms"] else f"  max {e['max_ms']:.4f} ms"
         lines.append(
             f"end to end (host in, host out): median {e['median_ms']:.4f} ms{tail}  ({e['samples']} timed runs)"
+        )
+    if r.get("host_if", {}).get("loop_steps"):
+        h = r["host_if"]
+        lines.append(
+            f"host loops: {h['loop_steps']} step(s) iterated on the host, {h['loop_iterations_per_run']:.1f} "
+            "iteration(s) per run (trip counts and exit conditions read back are counted below)"
         )
     if "host_if" in r:
         h = r["host_if"]

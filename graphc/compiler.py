@@ -199,7 +199,7 @@ def compile_loaded(graph: Any, model: Any, opts: CompileOptions, phase: _Phases)
         )
         optimized = result.graph
     host_ifs = None
-    if any(n.op == "If" and n.domain == "" for n in optimized.nodes):
+    if any(n.op in ("If", "Loop", "Scan") and n.domain == "" for n in optimized.nodes):  # + graphc/host_loop.py
         from graphc.host_if import plan_host_ifs
 
         # data-dependent Ifs: both branches planned as sub-plans, chosen on the host (graphc/host_if.py)

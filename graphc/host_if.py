@@ -63,14 +63,20 @@ class PendingBranch:
     inputs_from: list[int]
 
 
-def _specialize(sub: Graph, node: Node, caps: list, where: str, parent: Graph) -> tuple[Graph, list[int]]:
-    """The branch as a closed graph, typed by the node's inputs, and which of its captures are its
-    inputs (by position): a capture bound to a constant of the parent is a constant of the branch
-    (so that shape arithmetic on it folds there as it would have in the parent)."""
+def specialize_subgraph(
+    sub: Graph, node: Node, caps: list, where: str, parent: Graph, formals: list[TensorType] | None = None
+) -> tuple[Graph, list[int]]:
+    """The subgraph as a closed graph, typed by its formal inputs' `formals` (a Loop body's
+    iteration, condition and carried values; none for an If branch) and the node's inputs bound
+    to its captures, and which of its captures are its inputs (by position): a capture bound to a
+    constant of the parent is a constant of the subgraph (so that shape arithmetic on it folds
+    there as it would have in the parent)."""
     from graphc.passes.fold_control_flow import inline
 
     b = GraphBuilder(f"{where}", 0)
     bindings, inputs_from = [], []
+    for p, t in zip(sub.inputs, formals or [], strict=True):
+        bindings.append(b.add_input(p.name, t))
     for i, (cap, outer) in enumerate(zip(sub.captures, caps, strict=True)):
         if outer.name in parent.constants:
             bindings.append(b.add_constant(parent.constants[outer.name].data, cap.name))
@@ -78,7 +84,7 @@ def _specialize(sub: Graph, node: Node, caps: list, where: str, parent: Graph) -
         t = outer.type
         if not isinstance(t, TensorType) or not t.is_static:
             raise CompileError(
-                f"If node '{node.name}': input {i + 1} ({outer.name}) is {t}; a branch sub-plan needs static tensors"
+                f"{node.op} node '{node.name}': input {outer.name} is {t}; a sub-plan needs static tensors"
             )
         bindings.append(b.add_input(cap.name, t))
         inputs_from.append(i)
@@ -140,6 +146,12 @@ def plan_host_ifs(graph: Graph, opt_level: int, target: Any = None, prefix: str 
     out = HostIfs()
     cuda = target is not None and getattr(target, "is_cuda", False)
     for node in graph.nodes:
+        if node.op in ("Loop", "Scan") and node.domain == "":
+            from graphc.host_loop import plan_host_loop
+
+            # a loop left here: its body one sub-plan, iterated on the host (graphc/host_loop.py)
+            plan_host_loop(out, node, graph, opt_level, target, prefix)
+            continue
         if node.op != "If" or node.domain != "":
             continue
         then_b, else_b = node.attrs.then_branch, node.attrs.else_branch
@@ -214,23 +226,47 @@ def _plan_branch(
     step_attrs: dict[str, Any],
 ) -> int:
     """Plan one branch into `step_attrs[key]` (CPU) or `out.pending` (CUDA); its step count."""
-    branch, inputs_from = _specialize(sub, node, bound, where, graph)
+    branch, inputs_from = specialize_subgraph(sub, node, bound, where, graph)
+
+    def check(shapes: list[tuple[str, list[int]]]) -> None:
+        check_branch_outputs(node, key, shapes)
+
+    return plan_sub(out, node.name, key, branch, len(bound), inputs_from, where, opt_level, target, step_attrs, check)
+
+
+def plan_sub(
+    out: HostIfs,
+    node: str,
+    key: str,
+    g: Graph,
+    num_captures: int,
+    inputs_from: list[int],
+    where: str,
+    opt_level: int,
+    target: Any,
+    step_attrs: dict[str, Any],
+    check: Any,
+) -> int:
+    """Plan the closed graph `g` (an If branch, a Loop/Scan body) as a sub-plan into
+    `step_attrs[key]` (CPU) or `out.pending` (CUDA: graphc/host_if_cuda.py fills `step_attrs[key]`
+    once the kernels are made); `check(outputs as (name, shape))` refuses outputs that are not the
+    node's. Its step count."""
     if target is not None and getattr(target, "is_cuda", False):
-        lowered, weights, inner = lower_branch(branch, opt_level, target, out, where)
-        check_branch_outputs(node, key, [(n, lowered.tensors[n].shape) for n in lowered.outputs])
-        out.pending.append(PendingBranch(node.name, key, where, lowered, weights, inner, len(bound), inputs_from))
+        lowered, weights, inner = lower_branch(g, opt_level, target, out, where)
+        check([(n, lowered.tensors[n].shape) for n in lowered.outputs])
+        out.pending.append(PendingBranch(node, key, where, lowered, weights, inner, num_captures, inputs_from))
         # the engine names of its weights (graphc/host_if_cuda.py renames its plan so)
         kinds = {k: getattr(lowered.tensors.get(k), "kind", "") for k in weights}
         out.weights.update({f"{where}/{k}": a for k, a in weights.items() if kinds[k] == "weight"})
         out.weights.update(inner.weights)
         step_attrs[key] = {}  # filled by graphc/host_if_cuda.py once the kernels are made
         return len(lowered.steps)
-    plan, memory, weights = compile_branch(branch, opt_level, out, where)
-    check_branch_outputs(node, key, [(n, plan["tensors"][n]["shape"]) for n in plan["outputs"]])
+    plan, memory, weights = compile_branch(g, opt_level, out, where)
+    check([(n, plan["tensors"][n]["shape"]) for n in plan["outputs"]])
     renames = _rename_weights(plan, memory, f"{where}/")
     for k, a in weights.items():
         out.weights[renames.get(k, k)] = a
-    step_attrs[key] = {"plan": plan, "memory": memory, "num_captures": len(bound), "inputs_from": inputs_from}
+    step_attrs[key] = {"plan": plan, "memory": memory, "num_captures": num_captures, "inputs_from": inputs_from}
     return len(plan["steps"])
 
 

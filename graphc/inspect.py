@@ -154,8 +154,16 @@ def host_if_lines(step: Any, target: str, indent: str = "        ") -> list[str]
         if target == "cuda"
         else "reads its condition, then runs the chosen branch's sub-plan"
     )
-    out = [f"{indent}runs on the host: its condition is known only at run time; the engine {how}"]
-    for key in ("then_branch", "else_branch"):
+    loop = "host_loop_version" in step.attrs  # a host Loop/Scan (graphc/host_loop.py): one body sub-plan
+    if loop:
+        how = (
+            "replays its body's CUDA graph per iteration (or the whole loop as one graph where it is static)"
+            if target == "cuda"
+            else "runs its body's sub-plan once per iteration"
+        )
+    what = "it is a loop the optimizer did not unroll" if loop else "its condition is known only at run time"
+    out = [f"{indent}runs on the host: {what}; the engine {how}"]
+    for key in ("body",) if loop else ("then_branch", "else_branch"):
         d = step.attrs.get(key, {})
         if "refused" in d:
             out.append(f"{indent}{key}: refused at run time: {d['refused']}")

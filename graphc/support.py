@@ -232,19 +232,22 @@ def _check_compile(graph, report: SupportReport, shapes, precision: str, opt_lev
     except GraphcError as e:
         report.findings.append(Finding("(lowering)", (), str(e)))
         return
-    if host_ifs.attrs:  # what runs on the host, and why: a note, as the compile report says it
+    ifs = tuple(n for n, a in host_ifs.attrs.items() if "host_if_version" in a)
+    loops = tuple(n for n, a in host_ifs.attrs.items() if "host_loop_version" in a)  # graphc/host_loop.py
+    if ifs:  # what runs on the host, and why: a note, as the compile report says it
         how = "the condition read back, then the chosen branch's CUDA graph" if target == "cuda" else "chosen per run"
         report.notes.append(
-            Finding(
-                "If",
-                tuple(host_ifs.attrs),
-                f"condition known only at run time: each branch a planned sub-plan, {how} (on the host)",
-            )
+            Finding("If", ifs, f"condition known only at run time: each branch a planned sub-plan, {how} (on the host)")
+        )
+    if loops:
+        report.notes.append(
+            Finding("Loop/Scan", loops, "not unrolled: the body a planned sub-plan, iterated on the host")
         )
     if target == "cuda":
         _check_kernels(plan, {k: c.data for k, c in g.constants.items()}, report, precision)
         for pb in _pending(host_ifs):  # each branch's kernels, as graphc/host_if_cuda.py makes them
-            _check_kernels(pb.plan, pb.weights, report, precision, where=f"{pb.key} of If '{pb.node}'")
+            what = "Loop/Scan" if pb.key == "body" else "If"
+            _check_kernels(pb.plan, pb.weights, report, precision, where=f"{pb.key} of {what} '{pb.node}'")
 
 
 def _target(target: str, precision: str):

@@ -14,7 +14,8 @@
 Inlined nodes are re-inferred over the actual inputs, so a body typed loosely by its exporter
 gets exact types, and control flow nested in a branch or body folds in the same sweep. A loop or
 scan of more than MAX_UNROLL iterations stays (logged): the unrolled graph grows with the count.
-What stays depends on data; the interpreter runs it and lowering names it (codegen/lower.py).
+What stays (data-dependent, or long) the engines run as host loops: the body one planned sub-plan,
+iterated on the host (graphc/host_loop.py); the interpreter runs the general form.
 """
 
 from __future__ import annotations

@@ -128,6 +128,20 @@ def host_if_kernel(step: Step, plan: KernelPlan, weights: Mapping[str, np.ndarra
     return run
 
 
+def _is_host_loop(step: Step) -> bool:
+    from graphc.runtime.host_loop_cpu import is_host_loop
+
+    return is_host_loop(step)
+
+
+def _host_loop_kernel(
+    step: Step, plan: KernelPlan, weights: Mapping[str, np.ndarray], factory: KernelFactory
+) -> StepFn:
+    from graphc.runtime.host_loop_cpu import host_loop_kernel  # a Loop/Scan whose body is a sub-plan
+
+    return host_loop_kernel(step, plan, weights, factory)
+
+
 def numpy_dtype(name: str) -> np.dtype:
     try:
         return np.dtype(name)
@@ -183,6 +197,8 @@ class CPUExecutor:
             if s.alias
             else host_if_kernel(s, plan, weights, kernel_factory)
             if _is_host_if(s)
+            else _host_loop_kernel(s, plan, weights, kernel_factory)
+            if _is_host_loop(s)
             else kernel_factory(s)
             for s in plan.steps
         ]

@@ -45,7 +45,13 @@ BRANCHES = ("then_branch", "else_branch")
 
 
 def is_host_if(step: Step) -> bool:
-    return step.op == "If" and step.domain == "" and isinstance(step.attrs, dict) and "host_if_version" in step.attrs
+    """A step whose sub-plans the host runs: a data-dependent If (two branches), or a host Loop/Scan
+    (one body, iterated on the host: runtime/host_loop_cuda.py). It has no launches of its own."""
+    if step.op == "If" and step.domain == "" and isinstance(step.attrs, dict) and "host_if_version" in step.attrs:
+        return True
+    from graphc.runtime.host_loop_cpu import is_host_loop
+
+    return is_host_loop(step)
 
 
 def branch_plans(step: Step, arch: str | None) -> list[tuple[str, Any, Any, int, list[int]]]:
@@ -53,6 +59,11 @@ def branch_plans(step: Step, arch: str | None) -> list[tuple[str, Any, Any, int,
     its inputs) for both branches of a host-If step; a malformed sub-plan is one EngineError. A
     branch the compiler refused (it does not type-check on the engine's shapes) comes as
     (key, None, why, number of captures, [])."""
+    from graphc.runtime.host_loop_cpu import is_host_loop, loop_layout
+
+    if is_host_loop(step):  # one sub-plan: the body
+        lay = loop_layout(step)
+        return [("body", lay["plan"].for_arch(arch or ""), lay["memory"], lay["num_captures"], lay["take"])]
     where = f"step '{step.name}' (If)"
     if step.attrs.get("host_if_version") != HOST_IF_VERSION:
         raise EngineError(f"{where}: sub-plan layout {step.attrs.get('host_if_version')!r}, expected {HOST_IF_VERSION}")
@@ -212,10 +223,9 @@ def set_stream(ctx: CUDAContext, stream: Any) -> None:
     """Run `ctx` (and the branch contexts inside it) on `stream`."""
     ctx.stream = stream
     for seg in getattr(ctx, "segments", ()):
-        if isinstance(seg, _HostIf):
-            for b in (seg.then_b, seg.else_b):
-                if b.ctx is not None:
-                    set_stream(b.ctx, stream)
+        if not isinstance(seg, _Segment):
+            for sub in seg.contexts():
+                set_stream(sub, stream)
 
 
 class _HostIf:
@@ -239,6 +249,12 @@ class _HostIf:
             for key, plan, memory, _n, take in branches
         )
 
+    def contexts(self) -> list[Any]:
+        return [b.ctx for b in (self.then_b, self.else_b) if b.ctx is not None]
+
+    def run(self, parent: HostIfContext, use_graph: bool, stats: Counter) -> None:
+        self.choose(parent, stats).run(parent, use_graph, stats)
+
     def choose(self, parent: HostIfContext, stats: Counter) -> _Branch | _Refused:
         # One small device-to-host copy; it waits for everything queued before it on the stream.
         t0 = time.perf_counter()
@@ -246,6 +262,12 @@ class _HostIf:
         parent.condition_wait_s += time.perf_counter() - t0
         stats["condition_reads"] += 1
         return self.then_b if bool(np.asarray(c).reshape(-1)[0]) else self.else_b
+
+
+def _host_loop(parent: HostIfContext, step: Step) -> Any:
+    from graphc.runtime.host_loop_cuda import HostLoop  # a Loop/Scan iterated on the host
+
+    return HostLoop(parent, step)
 
 
 class _Replay:
@@ -275,13 +297,13 @@ class HostIfContext(CUDAContext):
         self.weights_arg, self.functions, self.arch = weights, functions, arch
         self.host_if_stats: Counter = Counter()
         self.condition_wait_s = 0.0  # host time spent in condition reads (waiting for the GPU included)
-        self.segments: list[_Segment | _HostIf] = []
+        self.segments: list[Any] = []  # _Segment, _HostIf, host_loop_cuda.HostLoop
         start = i = 0
         for step in plan.steps:
             if is_host_if(step):
                 if i > start:
                     self.segments.append(_Segment(start, i))
-                self.segments.append(_HostIf(self, step))
+                self.segments.append(_HostIf(self, step) if step.op == "If" else _host_loop(self, step))
                 start = i
             else:
                 i += len(step.launches)
@@ -290,8 +312,9 @@ class HostIfContext(CUDAContext):
         self.all_launches = self.launches
         self.graph = _Replay(self)
         log.info(
-            "plan with %d data-dependent If step(s): %d captured segment(s), the branch chosen on the host",
+            "plan with %d data-dependent If step(s) and %d host loop(s): %d captured segment(s) between them",
             sum(isinstance(s, _HostIf) for s in self.segments),
+            sum(not isinstance(s, (_HostIf, _Segment)) for s in self.segments),
             sum(isinstance(s, _Segment) for s in self.segments),
         )
 
@@ -309,8 +332,8 @@ class HostIfContext(CUDAContext):
     def run_segments(self, use_graph: bool) -> None:
         stats = self.host_if_stats
         for seg in self.segments:
-            if isinstance(seg, _HostIf):
-                seg.choose(self, stats).run(self, use_graph, stats)
+            if not isinstance(seg, _Segment):  # a host If or a host loop
+                seg.run(self, use_graph, stats)
             elif not use_graph:
                 self._launch_range(seg.start, seg.end)
             else:
@@ -328,6 +351,7 @@ def host_if_summary(ctx: Any) -> dict[str, Any] | None:
         return None
     return {
         "if_steps": sum(isinstance(s, _HostIf) for s in ctx.segments),
+        "loop_steps": sum(not isinstance(s, (_HostIf, _Segment)) for s in ctx.segments),
         "segments": sum(isinstance(s, _Segment) for s in ctx.segments),
         "stats": dict(ctx.host_if_stats),
         "condition_wait_s": ctx.condition_wait_s,

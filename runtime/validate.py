@@ -236,14 +236,17 @@ def _check_io(m: ManifestDoc, plan: KernelPlan, c: _Checker) -> None:
 def _sub_plan_reads(steps: Any) -> set[str]:
     """Tensor names the branch sub-plans of If steps read (runtime/cpu.py host_if_kernel), nested
     ones included; the sub-plans themselves are checked when their executors are built."""
-    return set().union(*(_attrs_reads(s.attrs) for s in steps if s.op == "If")) if steps else set()
+    return set().union(*(_attrs_reads(s.attrs) for s in steps if s.op in _SUB_PLAN_OPS)) if steps else set()
+
+
+_SUB_PLAN_OPS = ("If", "Loop", "Scan")  # a host Loop/Scan's body is a sub-plan too (graphc/host_loop.py)
 
 
 def _attrs_reads(attrs: Any) -> set[str]:
     out: set[str] = set()
-    if not isinstance(attrs, dict) or "host_if_version" not in attrs:
+    if not isinstance(attrs, dict) or ("host_if_version" not in attrs and "host_loop_version" not in attrs):
         return out
-    for key in ("then_branch", "else_branch"):
+    for key in ("then_branch", "else_branch", "body"):
         sub = attrs.get(key)
         plan = sub.get("plan", {}) if isinstance(sub, dict) else {}
         plan = plan if isinstance(plan, dict) else {}
@@ -255,7 +258,7 @@ def _attrs_reads(attrs: Any) -> set[str]:
                 continue
             if isinstance(st.get("inputs"), list):
                 out |= {n for n in st["inputs"] if isinstance(n, str)}
-            if st.get("op") == "If":
+            if st.get("op") in _SUB_PLAN_OPS:
                 out |= _attrs_reads(st.get("attrs"))
     return out
 
@@ -497,8 +500,10 @@ def validate_kernels(
         if s.alias:
             continue
         if (
-            s.op == "If" and isinstance(s.attrs, dict) and "host_if_version" in s.attrs
-        ):  # a data-dependent If: no launches of its own, two branch sub-plans
+            s.op in _SUB_PLAN_OPS
+            and isinstance(s.attrs, dict)
+            and ("host_if_version" in s.attrs or "host_loop_version" in s.attrs)
+        ):  # a data-dependent If or a host loop: no launches of its own, branch / body sub-plans
             _validate_branches(c, m, s, plan, sources, cubin_members, path, engine_tensors or plan.tensors)
             continue
         if not s.launches:
@@ -516,9 +521,17 @@ def _validate_branches(c, m, s, plan: KernelPlan, sources, cubin_members, path: 
     from graphc.runtime.plan import memory_plan_from_json
 
     where = f"step {s.index} ('{s.name}')"
-    if s.attrs.get("host_if_version") != 1:
+    loop = "host_loop_version" in s.attrs  # a host loop (runtime/host_loop_cpu.py loop_layout checks its counts)
+    if not loop and s.attrs.get("host_if_version") != 1:
         raise c.fail(f"{where}: sub-plan layout {s.attrs.get('host_if_version')!r}, expected 1")
-    for key in ("then_branch", "else_branch"):
+    if loop:
+        from graphc.runtime.host_loop_cpu import loop_layout
+
+        try:
+            loop_layout(s)
+        except EngineError as e:
+            raise c.fail(str(e)) from None
+    for key in ("body",) if loop else ("then_branch", "else_branch"):
         d = s.attrs.get(key)
         if isinstance(d, dict) and set(d) == {"refused", "num_captures"} and isinstance(d["refused"], str):
             continue  # a branch that does not type-check on the engine's shapes: a run taking it is refused
@@ -528,10 +541,13 @@ def _validate_branches(c, m, s, plan: KernelPlan, sources, cubin_members, path: 
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise c.fail(f"{where}: its {key} sub-plan is malformed ({type(e).__name__}: {e})") from None
         T = sub.tensors
-        if len(sub.outputs) != len(s.outputs) or any(
-            (T[a].dtype, list(T[a].shape)) != (plan.tensors[b].dtype, list(plan.tensors[b].shape))
-            for a, b in zip(sub.outputs, s.outputs, strict=False)
-            if a in T
+        if not loop and (
+            len(sub.outputs) != len(s.outputs)
+            or any(
+                (T[a].dtype, list(T[a].shape)) != (plan.tensors[b].dtype, list(plan.tensors[b].shape))
+                for a, b in zip(sub.outputs, s.outputs, strict=False)
+                if a in T
+            )
         ):
             raise c.fail(f"{where}: its {key} sub-plan's outputs are not the step's")
         for n, t in T.items():

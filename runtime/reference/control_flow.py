@@ -6,8 +6,9 @@ A control-flow node's subgraph attributes reach these kernels as *body runners*:
 `output_dtypes` and `output_shapes` (numpy dtypes of the subgraph's outputs and their shapes,
 None where not static: the empty scan outputs of a Loop that runs zero times). The
 interpreter binds runners over IR graphs (graphc.interpreter); the runtime never sees an IR graph,
-so these kernels import nothing of the compiler. A CPU engine does not run control flow today:
-it would need each subgraph as plan data of its own, and lowering refuses a node that is left.
+so these kernels import nothing of the compiler. The engines run control flow with each subgraph as
+plan data of its own instead (runtime/cpu.py host_if_kernel, runtime/host_loop_cpu.py,
+runtime/host_if_cuda.py, runtime/host_loop_cuda.py); these kernels are the interpreter's.
 
 Node inputs, by op (C captures at the end, each subgraph's in attribute order):
   If(cond, then captures..., else captures...)
