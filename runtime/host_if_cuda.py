@@ -284,7 +284,7 @@ class HostIfContext(CUDAContext):
                 self.segments.append(_HostIf(self, step))
                 start = i
             else:
-                i += len(step.launches)
+                i += len(step.launches) + (step.vendor is not None)  # a vendor call is one entry of the list
         if i > start:
             self.segments.append(_Segment(start, i))
         self.all_launches = self.launches
