@@ -244,22 +244,60 @@ def missing_library_error(n_steps: int, why: str) -> EngineError:
     )
 
 
+_PRELOADED: list[str] = []
+
+
+def _so_version(path: str) -> tuple[int, ...]:
+    tail = path.rsplit(".so", 1)[-1].strip(".")
+    return tuple(int(x) for x in tail.split(".") if x.isdigit())
+
+
 def _preload_cublaslt() -> list[str]:
-    """Load a libcublasLt found beside the Python packages (the nvidia-cublas wheel: nvidia/cublas/lib
-    for CUDA 12, nvidia/cu13/lib for CUDA 13) with RTLD_GLOBAL, so that nvmath's dlopen by soname
-    finds it already loaded; the paths loaded."""
-    found = []
+    """Load the newest libcublasLt beside the Python packages (the nvidia-cublas wheel: nvidia/cu13/lib
+    for CUDA 13, nvidia/cublas/lib for CUDA 12) with RTLD_GLOBAL, once, before nvmath's first call.
+    Why: nvmath-python 0.5 dlopens libcublasLt.so.12 / .so.11 / .so only, while a CUDA 13 image has
+    libcublasLt.so.13; but before it dlopens anything it looks each function up in the process's
+    global scope (dlsym(RTLD_DEFAULT)), where this load puts them (checked with a stub library
+    exporting the 55 functions it looks up). Returns the path loaded ([] for none)."""
+    if _PRELOADED:
+        return _PRELOADED
+    found = set()
     for base in sys.path:
-        for pat in ("nvidia/cublas/lib/libcublasLt.so*", "nvidia/cu1*/lib/libcublasLt.so*"):
-            found += glob.glob(os.path.join(base, pat))
-    loaded = []
-    for path in sorted(set(found), key=lambda p: (len(p), p)):
+        for pat in ("nvidia/cu1*/lib/libcublasLt.so*", "nvidia/cublas/lib/libcublasLt.so*"):
+            found.update(glob.glob(os.path.join(base, pat)))
+    for path in sorted(found, key=_so_version, reverse=True):
         try:
             ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-            loaded.append(path)
         except OSError:
             continue
-    return loaded
+        _PRELOADED.append(path)
+        break
+    return _PRELOADED
+
+
+def _bindings_alone() -> Any:
+    """nvmath.bindings.cublasLt without nvmath's package __init__, or None where nvmath is not
+    installed. `import nvmath` imports its high-level modules too (linalg needs cuda-core < 0.4,
+    which an image with nvmath installed --no-deps may lack); the bindings need none of that. The
+    two parent packages are made as bare package modules over nvmath's own folders."""
+    import importlib
+    import importlib.util
+    import types
+
+    spec = importlib.util.find_spec("nvmath") if "nvmath" not in sys.modules else None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = list(spec.submodule_search_locations)[0]
+    for name, path in (("nvmath", root), ("nvmath.bindings", os.path.join(root, "bindings"))):
+        mod = types.ModuleType(name)
+        mod.__path__ = [path]
+        sys.modules[name] = mod
+    try:
+        return importlib.import_module("nvmath.bindings.cublasLt")
+    except ImportError:
+        for name in ("nvmath", "nvmath.bindings"):
+            sys.modules.pop(name, None)
+        return None
 
 
 def import_cublaslt(n_steps: int) -> Any:
@@ -267,18 +305,17 @@ def import_cublaslt(n_steps: int) -> Any:
     try:
         from nvmath.bindings import cublasLt as lt
     except ImportError as e:
-        raise missing_library_error(n_steps, f"nvmath-python is not installed: {e}") from None
+        lt = _bindings_alone()
+        if lt is None:
+            raise missing_library_error(n_steps, f"nvmath-python is not installed: {e}") from None
+        log.info("nvmath's package import failed (%s); its cublasLt bindings loaded alone", e)
+    loaded = _preload_cublaslt()
     try:
         lt.get_version()
-        return lt
-    except Exception as first:
-        loaded = _preload_cublaslt()
-        try:
-            lt.get_version()
-            log.info("cuBLASLt loaded from %s", loaded[0] if loaded else "?")
-            return lt
-        except Exception:
-            raise missing_library_error(n_steps, f"libcublasLt did not load: {first}") from None
+    except Exception as e:
+        where = f" (loaded {loaded[0]})" if loaded else " (no nvidia-cublas wheel found)"
+        raise missing_library_error(n_steps, f"libcublasLt did not load{where}: {e}") from None
+    return lt
 
 
 def _set(setter: Any, obj: int, attr: Any, value: Any, dtype: Any) -> None:

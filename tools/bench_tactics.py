@@ -127,10 +127,11 @@ def bench_shape(m, n, k, epilogue, cache_dir) -> dict:
 
 
 def bench_models(batches: list[int], out_path: Path, cache_dir) -> None:
+    import cupy
+
     import graphc
     import models
-
-    from tools.bench_timing import Protocol, steady_ms  # noqa: E402
+    from tools.bench_timing import Protocol, steady_ms
 
     for name in ("bert", "vit"):
         for batch in batches:
@@ -147,10 +148,8 @@ def bench_models(batches: list[int], out_path: Path, cache_dir) -> None:
                 outs[label] = {k: np.asarray(v.get() if hasattr(v, "get") else v, np.float32)
                                for k, v in eng.run(feeds).items()}  # fmt: skip
                 row[f"{label}_replay_ms"] = replay_ms(eng, rounds=5, calls=20)
-                import cupy
-
                 row[f"{label}_run_ms"] = steady_ms(
-                    lambda e=eng: e.run(feeds), cupy.cuda.runtime.deviceSynchronize, Protocol()
+                    lambda e=eng, f=feeds: e.run(f), cupy.cuda.runtime.deviceSynchronize, Protocol()
                 )
                 del eng
             diffs = [float(np.abs(outs["graphc"][k] - outs["tactics"][k]).max()) for k in outs["graphc"]]

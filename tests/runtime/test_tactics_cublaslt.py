@@ -101,7 +101,10 @@ def test_the_recorded_call_computes_the_model(case):
     assert not step.launches
     g = VendorGemm.from_json(step.vendor)
     feeds = make_feeds()
-    bufs = {**{k: np.asarray(v, np.float32) for k, v in eng.weights.items()}, **{k: v.astype(np.float32) for k, v in feeds.items()}}  # noqa: E501
+    bufs = {
+        **{k: np.asarray(v, np.float32) for k, v in eng.weights.items()},
+        **{k: v.astype(np.float32) for k, v in feeds.items()},
+    }  # noqa: E501
     # the step may read a cast of an input; here every fp16 input is the tensor itself
     bias = bufs[g.bias] if g.bias else None
     got = emulate(lt_call(g), bufs, g.alpha, g.beta, bias, g.act, np.float32)
@@ -214,3 +217,24 @@ def test_graphc_import_does_not_import_nvmath():
     code = "import graphc, graphc.runtime, sys; graphc.compile; print('nvmath' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_c_enum_values_are_nvmaths():
+    lt = pytest.importorskip("nvmath.bindings.cublasLt")
+    from nvmath.bindings import cublas
+
+    from graphc.runtime import tactics_cublaslt as t
+
+    names = {("none", False): "DEFAULT", ("relu", False): "RELU", ("none", True): "BIAS",
+             ("relu", True): "RELU_BIAS", ("gelu_tanh", False): "GELU", ("gelu_tanh", True): "GELU_BIAS"}  # fmt: skip
+    assert {k: getattr(lt.Epilogue, v).value for k, v in names.items()} == t._EPILOGUE
+    assert cublas.ComputeType.COMPUTE_32F.value == t._COMPUTE_32F
+    assert (cublas.Operation.N.value, cublas.Operation.T.value) == (t._OP_N, t._OP_T)
+
+
+def test_inspect_lists_the_vendor_steps(engine_path):
+    from graphc.inspect import describe_engine
+
+    text = describe_engine(read_engine(engine_path), "t.engine")
+    assert "1 cuBLASLt calls (vendor tactic)" in text
+    assert "vendor cublaslt: 1 x 33x40x24 act none, bias b, C r (beta 1.0)" in text
