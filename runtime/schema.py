@@ -109,6 +109,7 @@ class VendorDoc(_Strict):
     c_stride: Size = 0
     beta: float = 0.0
     bias: Name | None = None
+    bias_stride: Size = 0
     alpha: float = 1.0
     act: Literal["none", "relu", "gelu_tanh"] = "none"
     gelu_from_erf: bool = False

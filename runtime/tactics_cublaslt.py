@@ -90,6 +90,7 @@ class VendorGemm:
     c_stride: int = 0
     beta: float = 0.0
     bias: str | None = None
+    bias_stride: int = 0  # elements between batches' bias vectors (0: one bias for every batch)
     alpha: float = 1.0
     act: str = "none"
     # the graph's GELU was the erf form, run as cuBLASLt's tanh form (docs/tactics.md says why)
@@ -195,12 +196,16 @@ def check_spec(g: VendorGemm, tensors: dict[str, Any], inputs: list[str | None],
     d_size = math.prod(tensors[g.d].shape)
     if g.batch * g.m * g.n != d_size or (g.batch > 1 and g.d_stride != g.m * g.n):
         raise ValueError(f"D '{g.d}' of {d_size} elements is not {g.batch} x {g.m} x {g.n} packed")
-    if g.bias is not None and math.prod(tensors[g.bias].shape) != g.n:
-        raise ValueError(f"bias '{g.bias}' is not a vector of N={g.n}")
+    if g.bias is not None:
+        want = g.n if g.bias_stride == 0 else g.batch * g.n
+        if math.prod(tensors[g.bias].shape) != want or g.bias_stride not in (0, g.n):
+            raise ValueError(
+                f"bias '{g.bias}' is not {'a vector' if g.bias_stride == 0 else 'a vector per batch'} of N={g.n}"
+            )
 
 
 def emulate(call: LtCall, buffers: dict[str, np.ndarray], alpha: float, beta: float, bias: np.ndarray | None,
-            act: str, d_dtype: Any) -> np.ndarray:  # fmt: skip
+            act: str, d_dtype: Any, bias_stride: int = 0) -> np.ndarray:  # fmt: skip
     """What cublasLtMatmul computes for `call`, in numpy, reading each flat buffer column-major
     exactly as the layouts say (the tests' model of the real call): D' as a flat array."""
 
@@ -220,7 +225,8 @@ def emulate(call: LtCall, buffers: dict[str, np.ndarray], alpha: float, beta: fl
         if call.c is not None:
             acc = acc + beta * mat(call.c, i)
         if bias is not None:
-            acc = acc + bias.reshape(-1).astype(np.float32)[:, None]  # over D's rows: graphc's columns
+            v = bias.reshape(-1)[i * bias_stride :][: d.rows].astype(np.float32)
+            acc = acc + v[:, None]  # over D's rows: graphc's columns
         if act == "relu":
             acc = np.maximum(acc, 0)
         elif act == "gelu_tanh":
@@ -344,6 +350,8 @@ class CublasLtStep:
         _set(lt.matmul_desc_set_attribute, self.desc, A.EPILOGUE, call.epilogue, np.uint32)
         if g.bias is not None:
             _set(lt.matmul_desc_set_attribute, self.desc, A.BIAS_POINTER, self.ptrs[g.bias], np.int64)
+            if g.bias_stride:
+                _set(lt.matmul_desc_set_attribute, self.desc, A.BIAS_BATCH_STRIDE, g.bias_stride, np.int64)
 
         def layout(lay: Layout) -> int:
             h = lt.matrix_layout_create(_CUDA_R[dtypes[lay.buffer]], lay.rows, lay.cols, lay.ld)

@@ -41,7 +41,8 @@ def gemm_model(m: int, n: int, k: int, epilogue: str, copies: int, seed: int = 0
 
     rng = np.random.default_rng(seed)
     inits, nodes, outs = [], [], []
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [m, k])]
+    # an input per GEMM: GEMMs sharing an input would be fused into one batched GEMM (horizontal fusion)
+    inputs = [helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT16, [m, k]) for i in range(copies)]
     if epilogue == "bias_res":
         inputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT16, [m, n]))
     ref = []
@@ -50,7 +51,7 @@ def gemm_model(m: int, n: int, k: int, epilogue: str, copies: int, seed: int = 0
         b = (rng.standard_normal(n) * 0.1).astype(np.float16)
         inits.append(numpy_helper.from_array(w, f"w{i}"))
         cur = f"mm{i}"
-        nodes.append(helper.make_node("MatMul", ["x", f"w{i}"], [cur]))
+        nodes.append(helper.make_node("MatMul", [f"x{i}", f"w{i}"], [cur]))
         if epilogue != "none":
             inits.append(numpy_helper.from_array(b, f"b{i}"))
             nodes.append(helper.make_node("Add", [cur, f"b{i}"], [f"ab{i}"]))
@@ -62,7 +63,7 @@ def gemm_model(m: int, n: int, k: int, epilogue: str, copies: int, seed: int = 0
             nodes.append(helper.make_node("Add", [cur, "r"], [f"res{i}"]))
             cur = f"res{i}"
         outs.append(helper.make_tensor_value_info(cur, TensorProto.FLOAT16, [m, n]))
-        ref.append((cur, w, b))
+        ref.append((cur, f"x{i}", w, b))
     g = helper.make_graph(nodes, "gemms", inputs, outs, inits)
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
     return model, ref
@@ -104,7 +105,7 @@ def bench_shape(m, n, k, epilogue, cache_dir) -> dict:
     copies = max(2, min(16, WEIGHT_BUDGET // (n * k * 2)))
     model, ref = gemm_model(m, n, k, epilogue, copies)
     rng = np.random.default_rng(1)
-    feeds = {"x": rng.standard_normal((m, k)).astype(np.float16)}
+    feeds = {f"x{i}": rng.standard_normal((m, k)).astype(np.float16) for i in range(copies)}
     if epilogue == "bias_res":
         feeds["r"] = rng.standard_normal((m, n)).astype(np.float16)
     row = {"M": m, "N": n, "K": k, "epilogue": epilogue, "copies": copies}
@@ -115,8 +116,8 @@ def bench_shape(m, n, k, epilogue, cache_dir) -> dict:
         row[f"{label}_vendor_steps"] = sum(1 for s in eng.plan.steps if s.vendor is not None)
         out = eng.run(feeds)
         err = 0.0
-        for name, w, b in ref[:2]:
-            want = reference(feeds["x"], feeds.get("r"), w, b, epilogue)
+        for name, x, w, b in ref[:2]:
+            want = reference(feeds[x], feeds.get("r"), w, b, epilogue)
             got = np.asarray(out[name] if isinstance(out[name], np.ndarray) else out[name].get(), dtype=np.float32)
             err = max(err, float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)))
         row[f"{label}_rel_err"] = err

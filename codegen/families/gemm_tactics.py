@@ -57,6 +57,7 @@ class Epilogue:
 
     scale: float = 1.0
     bias: int | None = None  # node input index
+    bias_stride: int = 0
     residual: int | None = None
     act: str = "none"
     gelu_from_erf: bool = False
@@ -102,10 +103,15 @@ def match_epilogue(ctx: StepContext, prob: Any, erf_gelu: bool = True) -> tuple[
             spec = ctx.input_spec(other.index)
             if spec is None:
                 return None, "an Add of a missing input"
-            if math.prod(spec.shape) == prob.N and tuple(spec.shape)[-1:] == (prob.N,) and ep.bias is None:
+            shape = tuple(spec.shape)
+            per_batch = (  # a bias per batch of a batched GEMM (horizontally fused linears): [B, 1, N]
+                prob.batch > 1 and len(prob.batch_dims) == 1 and shape[-2:] == (1, prob.N)
+                and math.prod(shape) == prob.batch * prob.N and len(shape) == len(out_shape)
+            )  # fmt: skip
+            if (math.prod(shape) == prob.N and shape[-1:] == (prob.N,) or per_batch) and ep.bias is None:
                 if spec.dtype != acc_dtype:
                     return None, f"a bias of {spec.dtype}"
-                ep = _replace(ep, bias=other.index)
+                ep = _replace(ep, bias=other.index, bias_stride=prob.N if per_batch else 0)
             elif tuple(spec.shape) == out_shape and spec.dtype == acc_dtype and ep.residual is None:
                 ep = _replace(ep, residual=other.index)
             else:
@@ -194,6 +200,7 @@ def lower(ctx: StepContext, erf_gelu: bool = True) -> tuple[VendorGemm | None, s
         c_stride=M * N if (c_index is not None and batch > 1) else 0,
         beta=float(beta) if c_index is not None else 0.0,
         bias=inputs[ep.bias] if ep.bias is not None else None,
+        bias_stride=ep.bias_stride,
         alpha=float(prob.alpha * ep.scale),
         act=ep.act,
         gelu_from_erf=ep.gelu_from_erf,

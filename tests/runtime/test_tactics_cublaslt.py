@@ -107,8 +107,32 @@ def test_the_recorded_call_computes_the_model(case):
     }  # noqa: E501
     # the step may read a cast of an input; here every fp16 input is the tensor itself
     bias = bufs[g.bias] if g.bias else None
-    got = emulate(lt_call(g), bufs, g.alpha, g.beta, bias, g.act, np.float32)
+    got = emulate(lt_call(g), bufs, g.alpha, g.beta, bias, g.act, np.float32, g.bias_stride)
     np.testing.assert_allclose(got.reshape(ref(feeds).shape), ref(feeds), rtol=2e-3, atol=2e-3)
+
+
+def test_horizontally_fused_linears_are_one_batched_call_with_a_bias_per_batch():
+    """Linears sharing an input become one batched GEMM (horizontal fusion) with a [B, 1, N] bias:
+    one cuBLASLt call with BIAS_BATCH_STRIDE = N."""
+    from tools.bench_tactics import gemm_model as bench_model
+
+    model, _ref = bench_model(32, 64, 16, "bias_gelu", 3)  # slabs of 256-byte multiples: fused
+    for node in model.graph.node:  # every copy reads x0: the shape horizontal fusion takes
+        if node.op_type == "MatMul":
+            node.input[0] = "x0"
+    del model.graph.input[1:]
+    eng = _compile(model, tactics=["cublaslt"], extra={"tactics_force": True})
+    (step,) = _vendor(eng)
+    g = VendorGemm.from_json(step.vendor)
+    assert (g.batch, g.bias_stride, g.a_stride) == (3, 64, 0)
+    x = np.random.default_rng(2).standard_normal((32, 16)).astype(np.float16)
+    bufs = {**{k: np.asarray(v, np.float32) for k, v in eng.weights.items()}, g.a: x.astype(np.float32)}
+    got = emulate(lt_call(g), bufs, g.alpha, g.beta, bufs[g.bias], g.act, np.float32, g.bias_stride)
+    from tools.bench_tactics import reference
+
+    # the batched GEMM carries the bias; each GELU runs after the split, on its slab
+    want = np.stack([reference(x, None, w, b, "bias") for _name, _x, w, b in _ref])
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=2e-3, atol=2e-3)
 
 
 def test_erf_gelu_is_mapped_and_recorded_and_can_be_kept_off():
