@@ -391,6 +391,8 @@ class CublasLtStep:
         data = self.results._data
         self.algo_ptr = int(self.results.ptr) + index * data.dtype.itemsize  # the algo struct leads each result
         self.workspace_bytes = int(data["workspace_size"][index])
+        if self.workspace_bytes and call.epilogue != _EPILOGUE[("none", False)]:
+            self.workspace_bytes += 16  # as nvmath's own matmul does with an epilogue ("library issue")
         self.alpha = np.array([g.alpha], dtype=np.float32)
         self.beta = np.array([g.beta if g.c is not None else 0.0], dtype=np.float32)
         self.workspace_ptr = 0

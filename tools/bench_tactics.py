@@ -25,8 +25,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # (name, N, K, epilogue) of the linear layers of BERT-base / GPT-2 / ViT-B/16, and GPT-2's lm_head
+# qkv: Q, K and V of one input, which horizontal fusion makes one batched GEMM (3 x M x 768 x 768)
 LAYERS = [
-    ("qkv", 2304, 768, "bias"),
+    ("qkv", 768, 768, "bias"),
     ("proj", 768, 768, "bias_res"),
     ("ffn1", 3072, 768, "bias_gelu"),
     ("ffn2", 768, 3072, "bias_res"),
@@ -36,7 +37,7 @@ MS = [4096, 128, 6304, 197, 1024]  # the most telling first: a time limit cuts t
 WEIGHT_BUDGET = 160 * 2**20  # bytes of weights per model (ONNX's 2 GB protobuf limit is far)
 
 
-def gemm_model(m: int, n: int, k: int, epilogue: str, copies: int, seed: int = 0):
+def gemm_model(m: int, n: int, k: int, epilogue: str, copies: int, seed: int = 0, group: int = 1):
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
@@ -46,12 +47,13 @@ def gemm_model(m: int, n: int, k: int, epilogue: str, copies: int, seed: int = 0
     if epilogue == "bias_res":
         inputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT16, [m, n]))
     ref = []
-    for i in range(copies):
+    for j in range(copies * group):
+        i, x = j, f"x{j // group}"  # `group` GEMMs share an input: one batched GEMM after fusion
         w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float16)
         b = (rng.standard_normal(n) * 0.1).astype(np.float16)
         inits.append(numpy_helper.from_array(w, f"w{i}"))
         cur = f"mm{i}"
-        nodes.append(helper.make_node("MatMul", [f"x{i}", f"w{i}"], [cur]))
+        nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [cur]))
         if epilogue != "none":
             inits.append(numpy_helper.from_array(b, f"b{i}"))
             nodes.append(helper.make_node("Add", [cur, f"b{i}"], [f"ab{i}"]))
@@ -63,7 +65,7 @@ def gemm_model(m: int, n: int, k: int, epilogue: str, copies: int, seed: int = 0
             nodes.append(helper.make_node("Add", [cur, "r"], [f"res{i}"]))
             cur = f"res{i}"
         outs.append(helper.make_tensor_value_info(cur, TensorProto.FLOAT16, [m, n]))
-        ref.append((cur, f"x{i}", w, b))
+        ref.append((cur, x, w, b))
     g = helper.make_graph(nodes, "gemms", inputs, outs, inits)
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
     return model, ref
@@ -99,16 +101,25 @@ def replay_ms(engine, rounds: int = 5, calls: int = 20) -> float:
     return best
 
 
-def bench_shape(m, n, k, epilogue, cache_dir) -> dict:
+EPILOGUE_KEYS = {"none": ("none", False, False), "bias": ("none", True, False),
+                 "bias_res": ("none", True, True), "bias_gelu": ("gelu_tanh", True, False)}  # fmt: skip
+
+
+def shape_key(row: dict) -> list:
+    """gemm_tactics.shape_key of a row's GEMM: (batch, M, N, K, act, bias?, C?)."""
+    return [row["group"], row["M"], row["N"], row["K"], *EPILOGUE_KEYS[row["epilogue"]]]
+
+
+def bench_shape(m, n, k, epilogue, cache_dir, group: int = 1) -> dict:
     import graphc
 
-    copies = max(2, min(16, WEIGHT_BUDGET // (n * k * 2)))
-    model, ref = gemm_model(m, n, k, epilogue, copies)
+    copies = max(2, min(8, WEIGHT_BUDGET // (n * k * 2 * group)))
+    model, ref = gemm_model(m, n, k, epilogue, copies, group=group)
     rng = np.random.default_rng(1)
     feeds = {f"x{i}": rng.standard_normal((m, k)).astype(np.float16) for i in range(copies)}
     if epilogue == "bias_res":
         feeds["r"] = rng.standard_normal((m, n)).astype(np.float16)
-    row = {"M": m, "N": n, "K": k, "epilogue": epilogue, "copies": copies}
+    row = {"M": m, "N": n, "K": k, "epilogue": epilogue, "copies": copies, "group": group}
     for label, kw in (("graphc", {}), ("cublaslt", {"tactics": ["cublaslt"], "extra": {"tactics_force": True}})):
         t0 = time.perf_counter()
         eng = graphc.compile(model, target="cuda", precision="fp16", arch=["sm_90"], cache_dir=cache_dir, **kw)
@@ -121,27 +132,30 @@ def bench_shape(m, n, k, epilogue, cache_dir) -> dict:
             got = np.asarray(out[name] if isinstance(out[name], np.ndarray) else out[name].get(), dtype=np.float32)
             err = max(err, float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)))
         row[f"{label}_rel_err"] = err
-        row[f"{label}_ms"] = replay_ms(eng) / copies
+        row[f"{label}_ms"] = replay_ms(eng, rounds=3, calls=10) / copies
         del eng
     row["speedup"] = row["graphc_ms"] / row["cublaslt_ms"]
     return row
 
 
-def bench_models(batches: list[int], out_path: Path, cache_dir) -> None:
+def bench_models(batches: list[int], out_path: Path, cache_dir, prefer: list | None = None) -> None:
     import cupy
 
     import graphc
     import models
     from tools.bench_timing import Protocol, steady_ms
 
-    for name in ("bert", "vit"):
-        for batch in batches:
+    tactic = {"tactics": ["cublaslt"]}
+    if prefer is not None:  # this run's measured winners instead of the rule in gemm_tactics.py
+        tactic["extra"] = {"tactics_prefer": prefer}
+    for batch in batches:
+        for name in ("bert", "vit"):
             model = models.build(name, size="full", batch=batch)
             feeds = models.sample_inputs(name, model, seed=0, batch=batch)
             shapes = {k: tuple(v.shape) for k, v in feeds.items()}
             row = {"model": name, "batch": batch}
             outs = {}
-            for label, kw in (("graphc", {}), ("tactics", {"tactics": ["cublaslt"]})):
+            for label, kw in (("graphc", {}), ("tactics", tactic)):
                 eng = graphc.compile(
                     model, target="cuda", precision="fp16", arch=["sm_90"], shapes=shapes, cache_dir=cache_dir, **kw
                 )
@@ -169,24 +183,37 @@ def main() -> None:
     ap.add_argument("--models", action="store_true", help="whole models instead of GEMM shapes")
     ap.add_argument("--batches", default="32,1")
     ap.add_argument("--cache-dir", default=None)
+    ap.add_argument("--ms", default=None, help="comma-separated M values (default: all)")
+    ap.add_argument(
+        "--then-models", action="store_true", help="after the shapes, the models with this run's winners taken"
+    )
+    ap.add_argument("--models-out", default="bench_tactics_models.jsonl")
     args = ap.parse_args()
     out = Path(args.out)
+    batches = [int(b) for b in args.batches.split(",")]
     if args.models:
-        bench_models([int(b) for b in args.batches.split(",")], out, args.cache_dir)
+        bench_models(batches, out, args.cache_dir)
         return
-    ms = [4096, 128] if args.quick else MS
+    ms = [4096, 128] if args.quick else [int(x) for x in args.ms.split(",")] if args.ms else MS
+    winners = []
     for m in ms:
         for name, n, k, epi in LAYERS:
             if name == "lm_head" and m not in (128, 1024):
                 continue  # GPT-2's lm_head runs at batch 1 (M = 128) and on the last tokens
+            group = 3 if name == "qkv" else 1
             try:
-                row = bench_shape(m, n, k, epi, args.cache_dir)
+                row = bench_shape(m, n, k, epi, args.cache_dir, group)
             except Exception as e:  # a failure is a row, not the end of the sweep
                 row = {"M": m, "N": n, "K": k, "epilogue": epi, "error": f"{type(e).__name__}: {e}"[:400]}
             row["layer"] = name
             print(json.dumps(row), flush=True)
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
+            if row.get("speedup", 0) > 1.0:
+                winners.append(shape_key(row))
+    if args.then_models:
+        print("cuBLASLt faster on", winners, flush=True)
+        bench_models(batches, Path(args.models_out), args.cache_dir, prefer=winners)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,17 @@ def tactic_options(opts: Any) -> dict[str, Any]:
     """select()'s options from CompileOptions.extra: tactics_force (every step cuBLASLt can run, the
     measured rule aside: for benchmarks) and tactics_erf_gelu (map erf GELUs; default True)."""
     extra = getattr(opts, "extra", None) or {}
-    return {"force": bool(extra.get("tactics_force", False)), "erf_gelu": bool(extra.get("tactics_erf_gelu", True))}
+    prefer = extra.get("tactics_prefer")  # tools/bench_tactics.py: the shapes its own run measured faster
+    return {
+        "force": bool(extra.get("tactics_force", False)),
+        "erf_gelu": bool(extra.get("tactics_erf_gelu", True)),
+        "prefer": None if prefer is None else {tuple(k) for k in prefer},
+    }
+
+
+def shape_key(g: VendorGemm) -> tuple:
+    """(batch, M, N, K, act, bias?, C?): what the measured rule and the benchmark's table see."""
+    return (g.batch, g.m, g.n, g.k, g.act, g.bias is not None, g.c is not None)
 
 
 @dataclass(frozen=True)
@@ -221,7 +231,12 @@ def prefer_vendor(g: VendorGemm) -> bool:
 
 
 def select(
-    ctx: StepContext, tactics: tuple[str, ...], *, force: bool = False, erf_gelu: bool = True
+    ctx: StepContext,
+    tactics: tuple[str, ...],
+    *,
+    force: bool = False,
+    erf_gelu: bool = True,
+    prefer: set[tuple] | None = None,
 ) -> VendorGemm | None:
     """The step's vendor record where a named tactic takes it, else None (graphc's kernels).
     force: every step cuBLASLt can run exactly (benchmarks); erf_gelu: map erf GELUs too."""
@@ -231,6 +246,8 @@ def select(
     if g is None:
         log.debug("%s: stays on graphc's kernels (%s)", ctx.step.name, why)
         return None
-    if not force and not prefer_vendor(g):
-        return None
-    return g
+    if force:
+        return g
+    if prefer is not None:  # a benchmark's own measurement instead of the rule
+        return g if shape_key(g) in prefer else None
+    return g if prefer_vendor(g) else None
