@@ -143,6 +143,14 @@ class ProgrammaticLaunch:
             raise EngineError(f"step '{self.name}': cuLaunchKernelEx failed: {err}")
 
 
+def launch_digests(plan: KernelPlan) -> list[str]:
+    """Per entry of a context's launch list, the digest PDL decides on: "" for a vendor call
+    (--tactics cublaslt) and for the launch right after one, which are never programmatic (a
+    library's kernel does not signal its dependents early)."""
+    seq = [d for s in plan.steps for d in ([None] if s.vendor is not None else [ln.digest for ln in s.launches])]
+    return ["" if d is None or (i > 0 and seq[i - 1] is None) else d for i, d in enumerate(seq)]
+
+
 def _sm_count(cupy: Any, device: int) -> int:
     return int(cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"])
 
@@ -286,11 +294,7 @@ class CUDAContext:
         self, plan: KernelPlan, pdl_kernels: frozenset[str], max_ctas: int | None
     ) -> list[ProgrammaticLaunch | None]:
         """Per launch, its programmatic launcher, or None for an ordinary launch."""
-        # a vendor call ("" here) is never programmatic, nor the launch after it (its kernel does
-        # not signal its dependents early)
-        digests = [ln.digest for s in plan.steps for ln in ([None] if s.vendor is not None else s.launches)]
-        after_vendor = [i > 0 and digests[i - 1] is None for i in range(len(digests))]
-        digests = ["" if d is None or v else d for d, v in zip(digests, after_vendor, strict=True)]
+        digests = launch_digests(plan)
         ctas = [int(np.prod(grid)) for _fn, grid, *_ in self.launches]
         chosen = programmatic_launches(digests, pdl_kernels, ctas, max_ctas)
         if not any(chosen):

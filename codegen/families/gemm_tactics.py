@@ -4,9 +4,14 @@ through cuBLASLt (runtime/tactics_cublaslt.py) instead of graphc's kernels, and 
 A step goes to cuBLASLt when (1) cuBLASLt can compute exactly what the step computes (`lower`:
 fp16/bf16 operands, fp32 accumulation, one batch dim at most, contiguous operands, and an epilogue
 that is some of: a scalar scale of the product, a per-column bias, a residual of D's shape and
-dtype added before any activation, one ReLU or GELU last, a cast of the result to fp32) and (2)
-the measured rule (`prefer_vendor`) says cuBLASLt is faster for its shape. Everything else keeps
-graphc's kernels. Off unless named: the CLI's `--tactics cublaslt`, CompileOptions.tactics.
+dtype added before any activation, one ReLU or GELU last, a final cast to fp32 where no bias or
+C is of another dtype than that fp32 result) and (2) the rule (`prefer_vendor`, from H200
+measurements against cuBLAS) says cuBLASLt is faster for its shape. Everything else keeps graphc's
+kernels. Off unless named: the CLI's `--tactics cublaslt`, CompileOptions.tactics.
+
+A final cast to fp32: cuBLASLt stores its fp32 accumulator as the fp32 result, where graphc's
+epilogue rounds to fp16 first (exact_cast: bit for bit the separate Cast of the fp16 value); the
+result differs by at most half an fp16 ulp of the value, towards the exact product.
 
 GELU: cuBLASLt's GELU epilogue is the tanh approximation. A tanh GELU maps exactly. An erf GELU
 (BERT's, ViT's) maps too, recorded as `gelu_from_erf`, because the two differ by at most 4.7e-4
@@ -218,16 +223,30 @@ def lower(ctx: StepContext, erf_gelu: bool = True) -> tuple[VendorGemm | None, s
     return g, ""
 
 
-# ---- the measured rule --------------------------------------------------------------------------
+# ---- the rule ------------------------------------------------------------------------------------
 
-# Until measured (tools/bench_tactics.py on the H200, docs/results/tactics_h200_2026-12-01.md), every
-# step cuBLASLt can run exactly is given to it when the tactic is named.
-RULE = "all"
+# Where cuBLASLt is the faster GEMM on an H200, from the H200 comparisons of graphc's sm_90 GEMMs
+# against cuBLAS (torch.matmul: cuBLAS's nvjet kernels, the ones cuBLASLt's heuristic returns; fp16,
+# no epilogue, CUDA-graph replays, 2026-12-01): docs/results/gemm_sm90.md (M = 4096, 6304),
+# gemm_mid_m_h200_2026-12-01.md (M = 384..2560), gemm_small_m_h200_2026-12-01.md (M = 128, 197).
+# graphc / cuBLAS time ratios there:
+#   M >= 384, N, K in {768, 2304, 3072}: graphc 0.62-0.94x cuBLAS's speed             -> cuBLASLt
+#   M <= 256, K = 768 (wgmma cluster split-K): 0.63-0.86x                              -> cuBLASLt
+#   M <= 256, K >= 3072 (TMA split-K 8): 0.97-1.01x: as fast                           -> graphc
+#   lm_head 128 x 50257 x 768, B stored [N, K]: graphc's TMA 28.9 us, cuBLAS 145 us    -> graphc
+#   the same with B [K, N]: graphc 156 us, cuBLAS 111 us                               -> cuBLASLt
+# The in-engine measurement with each epilogue (tools/bench_tactics.py; docs/tactics.md) did not
+# complete on the H200 in this session: rerun it and tighten these thresholds from its table.
+SMALL_M = 256  # batch-1 linear layers (128 or 197 tokens)
+GRAPHC_SPLIT_K_MIN_K = 3072  # at small M and this K graphc's split-K TMA GEMM matches cuBLAS
+GRAPHC_WIDE_N = 8192  # an lm_head: graphc's un-split TMA GEMM over a B stored [N, K] is 5x cuBLAS
 
 
 def prefer_vendor(g: VendorGemm) -> bool:
-    """Whether cuBLASLt is the faster choice for this GEMM (the measured rule, RULE)."""
-    return RULE == "all"
+    """Whether cuBLASLt is the faster choice for this GEMM on the H200 (the rule above)."""
+    if g.m <= SMALL_M and g.k >= GRAPHC_SPLIT_K_MIN_K:
+        return False
+    return not (g.m <= SMALL_M and g.n >= GRAPHC_WIDE_N and g.b_trans)
 
 
 def select(

@@ -262,3 +262,31 @@ def test_inspect_lists_the_vendor_steps(engine_path):
     text = describe_engine(read_engine(engine_path), "t.engine")
     assert "1 cuBLASLt calls (vendor tactic)" in text
     assert "vendor cublaslt: 1 x 33x40x24 act none, bias b, C r (beta 1.0)" in text
+
+
+@pytest.mark.parametrize(
+    "m,n,k,b_trans,vendor",
+    [
+        (4096, 3072, 768, False, True),  # BERT-base FFN1 at batch 32: graphc 0.89x cuBLAS
+        (6304, 768, 3072, False, True),
+        (1024, 768, 768, False, True),
+        (128, 768, 768, False, True),  # batch 1, K = 768: graphc 0.86x
+        (197, 3072, 768, False, True),
+        (128, 768, 3072, False, False),  # batch 1, K = 3072: graphc's split-K as fast
+        (197, 768, 3072, False, False),
+        (128, 50257, 768, True, False),  # GPT-2's lm_head over a B stored [N, K]: graphc 5x
+        (128, 50257, 768, False, True),  # the same over B [K, N]: cuBLAS 1.4x
+    ],
+)
+def test_the_rule(m, n, k, b_trans, vendor):
+    from graphc.codegen.families.gemm_tactics import prefer_vendor
+
+    assert prefer_vendor(VendorGemm(m=m, n=n, k=k, a="a", b="b", d="d", b_trans=b_trans)) is vendor
+
+
+def test_the_rule_decides_without_force():
+    # K = 3072 at M = 64: graphc's kernels; K = 768: cuBLASLt
+    m1, _r, _f = gemm_model(64, 96, 3072, "bias_res")
+    m2, _r, _f = gemm_model(64, 96, 768, "bias_res")
+    assert not _vendor(_compile(m1, tactics=["cublaslt"]))
+    assert len(_vendor(_compile(m2, tactics=["cublaslt"]))) == 1
