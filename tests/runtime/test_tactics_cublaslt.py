@@ -290,3 +290,23 @@ def test_the_rule_decides_without_force():
     m2, _r, _f = gemm_model(64, 96, 768, "bias_res")
     assert not _vendor(_compile(m1, tactics=["cublaslt"]))
     assert len(_vendor(_compile(m2, tactics=["cublaslt"]))) == 1
+
+
+def test_the_cli_flag(tmp_path, capsys):
+    import onnx
+
+    from graphc.cli import main
+
+    model, _r, _f = gemm_model(64, 96, 768, "bias_gelu")
+    src = tmp_path / "m.onnx"
+    onnx.save(model, src)
+    out = tmp_path / "m.engine"
+    argv = ["compile", str(src), "-o", str(out), "--target", "cuda", "--precision", "fp16", "--arch", "sm_90", "-q"]
+    assert main([*argv, "--tactics", "cublaslt"]) == 0
+    assert [s.vendor["act"] for s in read_engine(out).plan.steps if s.vendor] == ["gelu_tanh"]
+    capsys.readouterr()
+    assert main([*argv, "--tactics", "cudnn"]) != 0
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln]
+    assert len(err) == 1 and "unknown tactic 'cudnn'" in err[0]
+    assert main(["compile", str(src), "-o", str(out), "--target", "cpu", "--tactics", "cublaslt", "-q"]) != 0
+    assert "--tactics" in capsys.readouterr().err
