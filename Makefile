@@ -49,7 +49,8 @@ conformance: install
 
 # Wheels of the pure dependencies that the GPU machine's image lacks (it has no package index):
 # carried to it in .whl by the device tool; tools/gpu_session.sh installs them there.
-GPU_WHEELS ?= platformdirs msgspec
+# nvmath-python: the cuBLASLt tactic's bindings (docs/tactics.md)
+GPU_WHEELS ?= platformdirs msgspec nvmath-python
 gpu-wheels:
 	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \

@@ -29,6 +29,7 @@ class StepKernels:
 
     launches: tuple[Launch, ...] = ()
     workspace_bytes: int = 0
+    vendor: dict[str, Any] | None = None  # a vendor tactic's record instead of launches (gemm_tactics.py)
 
 
 @dataclass
@@ -80,6 +81,8 @@ def generate_kernels(
     allow_tf32: bool = False,
     choices: dict[str, dict[str, Any]] | None = None,
     hopper: bool = False,
+    tactics: tuple[str, ...] = (),
+    tactic_options: dict[str, Any] | None = None,
 ) -> KernelSet:
     """The kernels of every step from its family, and each step's launches and workspace
     (`KernelSet.steps`); the plan is not changed (complete_plan builds the one an engine runs).
@@ -94,6 +97,14 @@ def generate_kernels(
         )
         try:
             fam = family_for(ctx)
+            if tactics and fam.name == "gemm" and ctx.params is None:
+                from graphc.codegen.families.gemm_tactics import select as select_vendor
+
+                # a vendor tactic where one is named and its measured rule takes the step
+                vendor = select_vendor(ctx, tactics, **(tactic_options or {}))
+                if vendor is not None:
+                    kernels.steps[step.name] = StepKernels(vendor=vendor.as_json())
+                    continue
             sources: list[KernelSource] = []
             from graphc.codegen.families.gemm import has_rownorm
 
@@ -176,6 +187,7 @@ def complete_plan(plan: KernelPlan, kernels: KernelSet) -> KernelPlan:
                 launches=list(made.launches),
                 arch_launches={a: list(k.launches) for a, k in own.items()},
                 workspace_bytes=workspace,
+                vendor=made.vendor,
             )
         )
     return KernelPlan(
@@ -335,9 +347,12 @@ def build_cuda_engine(
         report["tune"] = tuned.report
     archs = list(dict.fromkeys(archs))  # each arch once, in the order given
     with phase("codegen"):
+        from graphc.codegen.families.gemm_tactics import check_tactics, tactic_options
+
         kernels = generate_for_archs(
-            plan, weights, archs, precision=opts.precision, allow_tf32=opts.allow_tf32, choices=choices
-        )
+            plan, weights, archs, precision=opts.precision, allow_tf32=opts.allow_tf32, choices=choices,
+            tactics=check_tactics(getattr(opts, "tactics", ())), tactic_options=tactic_options(opts),
+        )  # fmt: skip
         if host_ifs is not None and host_ifs.pending:
             from graphc.host_if_cuda import finish_cuda_branches
 
@@ -362,13 +377,19 @@ def build_cuda_engine(
         "families": _count(kernels.families.values()),
         "nvrtc": nvrtc_version(),
     }
+    vendor = [s.name for s in final.steps if s.vendor is not None]
+    if vendor or getattr(opts, "tactics", ()):
+        erf = sum(1 for s in final.steps if s.vendor is not None and s.vendor.get("gelu_from_erf"))
+        report["tactics"] = {"cublaslt": {"steps": len(vendor), "erf_gelu_as_tanh": erf, "names": vendor}}
+        log.info("%d GEMM step(s) through cuBLASLt (--tactics cublaslt)", len(vendor))
     pdl = bool(getattr(opts, "pdl", True))  # runtime/pdl.py: the engine records the PDL-ready kernels
     build_info = {"target": "cuda", "archs": archs, "nvrtc": nvrtc_version(), "precision": opts.precision, "pdl": pdl}
     executor = None
     if local is not None:
         from graphc.runtime.cuda import CUDAExecutor
 
-        cubins = kernels.cubins.get(local)
+        # an engine whose every step is a vendor call (--tactics cublaslt) has no kernel to compile
+        cubins = kernels.cubins.get(local, None if kernels.digests_for(local) else {})
         if cubins is None:
             raise CompileError(f"no cubin for the local GPU ({local})")
         from graphc.runtime.pdl import pdl_ready

@@ -265,6 +265,7 @@ def _check_target_flags(args: argparse.Namespace) -> None:
             ("--tune-budget-s", args.tune_budget_s is not None),
             ("--allow-tf32", args.allow_tf32),
             ("--no-pdl", args.no_pdl),
+            ("--tactics", bool(getattr(args, "tactics", None))),
         )
         if on
     ]
@@ -314,6 +315,12 @@ def _add_compile(sub) -> None:
     c.add_argument("--allow-tf32", action="store_true", help="let fp32 GEMMs/convolutions use TF32 tensor cores")
     c.add_argument(
         "--no-pdl", action="store_true", help="no programmatic dependent launch (sm_90+): every kernel launched plainly"
+    )
+    c.add_argument(
+        "--tactics",
+        default=None,
+        help="vendor tactics, comma-separated: cublaslt (GEMMs through cuBLASLt where measured faster; "
+        "needs nvmath-python where the engine runs; docs/tactics.md)",
     )
     c.add_argument("--report", help="write the compile report (JSON) here")
     c.add_argument("--dump-ir", help="write the IR after every pass into this folder")
@@ -386,6 +393,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         tune_budget_s=args.tune_budget_s,
         allow_tf32=args.allow_tf32,
         pdl=not args.no_pdl,
+        tactics=tuple(t for t in (args.tactics or "").split(",") if t.strip()),
         progress=_progress_printer(console) if not args.quiet else None,
         **profile_opts,
     )

@@ -39,6 +39,8 @@ class CompileOptions:
         (fewer launches; off by default until it is measured faster: passes/target.py).
     pdl: CUDA: record the kernels as PDL-ready, launched programmatically on sm_90+ (docs/launches.md);
         False: every kernel is launched the ordinary way.
+    tactics: CUDA: vendor tactics to use where measured faster, e.g. ("cublaslt",): GEMM steps through
+        cuBLASLt (codegen/families/gemm_tactics.py, docs/tactics.md); () (default): graphc's kernels only.
     calibration_*: precision "int8" (graphc/calibrate.py): the samples (CALIB.npz of [N, *shape]
     per input, a folder of .npz feeds, or an iterable of feed dicts), "minmax" | "entropy" |
     "percentile" (of |x|), the percentile, a JSON cache of the thresholds, a (done, total) callback.
@@ -59,6 +61,7 @@ class CompileOptions:
     allow_tf32: bool = False
     row_norm_epilogues: bool = False
     pdl: bool = True
+    tactics: Sequence[str] = ()
     cache_dir: str | Path | None = None
     progress: Callable[[str, str], None] | None = None  # (phase, "start" | "done"), for progress bars
     extra: dict[str, Any] = field(default_factory=dict)
@@ -94,6 +97,12 @@ class CompileOptions:
             raise CompileError(f"opt_level must be 0..3, got {self.opt_level}")
         if self.tune not in ("off", "fast", "full"):
             raise CompileError(f"tune must be off, fast or full, got {self.tune!r}")
+        if self.tactics:
+            from graphc.codegen.families.gemm_tactics import check_tactics
+
+            check_tactics(self.tactics)
+            if self.target != "cuda":
+                raise CompileError("tactics are for the cuda target")
         if self.tune_budget_s is not None and not (0 < float(self.tune_budget_s) < float("inf")):
             raise CompileError(f"tune_budget_s must be a positive number of seconds, got {self.tune_budget_s!r}")
         if self.has_profiles:

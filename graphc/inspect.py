@@ -32,8 +32,10 @@ def kernel_counts(plan: KernelPlan) -> str:
     views = sum(1 for s in plan.steps if s.alias)
     launches = [ln for s in plan.steps for ln in s.launches]
     head = f"{len(plan.steps)} steps ({views} views)"
-    if launches:
-        return f"{head}, {len(launches)} launches of {len({ln.digest for ln in launches})} distinct kernels"
+    vendor = sum(1 for s in plan.steps if s.vendor is not None)  # --tactics cublaslt: docs/tactics.md
+    tail = f", {vendor} cuBLASLt calls (vendor tactic)" if vendor else ""
+    if launches or vendor:
+        return f"{head}, {len(launches)} launches of {len({ln.digest for ln in launches})} distinct kernels{tail}"
     return f"{head}, {len(plan.steps) - views} numpy kernels"
 
 
@@ -132,6 +134,13 @@ def describe_engine(ef: Any, name: str) -> str:
         fused = f" <- {', '.join(s.origins)}" if len(s.origins) > 1 or (s.origins and s.origins[0] != s.name) else ""
         lines.append(f"  [{s.index:3d}] {tag:<22} {s.name}{fused}")
         lines += host_if_lines(s, m["target"])
+        if s.vendor is not None:
+            v = s.vendor
+            extra = [f"bias {v['bias']}"] * bool(v.get("bias")) + [f"C {v['c']} (beta {v['beta']})"] * bool(v.get("c"))
+            lines.append(
+                f"        vendor {v['library']}: {v.get('batch', 1)} x {v['m']}x{v['n']}x{v['k']} act {v['act']}"
+                f"{' (erf GELU as tanh)' if v.get('gelu_from_erf') else ''}{', ' + ', '.join(extra) if extra else ''}"
+            )
         for arch, own in [("", s.launches), *sorted(s.arch_launches.items())]:
             for ln in own:
                 lines.append(

@@ -149,6 +149,14 @@ class ProgrammaticLaunch:
             raise EngineError(f"step '{self.name}': cuLaunchKernelEx failed: {err}")
 
 
+def launch_digests(plan: KernelPlan) -> list[str]:
+    """Per entry of a context's launch list, the digest PDL decides on: "" for a vendor call
+    (--tactics cublaslt) and for the launch right after one, which are never programmatic (a
+    library's kernel does not signal its dependents early)."""
+    seq = [d for s in plan.steps for d in ([None] if s.vendor is not None else [ln.digest for ln in s.launches])]
+    return ["" if d is None or (i > 0 and seq[i - 1] is None) else d for i, d in enumerate(seq)]
+
+
 def _sm_count(cupy: Any, device: int) -> int:
     return int(cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"])
 
@@ -235,7 +243,13 @@ class CUDAContext:
                 else 0
             )
             first = 0  # index of the launch's first tensor map in the context's table
+            from graphc.runtime.tactics_cublaslt import VendorSteps
+
+            # vendor tactics (--tactics cublaslt): one library call each, in the step's place
+            self.vendor = VendorSteps(plan, views, self.stream, cupy)
             for step in plan.steps:
+                if step.vendor is not None:
+                    self.launches.append((self.vendor.calls[step.name], (1, 1, 1), (1, 1, 1), (), 0, step.name))
                 for ln in step.launches:
                     fn = functions[ln.digest]
                     args = tuple(self._arg(a, views, first, step.name) for a in ln.args)
@@ -328,7 +342,7 @@ class CUDAContext:
         self, plan: KernelPlan, pdl_kernels: frozenset[str], max_ctas: int | None
     ) -> list[ProgrammaticLaunch | None]:
         """Per launch, its programmatic launcher, or None for an ordinary launch."""
-        digests = [ln.digest for s in plan.steps for ln in s.launches]
+        digests = launch_digests(plan)
         ctas = [int(np.prod(grid)) for _fn, grid, *_ in self.launches]
         chosen = programmatic_launches(digests, pdl_kernels, ctas, max_ctas)
         if not any(chosen):
@@ -630,6 +644,10 @@ class CUDAExecutor:
         # pdl_ready: digests of the PDL-ready kernels (runtime/pdl.py); pdl: launch them
         # programmatically (None: GRAPHC_PDL if set, else DEFAULT_PDL); only on sm_90+ cubins
         cupy = self.cupy = import_cupy()
+        from graphc.runtime.tactics_cublaslt import import_cublaslt, vendor_steps
+
+        if vendor_steps(plan):  # a missing library is one line naming it, before the GPU holds anything
+            import_cublaslt(len(vendor_steps(plan)))
         # `plan` is already one arch's (KernelPlan.for_arch); launch_arch says whose, for tests and reports
         self.plan, self.memory, self.device, self.launch_arch = plan, memory, device, launch_arch
         if plan.launch_archs():  # a plan of several archs would run its default launches here, whatever the GPU

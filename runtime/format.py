@@ -477,7 +477,7 @@ def _executor(
     # The launches of this GPU's arch, else of the newest older arch of its major version with cubins
     # (a plan per arch, one memory plan); with none, its own or the default launches, JIT-compiled.
     arch, arch_plan = choose_launches(plan, ef.cubins, device_kind)
-    cubins = ef.cubins.get(arch)
+    cubins = ef.cubins.get(arch, None if _digests(arch_plan, arch) else {})  # {}: vendor calls alone
     if cubins is None or not _digests(arch_plan, arch) <= set(cubins):
         from graphc.runtime.jit import jit_kernels
 

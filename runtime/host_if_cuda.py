@@ -306,7 +306,7 @@ class HostIfContext(CUDAContext):
                 self.segments.append(_HostIf(self, step) if step.op == "If" else _host_loop(self, step))
                 start = i
             else:
-                i += len(step.launches)
+                i += len(step.launches) + (step.vendor is not None)  # a vendor call is one entry of the list
         if i > start:
             self.segments.append(_Segment(start, i))
         self.all_launches = self.launches

@@ -91,6 +91,9 @@ class Step:
     launches: list[Launch] = field(default_factory=list)  # CUDA target only; every arch not in arch_launches
     # arch ("sm_90") -> this step's launches on that arch, where they differ from `launches`
     arch_launches: dict[str, list[Launch]] = field(default_factory=dict)
+    # a vendor tactic instead of launches (runtime/tactics_cublaslt.py VendorGemm.as_json): the same
+    # library call on every arch; None for a step of graphc's own kernels
+    vendor: dict[str, Any] | None = None
 
     def launches_for(self, arch: str) -> list[Launch]:
         return self.arch_launches.get(arch, self.launches)

@@ -87,6 +87,35 @@ class LaunchDoc(_Strict):
     params: dict[str, Any] = {}
 
 
+class VendorDoc(_Strict):
+    """A vendor tactic's GEMM (runtime/tactics_cublaslt.py VendorGemm): a closed library name, the
+    problem as data; what it means against the step is checked by runtime/validate.py."""
+
+    library: Literal["cublaslt"]
+    version: Annotated[int, msgspec.Meta(ge=1, le=1)]
+    m: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]
+    n: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]
+    k: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]
+    a: Name
+    b: Name
+    d: Name
+    batch: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)] = 1
+    a_trans: bool = False
+    b_trans: bool = False
+    a_stride: Size = 0
+    b_stride: Size = 0
+    d_stride: Size = 0
+    c: Name | None = None
+    c_stride: Size = 0
+    beta: float = 0.0
+    bias: Name | None = None
+    bias_stride: Size = 0
+    alpha: float = 1.0
+    act: Literal["none", "relu", "gelu_tanh"] = "none"
+    gelu_from_erf: bool = False
+    algo_index: Annotated[int, msgspec.Meta(ge=0, lt=8)] = 0
+
+
 class StepDoc(_Strict):
     index: Annotated[int, msgspec.Meta(ge=0)]
     name: str
@@ -104,6 +133,8 @@ class StepDoc(_Strict):
     launches: Annotated[list[LaunchDoc], msgspec.Meta(max_length=64)] = []
     # the launches of an arch whose kernels differ from the default ones (sm_90a kernels for sm_90)
     arch_launches: dict[Arch, Annotated[list[LaunchDoc], msgspec.Meta(min_length=1, max_length=64)]] = {}
+    # a vendor library call instead of launches (docs/tactics.md); engines before it have none
+    vendor: VendorDoc | None = None
 
 
 class PlanDoc(_Strict):

@@ -94,6 +94,7 @@ def plan_from_doc(m: ManifestDoc) -> tuple[KernelPlan, MemoryPlan]:
             workspace_bytes=s.workspace_bytes,
             launches=[_launch(x) for x in s.launches],
             arch_launches={a: [_launch(x) for x in ls] for a, ls in s.arch_launches.items()},
+            vendor=_vendor(s.vendor),
         )
         for s in p.steps
     ]
@@ -110,6 +111,14 @@ def plan_from_doc(m: ManifestDoc) -> tuple[KernelPlan, MemoryPlan]:
         candidates=dict(mm.candidates),
     )
     return plan, memory
+
+
+def _vendor(v: Any) -> dict[str, Any] | None:
+    if v is None:
+        return None
+    import msgspec
+
+    return msgspec.structs.asdict(v)
 
 
 class _Checker:
@@ -469,7 +478,7 @@ def validate_kernels(
     c = _Checker(path)
     T = plan.tensors
     if m.target == "cpu":
-        if m.kernels or sources or cubin_members or m.archs or any(s.launches for s in plan.steps):
+        if m.kernels or sources or cubin_members or m.archs or any(s.launches or s.vendor for s in plan.steps):
             raise c.fail("a cpu engine holds CUDA kernels or launches")
         return
     if set(m.kernels) != set(sources):
@@ -506,12 +515,29 @@ def validate_kernels(
         ):  # a data-dependent If or a host loop: no launches of its own, branch / body sub-plans
             _validate_branches(c, m, s, plan, sources, cubin_members, path, engine_tensors or plan.tensors)
             continue
+        if s.vendor is not None:  # a vendor library call (runtime/tactics_cublaslt.py): no kernels
+            _check_vendor(c, s, T, where)
+            continue
         if not s.launches:
             raise c.fail(f"{where} of a cuda engine has no kernel")
         for arch, launches in [("", s.launches), *s.arch_launches.items()]:
             if arch and arch not in archs:
                 raise c.fail(f"{where} has launches for {arch}, which the engine is not built for ({sorted(archs)})")
             _check_launches(c, m, s, launches, params, typedefs, T, f"{where}{' on ' + arch if arch else ''}")
+
+
+def _check_vendor(c: _Checker, s: Step, T: dict[str, TensorSpec], where: str) -> None:
+    from graphc.runtime.tactics_cublaslt import VendorGemm, check_spec
+
+    if s.launches or s.arch_launches or s.workspace_bytes:
+        raise c.fail(f"{where} calls {s.vendor.get('library')} and also has launches or a workspace")
+    try:
+        check_spec(VendorGemm.from_json(s.vendor), T, list(s.inputs), list(s.outputs))
+    except (ValueError, TypeError, KeyError) as e:
+        raise c.fail(f"{where}: its {s.vendor.get('library')} GEMM: {e}") from None
+    extra = [i for i in s.inplace if s.inputs[i] != s.vendor.get("c")]
+    if extra:  # cuBLASLt may write D over C (same layout), never over A, B or the bias
+        raise c.fail(f"{where}: its {s.vendor.get('library')} GEMM may not write over input {extra[0]}")
 
 
 def _validate_branches(c, m, s, plan: KernelPlan, sources, cubin_members, path: Path, engine_tensors) -> None:

@@ -58,7 +58,7 @@ def fake_functions(plan: KernelPlan, weights: dict[str, np.ndarray], arch: str) 
     """A fake kernel per digest the plan (and its branch sub-plans) launch; one launch per step."""
     out: dict[str, FakeKernel] = {}
     for s in _steps(plan, arch):
-        if s.alias:
+        if s.alias or s.vendor is not None:  # a vendor call is no kernel (tests/runtime/fake_cublaslt.py)
             continue
         launches = s.launches_for(arch)
         assert len(launches) == 1, f"the fake runs steps of one launch; {s.name} has {len(launches)}"

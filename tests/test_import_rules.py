@@ -27,7 +27,8 @@ PACKAGES = {"graphc": "graphc", "passes": "graphc.passes", "codegen": "graphc.co
 
 # Modules of graphc that import nothing but the stdlib: the runtime may use them.
 LEAF_MODULES = ("graphc.errors", "graphc._version")
-RUNTIME_THIRD_PARTY = ("numpy", "ml_dtypes", "safetensors", "msgspec", "cupy", "cuda", "cryptography")
+# nvmath: the cuBLASLt vendor tactic's bindings (runtime/tactics_cublaslt.py), imported only when an engine uses it
+RUNTIME_THIRD_PARTY = ("numpy", "ml_dtypes", "safetensors", "msgspec", "cupy", "cuda", "cryptography", "nvmath")
 
 ABOVE_IR = ("graphc.ops", "graphc.passes", "graphc.codegen", "graphc.frontend", "graphc.compiler", "graphc.cli")
 COMPILER = (

@@ -1,0 +1,121 @@
+"""A tactic engine's real run path without a GPU: CUDAExecutor, CUDAContext with its VendorSteps
+(handle, descriptors, layouts, heuristic, workspace, the warm-up call), capture and replay, a second
+context, plain launches and graphc kernels between vendor calls, on tools/fake_cupy.py with
+tests/runtime/fake_cublaslt.py standing for nvmath's cuBLASLt bindings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphc
+from graphc.runtime import tactics_cublaslt
+from tests import fake_gpu as G
+from tests.runtime import fake_cublaslt as FL
+from tests.runtime.tactics_models import gemm_model
+
+ARCH = "sm_90"
+CASES = [
+    dict(m=64, n=96, k=32, epilogue="bias_gelu"),
+    dict(m=64, n=96, k=32, epilogue="bias_relu"),
+    dict(m=33, n=40, k=24, epilogue="bias_res"),
+    dict(m=33, n=40, k=24, epilogue="res"),
+    dict(m=16, n=24, k=40, epilogue="bias", trans_b=True, alpha=0.5),
+    dict(m=16, n=24, k=40, epilogue="none", alpha=0.25),
+    dict(m=8, n=24, k=16, epilogue="bias", batch=3),
+]
+
+
+def _fake(monkeypatch, eng):
+    monkeypatch.setattr(tactics_cublaslt, "import_cublaslt", lambda n: FL)
+    eng.executor = G.fake_executor(
+        monkeypatch, eng.plan, eng.memory, eng.weights, eng.kernels.cubins.get(ARCH, {}), eng.kernels.names, ARCH
+    )
+    return eng.executor
+
+
+def _close(out, want):
+    np.testing.assert_allclose(np.asarray(out, np.float32), want, rtol=2e-2, atol=2e-2)  # fp16 storage
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_a_tactic_engine_runs_its_vendor_calls_in_order(case, monkeypatch):
+    model, ref, make_feeds = gemm_model(**case)
+    eng = graphc.compile(model, target="cuda", precision="fp16", arch=[ARCH], tactics=["cublaslt"],
+                         extra={"tactics_force": True})  # fmt: skip
+    ex = _fake(monkeypatch, eng)
+    FL.calls.clear()
+    for seed in (1, 2):  # capture on the first run, replay on the second
+        feeds = make_feeds(seed)
+        _close(G.host(eng.run(feeds))["y"], ref(feeds))
+    assert len(FL.calls) == 1  # the capture's call (the warm-up at load was before the clear); run 2 replays
+    call = FL.calls[0]
+    assert call["ws_size"] == FL.WORKSPACE + (16 if call["epilogue"] != 1 else 0) and call["algo"] != 0
+    feeds = make_feeds(3)
+    _close(G.host(ex.default.run(feeds, use_graph=False))["y"], ref(feeds))
+    other = ex.create_context()  # its own handle, workspace and arena
+    _close(G.host(other.run(feeds))["y"], ref(feeds))
+    assert other.vendor.handle != ex.default.vendor.handle
+    assert other.vendor.workspace.data.ptr != ex.default.vendor.workspace.data.ptr
+
+
+def test_a_recorded_algo_index_past_the_heuristics_list_takes_its_first(monkeypatch):
+    model, ref, make_feeds = gemm_model(64, 96, 32, "bias_gelu")
+    eng = graphc.compile(model, target="cuda", precision="fp16", arch=[ARCH], tactics=["cublaslt"],
+                         extra={"tactics_force": True})  # fmt: skip
+    for s in eng.plan.steps:
+        if s.vendor:
+            s.vendor["algo_index"] = 1  # the fake's second algorithm: no workspace
+    ex = _fake(monkeypatch, eng)
+    assert [c["step"] for c in ex.default.vendor.describe()] and ex.default.vendor.describe()[0]["algo_index"] == 1
+    assert ex.default.vendor.describe()[0]["workspace_bytes"] == 0
+    feeds = make_feeds()
+    _close(G.host(eng.run(feeds))["y"], ref(feeds))
+    for s in eng.plan.steps:
+        if s.vendor:
+            s.vendor["algo_index"] = 5
+    ex = _fake(monkeypatch, eng)
+    assert ex.default.vendor.describe()[0]["algo_index"] == 0
+
+
+def test_vendor_calls_between_graphc_kernels(monkeypatch):
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w1 = (rng.standard_normal((64, 128)) / 8).astype(np.float16)
+    w2 = (rng.standard_normal((128, 64)) / 11).astype(np.float16)
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h"]),
+        helper.make_node("Softmax", ["h"], ["s"], axis=-1),
+        helper.make_node("MatMul", ["s", "W2"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [256, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [256, 64])],
+        [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2")],
+    )  # fmt: skip
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
+    eng = graphc.compile(model, target="cuda", precision="fp16", arch=[ARCH], tactics=["cublaslt"],
+                         extra={"tactics_force": True})  # fmt: skip
+    assert [bool(s.vendor) for s in eng.plan.steps] == [True, False, True]
+    ex = _fake(monkeypatch, eng)
+    ctx = ex.default
+    assert [name for *_x, name in ctx.launches] == [s.name for s in eng.plan.steps]
+    x = rng.standard_normal((256, 64)).astype(np.float16)
+    h = x.astype(np.float32) @ w1.astype(np.float32)
+    s = np.exp(h - h.max(-1, keepdims=True))
+    want = (s / s.sum(-1, keepdims=True)) @ w2.astype(np.float32)
+    for _ in range(2):
+        _close(G.host(eng.run({"x": x}))["y"], want)
+
+
+def test_no_launch_after_a_vendor_call_is_programmatic():
+    from graphc.runtime.cuda import launch_digests
+    from graphc.runtime.plan import KernelPlan, Launch, Step
+
+    def step(i, vendor):
+        ln = [] if vendor else [Launch("k", f"{i:064x}", [1, 1, 1], [1, 1, 1], [])]
+        return Step(i, f"s{i}", "K", "Op", "", {}, [], [f"t{i}"], launches=ln, vendor={"x": 1} if vendor else None)
+
+    plan = KernelPlan({}, [step(0, False), step(1, True), step(2, False), step(3, False)], [], [], [])
+    assert launch_digests(plan) == [f"{0:064x}", "", "", f"{3:064x}"]
