@@ -620,8 +620,20 @@ def _reference_session(path: str, engine, feeds: dict[str, Any]):
     return sess
 
 
+_ORT_FLOAT_TYPES = {"tensor(float)": "float32", "tensor(double)": "float64", "tensor(float16)": "float16"}
+
+
 def _compare(args: argparse.Namespace, engine, sess, feeds, outs) -> int:
+    import numpy as np
+
     ref_names = [o.name for o in sess.get_outputs()]
+    # An engine built with --io-precision fp16/bf16 takes reduced-precision feeds where the model
+    # declares float32: ONNX Runtime gets the same values in the model's own input types.
+    ort_types = {i.name: _ORT_FLOAT_TYPES.get(i.type) for i in sess.get_inputs()}
+    feeds = {
+        k: v.astype(ort_types[k]) if ort_types.get(k) is not None and np.asarray(v).dtype != ort_types[k] else v
+        for k, v in feeds.items()
+    }
     try:
         ref = dict(zip(ref_names, sess.run(ref_names, feeds), strict=True))
     except Exception as e:  # ORT's own exception types: a shape or type the model does not take

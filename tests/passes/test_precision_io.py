@@ -155,3 +155,20 @@ def test_bench_torch_io_precision_flag_applies_to_its_own_precision_rows():
     a = B.parse(["--io-precision", "fp16", "--precision", "fp16,bf16", "--dry-run"])
     bench = SimpleNamespace(args=a)
     assert B.Bench.io_precision(bench, "fp16") == "fp16" and B.Bench.io_precision(bench, "bf16") == "model"
+
+
+def test_cli_run_compare_casts_fp16_feeds_to_the_models_input_types(tmp_path, capsys):
+    """`graphc run --compare` of an fp16-IO engine: ONNX Runtime takes the model's fp32 inputs, so
+    the engine's fp16 feeds reach it cast back (the same values), and the outputs compare."""
+    from graphc.cli import main
+
+    m, _feeds, _shapes = _mlp()
+    src = tmp_path / "mlp.onnx"
+    models.save(m, src)
+    eng = tmp_path / "mlp.engine"
+    args = ["compile", str(src), "-o", str(eng), "--shapes", "batch=2", "--target", "cpu", "--precision", "fp16"]
+    assert main([*args, "--io-precision", "fp16", "-q"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(eng), "--compare", str(src)]) == 0
+    out = capsys.readouterr().out
+    assert "compared with ONNX Runtime" in out and "float16" in out, out
