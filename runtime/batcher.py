@@ -20,6 +20,11 @@ at the size of the gathered batch; today's fixed-shape engines accept only the b
 built for, so a partial batch is padded up to it with copies of its last row (real data, so no
 NaN or uninitialized path runs) and the pad rows' outputs are dropped.
 
+A partial batch is held for max_wait; `Batcher(..., eager=True)` also closes one as soon as no
+batch is running (see __init__: with as many clients as max_batch the held batch is always all of
+them, one batch in flight, and their turnaround leaves the engine idle). A batch's run() callers
+are woken as a chain, each waking the next as it returns (see Batcher._wake).
+
 Errors reach the caller whose request caused them: a request with a wrong name, dtype or shape
 fails alone in `submit`, before it joins a batch; an engine failure fails every request of that
 batch and no other. `close()` (or leaving a `with` block) runs every pending request first.
