@@ -100,7 +100,7 @@ def generate_kernels(
             if tactics and fam.name == "gemm" and ctx.params is None:
                 from graphc.codegen.families.gemm_tactics import select as select_vendor
 
-                # a vendor tactic where one is named and its measured rule takes the step
+                # a vendor tactic where one is named and its rule (gemm_tactics.prefer_vendor) takes the step
                 vendor = select_vendor(ctx, tactics, **(tactic_options or {}))
                 if vendor is not None:
                     kernels.steps[step.name] = StepKernels(vendor=vendor.as_json())
