@@ -409,8 +409,9 @@ _PARAM = re.compile(
 _TYPEDEF = re.compile(r"typedef\s+([A-Za-z_][A-Za-z0-9_ ]*?)\s+([A-Za-z_][A-Za-z0-9_]*)\s*;")
 # C element types and the dtypes whose bytes they may point at. Unsigned integers are the
 # templates' bit containers (fp16 and bf16 travel as unsigned short, data-movement kernels copy
-# float32 as unsigned int), so they accept any dtype of their size; the others are exact.
-_BY_SIZE = {n: {d for d, k in ITEMSIZE.items() if k == n} for n in (1, 2, 4, 8)}
+# float32 as unsigned int, and rows of an even number of 4-byte elements as unsigned long long),
+# so they accept any dtype whose size divides theirs; the others are exact.
+_BY_SIZE = {n: {d for d, k in ITEMSIZE.items() if k and n % k == 0} for n in (1, 2, 4, 8)}
 _C_TYPES = {
     "float": {"float32"},
     "double": {"float64"},

@@ -242,3 +242,24 @@ def test_a_reshaped_intermediate_is_refused(engines, tmp_path):
 
     with pytest.raises(EngineError, match="the plan says|not a view of all"):
         graphc.runtime.load(rewrite(cpu, tmp_path / "r.engine", edit)).run(feeds)
+
+
+def test_a_gather_of_even_float32_rows_validates_when_read_back(tmp_path):
+    """The gather kernel moves rows of an even number of float32s as 8-byte words (its element
+    type unsigned long long); reading the engine back accepted such containers only for 8-byte
+    dtypes, so a saved engine with this Gather could not be loaded."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.arange(48, dtype=np.float32).reshape(8, 6)
+    g = helper.make_graph(
+        [helper.make_node("Gather", ["w", "i"], ["y"], axis=0)],
+        "g",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 6])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "g.engine"
+    graphc.compile(m, target="cuda", arch=["sm_90"]).save(path)
+    sources = read_engine(path).sources
+    assert any("unsigned long long" in s or "gc_u64" in s for s in sources.values())
