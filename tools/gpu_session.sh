@@ -5,7 +5,8 @@
 #
 #   OUT=dir [PRECISIONS=fp16,fp32,bf16] [EXPORTER=torchscript|dynamo|both] [ARCH=sm_90] bash tools/gpu_session.sh
 #
-# Each step has a time limit in seconds (TESTS_S, ZOO_S, EXPORTS_S, GEMM_S, SM90_S, PROF_S, TORCH_S, QUANT_S); 0 skips the
+# Each step has a time limit in seconds (TESTS_S, ZOO_S, EXPORTS_S, GEMM_S, SM90_S, PROF_S, TORCH_S, QUANT_S, HOST_S,
+# TACTICS_S, TAILS_S); 0 skips the
 # step. The defaults (130+70+170+40, TORCH_S=0) fit one 10-minute device call; a comparison with
 # PyTorch alone: TESTS_S=0 ZOO_S=0 EXPORTS_S=0 GEMM_S=0 TORCH_S=400 (about 5 minutes).
 # (pytest gets no -q: pyproject's addopts has one, and -qq drops the "N passed" line.)
@@ -16,6 +17,7 @@ export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=4
 log="$OUT/session.log"
 TESTS_S=${TESTS_S:-130} ZOO_S=${ZOO_S:-70} EXPORTS_S=${EXPORTS_S:-170} GEMM_S=${GEMM_S:-40} TORCH_S=${TORCH_S:-0}
 QUANT_S=${QUANT_S:-0} SM90_S=${SM90_S:-0} PROF_S=${PROF_S:-0}
+HOST_S=${HOST_S:-0} TACTICS_S=${TACTICS_S:-0} TAILS_S=${TAILS_S:-0}
 
 # step NAME LIMIT OUTPUT COMMAND...: runs COMMAND under `timeout LIMIT`, stdout and stderr to OUTPUT,
 # unless LIMIT is 0; logs how it ended and OUTPUT's last line.
@@ -75,6 +77,17 @@ step "sm90 gemm bench" "$SM90_S" "$OUT/bench_gemm_sm90.txt" python3 tools/bench_
 # Like for like (tools/bench_torch.py): both sides through the ordinary call and as graph replays.
 step "against PyTorch" "$TORCH_S" /tmp/vs_torch.log python3 tools/bench_torch.py --quick ${TORCH_MODELS:+--models $TORCH_MODELS} \
   --budget-s $(( TORCH_S > 90 ? TORCH_S - 60 : TORCH_S )) --out "$OUT/vs_torch.md" --json "$OUT/vs_torch.json"
+# Written on 2026-12-01 evening and never run on a GPU (the device was not lent again): engine.run's
+# host overhead after the exact-feed fast path and the copies captured into the graph (target
+# <= 10 us at batch 1), and the cuBLASLt tactic's per-shape comparison then whole models with its
+# winners. HOST_S=40 TACTICS_S=170 (with TESTS_S, which runs their -m gpu tests, first).
+step "host overhead" "$HOST_S" "$OUT/host_overhead.log" python3 tools/bench_host_overhead.py --json "$OUT/host_overhead.json"
+step "tactics" "$TACTICS_S" "$OUT/tactics.log" python3 tools/bench_tactics.py --ms 4096,128,6304,197,1024 --then-models \
+  --batches 32,1 --out "$OUT/tactics_shapes.jsonl" --models-out "$OUT/tactics_models.jsonl" --cache-dir /tmp/gcc
+# ResNet-50's batch-22 cliff: static engines at batch 8-32 with conv_sm90.TAIL_BASE values (~60 s).
+step "conv tails" "$TAILS_S" "$OUT/conv_tails.log" python3 tools/bench_conv_tails.py \
+  --engines 22@1.0,20@1.0,22@0.6,22@0.3,22@0.0,24@1.0,24@0.3,16@1.0,16@0.3,32@1.0,32@0.3 --jobs 16 --work /tmp/ct \
+  --out-md "$OUT/conv_tails.md" --out-json "$OUT/conv_tails.json"
 # QDQ-quantized exports as CUDA engines (fp32) against the Q/DQ definition; needs the exports above.
 step "quantized" "$QUANT_S" /tmp/quantized.log python3 tools/check_quantized.py --exports /tmp/exports --target cuda
 [ "$QUANT_S" != 0 ] && cat /tmp/quantized.log | grep "^|" >> "$log"
