@@ -407,20 +407,9 @@ class CUDAContext:
     ) -> dict[str, Any] | None:
         """run() for feeds of the exact form (exact_sources), else None having done nothing:
         Engine.run's fast path, which then needs no other check of the feeds."""
-        # exact_sources, written out here: this is the per-call path whose host time is measured
-        if len(feeds) != len(self._exact):
+        srcs = self.exact_sources(feeds)  # one Python call more than inlining it (~0.1 us)
+        if srcs is None:
             return None
-        nd, dev, srcs = self._ndarray, self.device, []
-        for name, dtype, shape, slot in self._exact:
-            x = feeds.get(name)
-            if type(x) is not nd or x.dtype != dtype or x.shape != shape or not x._c_contiguous:
-                return None
-            data = x.data
-            if data.device_id != dev:
-                return None
-            p = data.ptr
-            srcs.append(0 if p == slot else p)
-        srcs = tuple(srcs)
         with self.lock:
             if self._get_device() == self.device:
                 return self._execute(srcs, use_graph, to_numpy, sync, out, reuse_outputs)
