@@ -314,7 +314,8 @@ def format_batcher_bench(r: dict[str, Any]) -> str:
     lines = [
         f"load: {r['concurrency']} client threads, {r['requests']} batch-1 requests back to back "
         f"({r['target']} engine of batch {r['batch']}; batcher max_batch {r['max_batch']}, "
-        f"max_wait {r['max_wait_ms']:g} ms, pipeline {r.get('pipeline', 1)}; {r.get('warmup_requests', 0)} "
+        f"max_wait {r['max_wait_ms']:g} ms{', eager' if r.get('eager') else ''}, pipeline {r.get('pipeline', 1)}; "
+        f"{r.get('warmup_requests', 0)} "
         "untimed warm-up requests each way)",
         f"  {'':10} {'p50 ms':>10} {'p99 ms':>10} {'requests/s':>12} {'mean batch':>11}",
     ]

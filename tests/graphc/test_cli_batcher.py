@@ -46,6 +46,18 @@ def test_bench_batcher_prints_both_loads(mlp_engine, tmp_path, capsys):
     assert format_batcher_bench(r) in out
 
 
+def test_bench_batcher_eager(mlp_engine, tmp_path, capsys):
+    """--eager runs the Batcher with eager=True (a batch also closes as soon as none is running):
+    said in the table and the JSON; every request is still answered once."""
+    out_json = tmp_path / "b.json"
+    args = ["bench", str(mlp_engine), "--batcher", "--concurrency", "4", "--requests", "40", "--eager"]
+    assert main([*args, "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "max_wait 2 ms, eager, pipeline" in out
+    r = json.loads(out_json.read_text())
+    assert r["eager"] is True and r["batcher"]["latency"]["samples"] == 40
+
+
 def test_few_requests_show_no_p99(mlp_engine, capsys):
     assert main(["bench", str(mlp_engine), "--batcher", "--concurrency", "2", "--requests", "10"]) == 0
     out = capsys.readouterr().out
@@ -57,6 +69,7 @@ def test_few_requests_show_no_p99(mlp_engine, capsys):
     [
         (["--concurrency", "4"], "--concurrency sets the load of --batcher; add --batcher"),
         (["--max-wait-ms", "1"], "--max-wait-ms sets the load of --batcher; add --batcher"),
+        (["--eager"], "--eager sets the load of --batcher; add --batcher"),
         (["--batcher", "--max-batch", "9"], "runs at most batch 8"),
     ],
 )
