@@ -123,30 +123,47 @@ StepBuilder = Callable[[Value, Value, Value | None, str], tuple[Value, Value | N
 
 
 def _lstm_step(c: _Ctx, rt: Value, p: Value | None, acts: list[Activation], clip, input_forget: int, hs: int):
-    f_act, g_act, h_act = acts
     peep = None
     if p is not None:
         peep = [_cols(c, p, k * hs, (k + 1) * hs, f"p{k}") for k in range(3)]  # i, o, f
 
     def step(xp: Value, h: Value, cell: Value | None, s: str) -> tuple[Value, Value | None]:
         g = c.op("Add", [xp, c.op("MatMul", [h, rt], f"{s}/rec")], f"{s}/gates")
-        gi, go, gf, gc = (_cols(c, g, k * hs, (k + 1) * hs, f"{s}/g{k}") for k in range(4))
-        if peep is not None:
-            gi = c.op("Add", [gi, c.op("Mul", [cell, peep[0]], f"{s}/pi")], f"{s}/gi_p")
-            gf = c.op("Add", [gf, c.op("Mul", [cell, peep[2]], f"{s}/pf")], f"{s}/gf_p")
-        i = _activation(c, f_act, clip(gi, f"{s}/ci"), f"{s}/i")
-        if input_forget:
-            f = c.op("Sub", [c.const(1.0, f"{s}/one"), i], f"{s}/f")
-        else:
-            f = _activation(c, f_act, clip(gf, f"{s}/cf"), f"{s}/f")
-        cand = _activation(c, g_act, clip(gc, f"{s}/cc"), f"{s}/cand")
-        new_c = c.op("Add", [c.op("Mul", [f, cell], f"{s}/keep"), c.op("Mul", [i, cand], f"{s}/write")], f"{s}/c")
-        if peep is not None:
-            go = c.op("Add", [go, c.op("Mul", [new_c, peep[1]], f"{s}/po")], f"{s}/go_p")
-        o = _activation(c, f_act, clip(go, f"{s}/co"), f"{s}/o")
-        return c.op("Mul", [o, _activation(c, h_act, new_c, f"{s}/hc")], f"{s}/h"), new_c
+        return lstm_cell(c, g, cell, hs, peep, acts, clip, input_forget, s)
 
     return step
+
+
+def lstm_cell(
+    c: _Ctx,
+    g: Value,
+    cell: Value,
+    hs: int,
+    peep: list[Value] | None,
+    acts: list[Activation],
+    clip,
+    input_forget,
+    s: str,
+) -> tuple[Value, Value]:
+    """One LSTM step from its gate pre-activations g [B, 4H] (i, o, f, c order) and the cell
+    state: (h, c). Shared by the float LSTM here and passes/lower_int_quant.py's
+    DynamicQuantizeLSTM, which differ only in how g is computed."""
+    f_act, g_act, h_act = acts
+    gi, go, gf, gc = (_cols(c, g, k * hs, (k + 1) * hs, f"{s}/g{k}") for k in range(4))
+    if peep is not None:
+        gi = c.op("Add", [gi, c.op("Mul", [cell, peep[0]], f"{s}/pi")], f"{s}/gi_p")
+        gf = c.op("Add", [gf, c.op("Mul", [cell, peep[2]], f"{s}/pf")], f"{s}/gf_p")
+    i = _activation(c, f_act, clip(gi, f"{s}/ci"), f"{s}/i")
+    if input_forget:
+        f = c.op("Sub", [c.const(1.0, f"{s}/one"), i], f"{s}/f")
+    else:
+        f = _activation(c, f_act, clip(gf, f"{s}/cf"), f"{s}/f")
+    cand = _activation(c, g_act, clip(gc, f"{s}/cc"), f"{s}/cand")
+    new_c = c.op("Add", [c.op("Mul", [f, cell], f"{s}/keep"), c.op("Mul", [i, cand], f"{s}/write")], f"{s}/c")
+    if peep is not None:
+        go = c.op("Add", [go, c.op("Mul", [new_c, peep[1]], f"{s}/po")], f"{s}/go_p")
+    o = _activation(c, f_act, clip(go, f"{s}/co"), f"{s}/o")
+    return c.op("Mul", [o, _activation(c, h_act, new_c, f"{s}/hc")], f"{s}/h"), new_c
 
 
 def _gru_step(c: _Ctx, rt: Value, rb_h: Value | None, acts: list[Activation], clip, lbr: int, hs: int):

@@ -39,7 +39,7 @@ from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.types import DType
 from graphc.ops.quantize import INT_RANGES, division_dtype
 from graphc.passes.decompose_qdq import FLOATS, QUANT_OUT
-from graphc.passes.decompose_rnn import MAX_STEPS, _activation, _cols, _Ctx, _direction_slice, _unroll
+from graphc.passes.decompose_rnn import MAX_STEPS, _cols, _Ctx, _direction_slice, _unroll, lstm_cell
 from graphc.passes.rewrite import Match, Op, Rule, Var, apply_rules_counted, static_shape
 from graphc.runtime.reference.recurrent import _LSTMView, is_reverse, num_directions, resolve_activations
 
@@ -289,21 +289,7 @@ def _dq_lstm(m: Match, b: GraphBuilder) -> list[Value] | None:
             rec = c.op("MatMul", [hq, ri_c], f"{s}/rec_int")
             rec = c.op("Mul", [rec, c.op("Mul", [hsc, rs_c], f"{s}/rec_scale")], f"{s}/rec")
             g = c.op("Add", [xp, rec], f"{s}/gates")
-            gi, go, gf, gc = (_cols(c, g, k * hs, (k + 1) * hs, f"{s}/g{k}") for k in range(4))
-            if peep is not None:
-                gi = c.op("Add", [gi, c.op("Mul", [cell, peep[0]], f"{s}/pi")], f"{s}/gi_p")
-                gf = c.op("Add", [gf, c.op("Mul", [cell, peep[2]], f"{s}/pf")], f"{s}/gf_p")
-            i = _activation(c, f_act, clip(gi, f"{s}/ci"), f"{s}/i")
-            if view.input_forget:
-                f = c.op("Sub", [c.const(1.0, f"{s}/one"), i], f"{s}/f")
-            else:
-                f = _activation(c, f_act, clip(gf, f"{s}/cf"), f"{s}/f")
-            cand = _activation(c, g_act, clip(gc, f"{s}/cc"), f"{s}/cand")
-            new_c = c.op("Add", [c.op("Mul", [f, cell], f"{s}/keep"), c.op("Mul", [i, cand], f"{s}/write")], f"{s}/c")
-            if peep is not None:
-                go = c.op("Add", [go, c.op("Mul", [new_c, peep[1]], f"{s}/po")], f"{s}/go_p")
-            o = _activation(c, f_act, clip(go, f"{s}/co"), f"{s}/o")
-            return c.op("Mul", [o, _activation(c, h_act, new_c, f"{s}/hc")], f"{s}/h"), new_c
+            return lstm_cell(c, g, cell, hs, peep, [f_act, g_act, h_act], clip, view.input_forget, s)
 
         y, h, cell = _unroll(c, step, proj, state(5, f"{dn}/h0"), state(6, f"{dn}/c0"), lens,
                              is_reverse(a.direction, d), dn)  # fmt: skip

@@ -18,18 +18,10 @@ import numpy as np
 from graphc.frontend.context import ConvertContext
 from graphc.frontend.registry import converter, passthrough
 from graphc.ir.graph import Value
+from graphc.ops.reduction import REDUCE_OPS
 
-_REDUCE_18 = (
-    "ReduceMean",
-    "ReduceMax",
-    "ReduceMin",
-    "ReduceProd",
-    "ReduceL1",
-    "ReduceL2",
-    "ReduceSumSquare",
-    "ReduceLogSum",
-    "ReduceLogSumExp",
-)
+# Every Reduce* op but ReduceSum took its axes as an input from opset 18 (ReduceSum from 13).
+_REDUCE_18 = tuple(sorted(REDUCE_OPS - {"ReduceSum"}))
 
 passthrough("ReduceSum", since=13)
 passthrough(*_REDUCE_18, since=18)
