@@ -507,7 +507,10 @@ class Bench:
                 arch=self.arch,
                 shapes={n: list(subj.feeds[n].shape) for n in names},
                 allow_tf32=self.args.allow_tf32,
+                **({"tactics": self.args.tactics} if self.args.tactics else {}),
             )
+            if self.args.tactics:
+                m.extra["vendor_steps"] = sum(1 for st in engine.plan.steps if st.vendor is not None)
             m.extra["compile_s"] = round(time.perf_counter() - t0, 2)
             feeds = self.graphc_feeds(engine, subj.feeds)
             for _ in range(3):
@@ -638,6 +641,7 @@ def environment(args: argparse.Namespace, argv: list[str], p: Protocol) -> dict[
         "tiny": args.tiny,
         "budget_s": args.budget_s,
         "io_precision": args.io_precision,
+        "tactics": args.tactics,
     }
 
 
@@ -691,6 +695,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "engine takes and returns fp16/bf16 tensors, like for like with the PyTorch module cast to fp16/bf16, "
         "which takes and returns them too (GPT-2 at batch 32 then writes 412 MB of logits instead of 823)",
     )
+    p.add_argument(
+        "--tactics",
+        default="",
+        help="graphc's vendor tactics, comma-separated (graphc compile --tactics): cublaslt runs the GEMMs its "
+        "rule picks through cuBLASLt, as torch.compile's GEMMs run through cuBLAS (default: none)",
+    )
     p.add_argument("--allow-tf32", action="store_true", help="TF32 for fp32 matmuls/convs, in graphc and PyTorch")
     p.add_argument("--export-dir", help="keep the ONNX exports here (default: a temporary folder)")
     p.add_argument("--out", help="Markdown table")
@@ -713,6 +723,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     a.rounds = a.rounds or (2 if a.dry_run else 3)
     a.calls = a.calls or (2 if a.dry_run else 50)
     a.models = [m.strip() for m in a.models.split(",") if m.strip()]
+    a.tactics = [t.strip() for t in a.tactics.split(",") if t.strip()]
     a.exporters = [e.strip() for e in a.exporters.split(",") if e.strip()]
     a.precision = [x.strip() for x in a.precision.split(",") if x.strip()]
     a.modes = [MODE_ALIASES.get(m.strip(), m.strip()) for m in a.modes.split(",") if m.strip()]

@@ -75,7 +75,7 @@ step "gemm bench" "$GEMM_S" "$OUT/bench_gemm.txt" python3 tools/bench_gemm.py --
 # The Hopper TMA GEMM's variants against cuBLAS (sm_90 only; about 3 minutes for every shape).
 step "sm90 gemm bench" "$SM90_S" "$OUT/bench_gemm_sm90.txt" python3 tools/bench_gemm_sm90.py --out /tmp/sm90
 # Like for like (tools/bench_torch.py): both sides through the ordinary call and as graph replays.
-step "against PyTorch" "$TORCH_S" /tmp/vs_torch.log python3 tools/bench_torch.py --quick ${TORCH_MODELS:+--models $TORCH_MODELS} \
+step "against PyTorch" "$TORCH_S" /tmp/vs_torch.log python3 tools/bench_torch.py --quick ${TORCH_MODELS:+--models $TORCH_MODELS} $TORCH_ARGS \
   --budget-s $(( TORCH_S > 90 ? TORCH_S - 60 : TORCH_S )) --out "$OUT/vs_torch.md" --json "$OUT/vs_torch.json"
 # Written on 2026-12-01 evening and never run on a GPU (the device was not lent again): engine.run's
 # host overhead after the exact-feed fast path and the copies captured into the graph (target

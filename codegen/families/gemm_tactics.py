@@ -225,28 +225,29 @@ def lower(ctx: StepContext, erf_gelu: bool = True) -> tuple[VendorGemm | None, s
 
 # ---- the rule ------------------------------------------------------------------------------------
 
-# Where cuBLASLt is the faster GEMM on an H200, from the H200 comparisons of graphc's sm_90 GEMMs
-# against cuBLAS (torch.matmul: cuBLAS's nvjet kernels, the ones cuBLASLt's heuristic returns; fp16,
-# no epilogue, CUDA-graph replays, 2026-12-01): docs/results/gemm_sm90.md (M = 4096, 6304),
-# gemm_mid_m_h200_2026-12-01.md (M = 384..2560), gemm_small_m_h200_2026-12-01.md (M = 128, 197).
-# graphc / cuBLAS time ratios there:
-#   M >= 384, N, K in {768, 2304, 3072}: graphc 0.62-0.94x cuBLAS's speed             -> cuBLASLt
-#   M <= 256, K = 768 (wgmma cluster split-K): 0.63-0.86x                              -> cuBLASLt
-#   M <= 256, K >= 3072 (TMA split-K 8): 0.97-1.01x: as fast                           -> graphc
-#   lm_head 128 x 50257 x 768, B stored [N, K]: graphc's TMA 28.9 us, cuBLAS 145 us    -> graphc
-#   the same with B [K, N]: graphc 156 us, cuBLAS 111 us                               -> cuBLASLt
-# The in-engine measurement with each epilogue (tools/bench_tactics.py; docs/tactics.md) did not
-# complete on the H200 in this session: rerun it and tighten these thresholds from its table.
+# Where cuBLASLt is the faster GEMM on an H200: the in-engine measurement of tools/bench_tactics.py
+# (each layer's GEMM with its own epilogue, 8 copies in one engine, graphc's kernels against the same
+# engine with cuBLASLt forced; CUDA-graph replays; fp16; H200 2026-12-01 20:08 UTC;
+# docs/results/tactics_h200_2026-12-01_2008.md). cuBLASLt / graphc speed:
+#   M in {128, 197, 1024, 4096, 6304}, K = 768 (qkv, proj, ffn1 with bias+GELU): 1.01-2.90x -> cuBLASLt
+#   M in {1024, 4096, 6304}, K = 3072 (ffn2, bias + residual): 1.15-1.45x                    -> cuBLASLt
+#   M in {128, 197}, K = 3072 (graphc's TMA split-K 8): 0.84x, 0.98x                           -> graphc
+#   lm_head M x 50257 x 768, B stored [N, K], M = 128 and 1024: 0.23x, 0.18x                  -> graphc
+# (cuBLASLt's heuristic has no fast kernel for an output row of 50257 halves, not 16-byte aligned;
+# graphc's TMA GEMM stores it with a masked epilogue.) The earlier rule, from graphc against
+# torch.matmul alone (docs/results/gemm_sm90.md, gemm_mid_m_h200_2026-12-01.md,
+# gemm_small_m_h200_2026-12-01.md), agreed except at M > 256 for the lm_head, which it gave to
+# cuBLASLt: 5.6x slower in the engine at M = 1024.
 SMALL_M = 256  # batch-1 linear layers (128 or 197 tokens)
-GRAPHC_SPLIT_K_MIN_K = 3072  # at small M and this K graphc's split-K TMA GEMM matches cuBLAS
-GRAPHC_WIDE_N = 8192  # an lm_head: graphc's un-split TMA GEMM over a B stored [N, K] is 5x cuBLAS
+GRAPHC_SPLIT_K_MIN_K = 3072  # at small M and this K graphc's split-K TMA GEMM matches cuBLASLt
+GRAPHC_WIDE_N = 8192  # an lm_head with B stored [N, K]: graphc's TMA GEMM is 4-5x cuBLASLt at any M
 
 
 def prefer_vendor(g: VendorGemm) -> bool:
     """Whether cuBLASLt is the faster choice for this GEMM on the H200 (the rule above)."""
     if g.m <= SMALL_M and g.k >= GRAPHC_SPLIT_K_MIN_K:
         return False
-    return not (g.m <= SMALL_M and g.n >= GRAPHC_WIDE_N and g.b_trans)
+    return not (g.n >= GRAPHC_WIDE_N and g.b_trans)
 
 
 def select(

@@ -276,6 +276,8 @@ def test_inspect_lists_the_vendor_steps(engine_path):
         (197, 768, 3072, False, False),
         (128, 50257, 768, True, False),  # GPT-2's lm_head over a B stored [N, K]: graphc 5x
         (128, 50257, 768, False, True),  # the same over B [K, N]: cuBLAS 1.4x
+        (1024, 50257, 768, True, False),  # at batch 8 too: cuBLASLt 0.18x in the engine
+        (4096, 50257, 768, True, False),
     ],
 )
 def test_the_rule(m, n, k, b_trans, vendor):
