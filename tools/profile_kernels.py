@@ -27,23 +27,29 @@ def _family(kernel: str) -> str:
     return re.sub(r"_[0-9a-f]{8,}$", "", re.sub(r"(_\d+)+$", "", kernel))
 
 
-def graphc_rows(path: Path, feeds: dict[str, np.ndarray], iterations: int) -> tuple[float, list[dict]]:
+def graphc_rows(
+    path: Path, feeds: dict[str, np.ndarray], iterations: int, tactics: tuple[str, ...] = ()
+) -> tuple[float, list[dict]]:
     import graphc
     from graphc.bench import benchmark
 
-    engine = graphc.compile(str(path), target="cuda", precision="fp16",
+    engine = graphc.compile(str(path), target="cuda", precision="fp16", tactics=tactics,
                             shapes={k: list(v.shape) for k, v in feeds.items()})  # fmt: skip
     feeds = {s.name: feeds[s.name].astype(s.dtype) for s in engine.inputs}
     r = benchmark(engine, feeds, iterations=iterations, warmup=10, per_kernel=True)
     return r["latency"]["median_ms"], r["kernels"]
 
 
-def torch_rows(case: Any, feeds: dict[str, np.ndarray], dims: dict[str, int]) -> tuple[float, dict[str, list]]:
+def torch_rows(
+    case: Any, feeds: dict[str, np.ndarray], dims: dict[str, int], compiled: bool = False
+) -> tuple[float, dict[str, list]]:
     import torch
     from export_torch import _module
     from torch.profiler import ProfilerActivity, profile
 
     module = _module(case, 0, "scaled", dims).cuda().half()
+    if compiled:  # inductor's kernels (torch.compile mode default), the ones reduce-overhead replays
+        module = torch.compile(module, dynamic=False)
     args = []
     for s in case.inputs:
         x = torch.from_numpy(feeds[s.name]).cuda()
@@ -76,8 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iterations", type=int, default=30)
     p.add_argument("--top", type=int, default=14)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--tactics", default="", help="graphc compile --tactics (e.g. cublaslt)")
+    p.add_argument("--torch-compile", action="store_true", help="profile torch.compile's kernels, not eager's")
     a = p.parse_args(argv)
-    lines = ["# Kernel time per model (graphc fp16 engine vs PyTorch fp16 eager)", ""]
+    tactics = tuple(t for t in a.tactics.split(",") if t)
+    torch_side = "torch.compile (mode default)" if a.torch_compile else "PyTorch fp16 eager"
+    ours = "graphc fp16 engine" + (f", --tactics {a.tactics}" if tactics else "")
+    lines = [f"# Kernel time per model ({ours} vs {torch_side})", ""]
     for name in a.models.split(","):
         case = CASES[name]
         for batch in (int(b) for b in a.batch.split(",")):
@@ -86,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             feeds = {s.name: _example(s, dims, rng) for s in case.inputs}
             lines += [f"## {name} batch {batch}", ""]
             try:
-                replay, rows = graphc_rows(a.exports / f"{name}.torchscript.onnx", feeds, a.iterations)
+                replay, rows = graphc_rows(a.exports / f"{name}.torchscript.onnx", feeds, a.iterations, tactics)
                 fam: dict[str, list] = collections.defaultdict(lambda: [0.0, 0, ""])
                 for r in rows:
                     f = fam[_family(r["kernel"])]
@@ -106,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:
                 lines.append(f"graphc failed: {type(e).__name__}: {str(e)[:300]}")
             try:
-                ttotal, by = torch_rows(case, feeds, dims)
-                lines += ["", f"PyTorch eager: kernels {ttotal:.3f} ms per call", "",
+                ttotal, by = torch_rows(case, feeds, dims, a.torch_compile)
+                lines += ["", f"{torch_side}: kernels {ttotal:.3f} ms per call", "",
                           "| torch kernel | per call | ms | share |", "| --- | --- | --- | --- |"]  # fmt: skip
                 for k, (ms, n) in sorted(by.items(), key=lambda kv: -kv[1][0])[: a.top]:
                     lines.append(f"| {k[:90]} | {n:.0f} | {ms:.4f} | {ms / ttotal:.1%} |")

@@ -177,6 +177,46 @@ def test_matmul_add_stays() -> None:
     assert fold_affine(g) is g
 
 
+@pytest.mark.parametrize("op", ["Mul", "Div"])
+@pytest.mark.parametrize("bias_first", [False, True])
+@pytest.mark.parametrize("c_shape", [(5,), (1, 1, 5), ()])
+def test_layer_scale_after_bias_folds(op: str, bias_first: bool, c_shape) -> None:
+    # ConvNeXt's gamma * (x @ W + b): the scale goes into W and b, the bias Add stays (epilogue)
+    def build(b, x):
+        y = b.op("MatMul", [x, b.add_constant(_rand(3, 5), "w")], name="mm")
+        bias = b.add_constant(_rand(5), "bias")
+        y = b.op("Add", [bias, y] if bias_first else [y, bias], name="add")
+        return b.op(op, [y, b.add_constant(_positive(*c_shape), "gamma")], name="scale")
+
+    g = _graph((2, 4, 3), build)
+    g1 = _fold(g)
+    assert g1.op_counts() == {"MatMul": 1, "Add": 1}
+    _check(g, g1, _rand(2, 4, 3))
+
+
+@pytest.mark.parametrize(
+    "case", ["bias_not_per_column", "scale_not_per_column", "add_shared", "bias_not_const"]
+)
+def test_layer_scale_after_bias_not_folded(case: str) -> None:
+    def build(b, x):
+        y = b.op("MatMul", [x, b.add_constant(_rand(3, 5), "w")], name="mm")
+        if case == "bias_not_per_column":
+            bias = b.add_constant(_rand(4, 5), "bias")
+        elif case == "bias_not_const":
+            bias = b.op("Relu", [b.op("MatMul", [x, b.add_constant(_rand(3, 5), "w2")])])
+        else:
+            bias = b.add_constant(_rand(5), "bias")
+        z = b.op("Add", [y, bias], name="add")
+        gamma = b.add_constant(_positive(4, 1) if case == "scale_not_per_column" else _positive(5), "gamma")
+        out = b.op("Mul", [z, gamma], name="scale")
+        return [out, z] if case == "add_shared" else out
+
+    g = _graph((2, 4, 3), build)
+    g1 = _fold(g)
+    assert g1.op_counts().get("Mul") == 1, g1.op_counts()
+    _check(g, g1, _rand(2, 4, 3))
+
+
 @pytest.mark.parametrize("trans_b", [0, 1])
 def test_internal_matmul_scale(trans_b: int) -> None:
     def build(b, x):
