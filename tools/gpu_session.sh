@@ -8,7 +8,9 @@
 # Each step has a time limit in seconds (TESTS_S, ZOO_S, EXPORTS_S, GEMM_S, SM90_S, PROF_S, TORCH_S, QUANT_S, HOST_S,
 # TACTICS_S, TAILS_S); 0 skips the
 # step. The defaults (130+70+170+40, TORCH_S=0) fit one 10-minute device call; a comparison with
-# PyTorch alone: TESTS_S=0 ZOO_S=0 EXPORTS_S=0 GEMM_S=0 TORCH_S=400 (about 5 minutes).
+# PyTorch alone: TESTS_S=0 ZOO_S=0 EXPORTS_S=0 GEMM_S=0 TORCH_S=400 (about 5 minutes); TORCH_MODELS
+# picks models (five take ~310 s with --quick), TORCH_ARGS adds bench_torch flags, e.g. the
+# 2026-12-01 20:13 figures: TORCH_ARGS="--tactics cublaslt --io-precision fp16".
 # (pytest gets no -q: pyproject's addopts has one, and -qq drops the "N passed" line.)
 set -u
 OUT=${OUT:-out}
