@@ -41,6 +41,18 @@ def _batch(engine) -> int:
     return int(specs[0].shape[0]) if specs and specs[0].shape else 1
 
 
+def _kernel_names(engine: Any, n: int) -> list[str]:
+    """The kernel of each of the context's n launches, in its order (runtime/cuda.py builds them
+    step by step: a vendor step's library call, then the step's kernels): "cuBLASLt" for a vendor
+    call; blanks where the plan's launches do not line up with the context's."""
+    names: list[str] = []
+    for step in getattr(getattr(engine, "plan", None), "steps", None) or []:
+        if step.vendor is not None:
+            names.append("cuBLASLt")
+        names.extend(ln.kernel for ln in step.launches)
+    return names if len(names) == n else [""] * n
+
+
 def benchmark(
     engine, feeds: dict[str, Any], *, iterations: int = 200, warmup: int = 20, per_kernel: bool = False
 ) -> dict[str, Any]:
@@ -109,7 +121,8 @@ def benchmark(
             }
         if per_kernel:
             rows = []
-            for fn, grid, block, args, smem, name in ctx.launches:
+            names = _kernel_names(engine, len(ctx.launches))
+            for (fn, grid, block, args, smem, name), kernel in zip(ctx.launches, names, strict=True):
                 for _ in range(3):
                     fn(grid, block, args, shared_mem=smem, stream=stream)
                 ks = []
@@ -122,7 +135,7 @@ def benchmark(
                 rows.append(
                     {
                         "step": name,
-                        "kernel": getattr(fn, "name", ""),
+                        "kernel": kernel or getattr(fn, "name", ""),
                         "median_ms": float(np.median(ks)),
                         "grid": list(grid),
                         "block": list(block),

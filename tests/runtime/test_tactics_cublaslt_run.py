@@ -126,3 +126,24 @@ def test_no_launch_after_a_vendor_call_is_programmatic():
 
     plan = KernelPlan({}, [step(0, False), step(1, True), step(2, False), step(3, False)], [], [], [])
     assert launch_digests(plan) == [f"{0:064x}", "", "", f"{3:064x}"]
+
+
+def test_per_kernel_names_line_up_with_the_context_launches(monkeypatch):
+    # graphc bench --per-kernel: a vendor step's row says cuBLASLt, graphc's rows their kernel's
+    # name, in the order runtime/cuda.py builds the context's launches
+    from graphc.bench import _kernel_names
+
+    model, _ref, make_feeds = gemm_model(m=33, n=40, k=24, epilogue="bias_res")
+    eng = graphc.compile(model, target="cuda", precision="fp16", arch=[ARCH], tactics=["cublaslt"],
+                         extra={"tactics_force": True})  # fmt: skip
+    ex = _fake(monkeypatch, eng)
+    eng.run(make_feeds(1))
+    launches = ex.default.launches
+    names = _kernel_names(eng, len(launches))
+    assert "cuBLASLt" in names and len(names) == len(launches)
+    for (fn, *_rest, step), name in zip(launches, names, strict=True):
+        if name == "cuBLASLt":
+            assert fn is ex.default.vendor.calls[step]
+        else:
+            assert name in {ln.kernel for s in eng.plan.steps if s.name == step for ln in s.launches}
+    assert _kernel_names(eng, len(launches) + 1) == [""] * (len(launches) + 1)  # no silent misalignment
