@@ -255,11 +255,12 @@ def benchmark_batcher(
     max_wait_ms: float = 2.0,
     pipeline: int | None = None,
     warmup_requests: int | None = None,
-    eager: bool = False,
+    eager: bool = True,
 ) -> dict[str, Any]:
     """Batch-1 requests (rows of `feeds`) from `concurrency` threads, twice: unbatched (one
     engine.run per request under a lock, the request padded to a batch the engine accepts) and
-    through graphc.runtime.Batcher (`pipeline` batches in flight; None: its default). Latency is
+    through graphc.runtime.Batcher (`pipeline` batches in flight; None: its default; `eager` as the
+    Batcher's: True closes a batch as soon as none runs, False holds a partial one for max_wait). Latency is
     per request, from send to answer, host in and out. Each side first serves `warmup_requests`
     (default 4 x concurrency) untimed requests from the same clients: a CUDA engine captures its
     graphs there; the Batcher is made with warm= (its contexts made and timed before any request)."""
@@ -297,13 +298,13 @@ def benchmark_batcher(
     lat, wall = _drive(unbatched, reqs, requests, concurrency)
     result["unbatched"] = {"latency": _stats(lat), "throughput_per_s": requests / wall, "mean_batch": 1.0}
     kw: dict[str, Any] = {} if pipeline is None else {"pipeline": pipeline}
-    if eager:  # Batcher(eager=True): a batch also closes when none is running
-        kw["eager"] = True
     # warm=: on a CUDA engine every lane's context of every bucket is made (and timed) before the load
+    kw["eager"] = eager
     with Batcher(engine, max_batch=max_batch, max_wait_ms=max_wait_ms, warm=reqs[0], **kw) as batcher:
         result["max_batch"] = batcher.max_batch
         result["pipeline"] = batcher.pipeline
         result["eager"] = batcher.eager
+        result["mode"] = batcher_mode(result)
         batcher.run(reqs[0])
         if warm_n:
             _drive(batcher.run, reqs, warm_n, concurrency)
@@ -322,12 +323,18 @@ def benchmark_batcher(
     return result
 
 
+def batcher_mode(r: dict[str, Any]) -> str:
+    """How a benchmark_batcher result's Batcher closed its batches: "eager" (as soon as none runs,
+    max_wait the bound) or "hold" (a partial batch waits max_wait)."""
+    return "eager" if r["eager"] else "hold"
+
+
 def format_batcher_bench(r: dict[str, Any]) -> str:
     """The table of `graphc bench --batcher`: p50/p99 latency, requests/s and mean batch, both ways."""
     lines = [
         f"load: {r['concurrency']} client threads, {r['requests']} batch-1 requests back to back "
         f"({r['target']} engine of batch {r['batch']}; batcher max_batch {r['max_batch']}, "
-        f"max_wait {r['max_wait_ms']:g} ms{', eager' if r.get('eager') else ''}, pipeline {r.get('pipeline', 1)}; "
+        f"max_wait {r['max_wait_ms']:g} ms, {batcher_mode(r)}, pipeline {r.get('pipeline', 1)}; "
         f"{r.get('warmup_requests', 0)} "
         "untimed warm-up requests each way)",
         f"  {'':10} {'p50 ms':>10} {'p99 ms':>10} {'requests/s':>12} {'mean batch':>11}",

@@ -677,10 +677,11 @@ def _add_bench(sub) -> None:
     )
     b.add_argument("--max-wait-ms", type=non_negative_float, default=None, help="Batcher max_wait_ms (default 2)")
     b.add_argument(
-        "--eager",
+        "--hold",
         action="store_true",
         default=None,
-        help="Batcher(eager=True): a batch also closes as soon as none is running (max_wait the upper bound)",
+        help="Batcher(eager=False): hold a partial batch for max_wait even when none is running (the default"
+        " closes one as soon as none runs, max_wait the bound while one does)",
     )
     _add_verify_key(b)
     b.set_defaults(func=_cmd_bench)
@@ -701,7 +702,7 @@ def _cmd_bench_batcher(args: argparse.Namespace, engine, feeds: dict[str, Any]) 
         requests=args.requests or default_requests(concurrency),
         max_batch=args.max_batch,
         max_wait_ms=2.0 if args.max_wait_ms is None else args.max_wait_ms,
-        eager=bool(args.eager),
+        eager=not args.hold,
     )
     print(format_batcher_bench(result))
     return result
@@ -716,7 +717,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError(f"--per-kernel times CUDA kernels; {args.engine} is a {engine.target} engine")
     load = {"--concurrency": args.concurrency, "--requests": args.requests, "--max-batch": args.max_batch}
     load["--max-wait-ms"] = args.max_wait_ms
-    load["--eager"] = args.eager
+    load["--hold"] = args.hold
     given = [flag for flag, v in load.items() if v is not None]
     if given and not args.batcher:
         raise UsageError(f"{given[0]} sets the load of --batcher; add --batcher")

@@ -9,7 +9,10 @@ back), so the figure is what `graphc bench --batcher` would get from an engine t
 `--gpu-ms` per batch: 32 clients over 2 ms batches of 32 can reach at most 16,000 requests/s, and
 every microsecond of Python per request on the critical path takes from that.
 
-    python tools/bench_batcher_standin.py --threads 32 --gpu-ms 2 --requests 4000 [--profile out.prof]
+    python tools/bench_batcher_standin.py --threads 32 --gpu-ms 2 --requests 4000 [--hold] [--profile out.prof]
+
+The Batcher is the default one (eager: a batch closes as soon as none runs); --hold runs
+Batcher(eager=False), which holds a partial batch for max_wait.
 """
 
 from __future__ import annotations
@@ -149,7 +152,7 @@ class StandinEngine:
 
 
 def measure(threads: int, gpu_ms: float, requests: int, pipeline: int, max_wait_ms: float,
-            profile: str | None = None, cost: str = "flat", eager: bool = False) -> dict[str, Any]:  # fmt: skip
+            profile: str | None = None, cost: str = "flat", eager: bool = True) -> dict[str, Any]:  # fmt: skip
     from graphc.bench import _drive, _stats
     from graphc.runtime import Batcher
 
@@ -159,8 +162,7 @@ def measure(threads: int, gpu_ms: float, requests: int, pipeline: int, max_wait_
         {"input_ids": rng.integers(0, 30000, (1, SEQ), dtype=np.int64), "attention_mask": np.ones((1, SEQ), np.int64)}
         for _ in range(threads)
     ]
-    kw = {"eager": True} if eager else {}  # (so that it also runs against a Batcher without the option)
-    with Batcher(eng, max_wait_ms=max_wait_ms, pipeline=pipeline, warm=reqs[0], **kw) as b:
+    with Batcher(eng, max_wait_ms=max_wait_ms, pipeline=pipeline, warm=reqs[0], eager=eager) as b:
         _drive(b.run, reqs, 4 * threads, threads)
         s0 = b.stats.batches, b.stats.rows
         busy0 = eng.gpu.busy_s
@@ -179,6 +181,7 @@ def measure(threads: int, gpu_ms: float, requests: int, pipeline: int, max_wait_
         "threads": threads,
         "cost": cost if cost == "bert" else f"flat {gpu_ms} ms",
         "eager": eager,
+        "mode": "eager" if eager else "hold",
         "pipeline": pipeline,
         "max_wait_ms": max_wait_ms,
         "requests": requests,
@@ -206,10 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", help="write a cProfile of the timed load here")
     p.add_argument("--cost", choices=("flat", "bert"), default="flat",
                    help="flat: --gpu-ms per batch; bert: BERT-base's H200 time per bucket")  # fmt: skip
-    p.add_argument("--eager", action="store_true", help="Batcher(eager=True)")
+    p.add_argument("--hold", action="store_true", help="Batcher(eager=False): hold a partial batch for max_wait")
     a = p.parse_args(argv)
     for _ in range(a.repeat):
-        r = measure(a.threads, a.gpu_ms, a.requests, a.pipeline, a.max_wait_ms, a.profile, a.cost, a.eager)
+        r = measure(a.threads, a.gpu_ms, a.requests, a.pipeline, a.max_wait_ms, a.profile, a.cost, not a.hold)
         lat = r.pop("latency")
         r["p50_ms"], r["p99_ms"] = lat["median_ms"], lat.get("p99_ms")
         print(json.dumps(r))

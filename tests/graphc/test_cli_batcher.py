@@ -28,7 +28,7 @@ def test_bench_batcher_prints_both_loads(mlp_engine, tmp_path, capsys):
     assert main([*args, "--max-wait-ms", "5", "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
     assert "8 client threads, 120 batch-1 requests" in out
-    assert "batcher max_batch 4, max_wait 5 ms" in out
+    assert "batcher max_batch 4, max_wait 5 ms, eager, pipeline 2" in out  # the default Batcher: eager
     assert re.search(r"p50 ms\s+p99 ms\s+requests/s\s+mean batch", out)
     rows = {
         m.group(1): m.groups()[1:]
@@ -44,18 +44,40 @@ def test_bench_batcher_prints_both_loads(mlp_engine, tmp_path, capsys):
     assert r["batcher"]["batches"] >= 120 / 4
     assert "x unbatched" in out
     assert format_batcher_bench(r) in out
+    assert r["eager"] is True and r["mode"] == "eager"
 
 
-def test_bench_batcher_eager(mlp_engine, tmp_path, capsys):
-    """--eager runs the Batcher with eager=True (a batch also closes as soon as none is running):
-    said in the table and the JSON; every request is still answered once."""
+def test_bench_batcher_hold(mlp_engine, tmp_path, capsys, monkeypatch):
+    """--hold runs the Batcher with eager=False (a partial batch is held for max_wait even when none
+    is running): the Batcher made gets eager=False, and the table and the JSON say "hold"; every
+    request is still answered once."""
+    import graphc.runtime.batcher as batcher_mod
+
+    made: list[bool] = []
+    real = batcher_mod.Batcher
+
+    class Spy(real):  # records what benchmark_batcher asked for, then behaves as the real one
+        def __init__(self, *a, **kw):
+            made.append(kw.get("eager", "unset"))
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(batcher_mod, "Batcher", Spy)
     out_json = tmp_path / "b.json"
-    args = ["bench", str(mlp_engine), "--batcher", "--concurrency", "4", "--requests", "40", "--eager"]
+    args = ["bench", str(mlp_engine), "--batcher", "--concurrency", "4", "--requests", "40", "--hold"]
     assert main([*args, "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
-    assert "max_wait 2 ms, eager, pipeline" in out
+    assert made == [False]
+    assert "max_wait 2 ms, hold, pipeline" in out
     r = json.loads(out_json.read_text())
-    assert r["eager"] is True and r["batcher"]["latency"]["samples"] == 40
+    assert r["eager"] is False and r["mode"] == "hold" and r["batcher"]["latency"]["samples"] == 40
+
+
+def test_eager_is_no_flag_of_bench(mlp_engine, capsys):
+    """--eager was the opt-in before eager became the default; it is gone (argparse refuses it)."""
+    with pytest.raises(SystemExit) as e:
+        main(["bench", str(mlp_engine), "--batcher", "--eager"])
+    assert e.value.code == 2
+    assert "unrecognized arguments: --eager" in capsys.readouterr().err
 
 
 def test_few_requests_show_no_p99(mlp_engine, capsys):
@@ -69,7 +91,7 @@ def test_few_requests_show_no_p99(mlp_engine, capsys):
     [
         (["--concurrency", "4"], "--concurrency sets the load of --batcher; add --batcher"),
         (["--max-wait-ms", "1"], "--max-wait-ms sets the load of --batcher; add --batcher"),
-        (["--eager"], "--eager sets the load of --batcher; add --batcher"),
+        (["--hold"], "--hold sets the load of --batcher; add --batcher"),
         (["--batcher", "--max-batch", "9"], "runs at most batch 8"),
     ],
 )

@@ -1,6 +1,8 @@
 """graphc.runtime.Batcher on CPU engines of the zoo built for batch 8: every request's outputs equal
 running that request alone through the engine bit for bit, from 32 threads and from asyncio; bad
-requests and engine failures reach only their callers; max_wait, max_batch and close() behave."""
+requests and engine failures reach only their callers; max_wait, max_batch and close() behave.
+The default is eager (a batch closes as soon as none runs); the tests of holding a partial batch
+for max_wait pass eager=False."""
 
 from __future__ import annotations
 
@@ -72,8 +74,9 @@ class _Recording:
         return self.engine.run(feeds)
 
 
+@pytest.mark.parametrize("eager", [True, False])
 @pytest.mark.parametrize("name", ["mlp", "bert"])
-def test_32_threads_get_their_own_rows_bit_identical(name, request):
+def test_32_threads_get_their_own_rows_bit_identical(name, eager, request):
     engine = request.getfixturevalue(name)
     make = _mlp_request if name == "mlp" else _bert_request
     results: dict[tuple[int, int], tuple] = {}
@@ -88,7 +91,7 @@ def test_32_threads_get_their_own_rows_bit_identical(name, request):
         except Exception as e:  # noqa: BLE001  (reported by the assert below)
             errors.append(e)
 
-    with Batcher(engine, max_batch=B, max_wait_ms=5) as batcher:
+    with Batcher(engine, max_batch=B, max_wait_ms=5, eager=eager) as batcher:
         threads = [threading.Thread(target=client, args=(t,)) for t in range(32)]
         for th in threads:
             th.start()
@@ -100,8 +103,10 @@ def test_32_threads_get_their_own_rows_bit_identical(name, request):
         _assert_same(got, _alone(engine, feeds))
     s = batcher.stats
     assert s.requests == 128 and s.rows == sum(next(iter(f.values())).shape[0] for f, _ in results.values())
-    assert s.batches < 128  # concurrent requests shared engine runs
-    assert s.mean_batch > 1
+    assert batcher.eager is eager
+    if not eager:  # held for 5 ms, concurrent requests share engine runs (eager ones may run alone)
+        assert s.batches < 128
+        assert s.mean_batch > 1
 
 
 def test_partial_batch_is_padded_and_pad_rows_do_not_leak(mlp):
@@ -135,18 +140,21 @@ def test_engine_with_a_range_of_batch_sizes_runs_unpadded(mlp):
     _assert_same(got, _alone(mlp, feeds))
 
 
-def test_asyncio_callers(bert):
+@pytest.mark.parametrize("eager", [True, False])
+def test_asyncio_callers(bert, eager):
     rng = np.random.default_rng(3)
     reqs = [_bert_request(rng, 1) for _ in range(16)]
 
     async def main(b: Batcher):
         return await asyncio.gather(*(b.arun(f) for f in reqs))
 
-    with Batcher(bert, max_batch=B, max_wait_ms=20) as b:
+    with Batcher(bert, max_batch=B, max_wait_ms=20, eager=eager) as b:
         outs = asyncio.run(main(b))
     for feeds, got in zip(reqs, outs, strict=True):
         _assert_same(got, _alone(bert, feeds))
-    assert b.stats.requests == 16 and b.stats.batches < 16
+    assert b.stats.requests == 16
+    if not eager:
+        assert b.stats.batches < 16  # held for 20 ms: they were batched
 
 
 @pytest.mark.parametrize(
@@ -163,7 +171,7 @@ def test_asyncio_callers(bert):
 def test_a_bad_request_fails_alone(mlp, bad, message):
     rng = np.random.default_rng(4)
     good = [_mlp_request(rng, 1) for _ in range(3)]
-    with Batcher(mlp, max_wait_ms=10_000) as b:
+    with Batcher(mlp, max_wait_ms=10_000, eager=False) as b:  # held: the three good ones are one batch
         futs = [b.submit(g) for g in good[:2]]
         with pytest.raises(EngineInputError) as e:
             b.submit(bad)
@@ -179,8 +187,8 @@ def test_engine_error_reaches_its_batch_and_not_the_next(mlp):
     rng = np.random.default_rng(5)
     first = [_mlp_request(rng, 1) for _ in range(4)]
     second = [_mlp_request(rng, 1) for _ in range(4)]
-    # max_batch fills at 4 rows long before the wait ends, so each group of 4 is one batch
-    with Batcher(rec, max_batch=4, max_wait_ms=60_000) as b:
+    # held: max_batch fills at 4 rows long before the wait ends, so each group of 4 is one batch
+    with Batcher(rec, max_batch=4, max_wait_ms=60_000, eager=False) as b:
         f1 = [b.submit(f) for f in first]
         for f in f1:
             with pytest.raises(RuntimeError, match="engine failure in run 1"):
@@ -192,9 +200,9 @@ def test_engine_error_reaches_its_batch_and_not_the_next(mlp):
     assert b.stats.failed_batches == 1 and b.stats.batches == 1
 
 
-def test_lone_request_waits_for_max_wait_then_runs(mlp):
+def test_held_lone_request_waits_for_max_wait_then_runs(mlp):
     feeds = _mlp_request(np.random.default_rng(6), 1)
-    with Batcher(mlp, max_wait_ms=50) as b:
+    with Batcher(mlp, max_wait_ms=50, eager=False) as b:
         t0 = time.monotonic()
         got = b.run(feeds, timeout=30)
         waited = time.monotonic() - t0
@@ -207,7 +215,7 @@ def test_lone_request_waits_for_max_wait_then_runs(mlp):
 def test_a_full_batch_runs_without_waiting(mlp):
     rng = np.random.default_rng(7)
     reqs = [_mlp_request(rng, 2) for _ in range(4)]
-    with Batcher(mlp, max_wait_ms=600_000) as b:  # only a full batch can run before close()
+    with Batcher(mlp, max_wait_ms=600_000, eager=False) as b:  # only a full batch can run before close()
         futs = [b.submit(f) for f in reqs]
         outs = [f.result(timeout=60) for f in futs]
         assert b.stats.batches == 1 and b.stats.padded_rows == 0
@@ -219,7 +227,7 @@ def test_requests_stay_whole_and_in_order(mlp):
     rec = _Recording(mlp)
     rng = np.random.default_rng(8)
     reqs = [_mlp_request(rng, n) for n in (5, 5, 3)]  # 5 + 5 > 8: the second starts the next batch
-    with Batcher(rec, max_wait_ms=600_000) as b:
+    with Batcher(rec, max_wait_ms=600_000, eager=False) as b:
         futs = [b.submit(f) for f in reqs]
     for feeds, f in zip(reqs, futs, strict=True):
         _assert_same(f.result(), _alone(mlp, feeds))
@@ -229,7 +237,7 @@ def test_requests_stay_whole_and_in_order(mlp):
 def test_close_drains_pending_requests(mlp):
     rng = np.random.default_rng(9)
     reqs = [_mlp_request(rng, 1) for _ in range(3)]
-    b = Batcher(mlp, max_wait_ms=600_000)  # nothing would run for ten minutes but for close()
+    b = Batcher(mlp, max_wait_ms=600_000, eager=False)  # nothing would run for ten minutes but for close()
     futs = [b.submit(f) for f in reqs]
     assert not any(f.done() for f in futs)
     b.close()
@@ -244,7 +252,7 @@ def test_close_drains_pending_requests(mlp):
 def test_a_cancelled_request_drops_out(mlp):
     rng = np.random.default_rng(10)
     reqs = [_mlp_request(rng, 1) for _ in range(2)]
-    with Batcher(mlp, max_wait_ms=600_000) as b:
+    with Batcher(mlp, max_wait_ms=600_000, eager=False) as b:  # held, so f0 can still be cancelled
         f0, f1 = (b.submit(f) for f in reqs)
         assert f0.cancel()
     _assert_same(f1.result(), _alone(mlp, reqs[1]))
@@ -261,3 +269,18 @@ def test_max_batch_above_the_engine_batch_is_refused(mlp):
         Batcher(mlp, max_wait_ms=-1)
     with Batcher(mlp) as b:
         assert b.max_batch == B  # default: the engine's batch
+        assert b.eager is True  # default: a batch closes as soon as none runs
+
+
+def test_by_default_a_lone_request_runs_at_once(mlp):
+    """The default Batcher is eager: with nothing running, a lone request does not wait for company
+    (held, it would wait the whole minute of max_wait and run() would time out after 30 s)."""
+    rec = _Recording(mlp)
+    feeds = _mlp_request(np.random.default_rng(11), 2)
+    with Batcher(rec, max_wait_ms=60_000) as b:
+        got = b.run(feeds, timeout=30)
+        _assert_same(got, _alone(mlp, feeds))
+        assert b.stats.batches == 1 and rec.calls == [B]  # it ran before close()
+        got = b.run(feeds, timeout=30)  # and so does the next, once the first is done
+        _assert_same(got, _alone(mlp, feeds))
+        assert b.stats.batches == 2

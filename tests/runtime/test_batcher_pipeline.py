@@ -224,8 +224,8 @@ def test_an_asynchronous_failure_reaches_only_its_batch():
     rng = np.random.default_rng(2)
     groups = [[_rows(rng, 1) for _ in range(4)] for _ in range(3)]
     groups[1][2]["x"][0, 0] = POISON  # one bad row poisons the second batch on the "GPU"
-    with Batcher(eng, max_batch=4, max_wait_ms=60_000, pipeline=2) as b:
-        futs = [[b.submit(r) for r in g] for g in groups]  # 4 rows each: each group is one batch
+    with Batcher(eng, max_batch=4, max_wait_ms=60_000, pipeline=2, eager=False) as b:
+        futs = [[b.submit(r) for r in g] for g in groups]  # 4 rows each, held: each group is one batch
     for g, fs in zip(groups, futs, strict=True):
         for r, f in zip(g, fs, strict=True):
             if g is groups[1]:
@@ -240,7 +240,7 @@ def test_close_drains_batches_in_flight_and_queued():
     eng = FakeCudaEngine([2], cost_ms=lambda n: 30.0)
     rng = np.random.default_rng(3)
     reqs = [_rows(rng, 1) for _ in range(9)]
-    b = Batcher(eng, max_wait_ms=600_000, pipeline=2)  # only full batches run before close()
+    b = Batcher(eng, max_wait_ms=600_000, pipeline=2, eager=False)  # held: only full batches run before close()
     futs = [b.submit(r) for r in reqs]
     time.sleep(0.01)  # two full batches are on the fake GPU now, two more and a half one queued
     assert not all(f.done() for f in futs)

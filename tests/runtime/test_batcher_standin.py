@@ -1,6 +1,6 @@
 """tools/bench_batcher_standin.py: the Batcher load on a stand-in CUDA engine (a fake GPU thread that
 sleeps per batch) answers every request, reports batches no larger than the clients, and runs with
-BERT-base's measured bucket times and with eager batches."""
+BERT-base's measured bucket times, eager (the default) and held (--hold)."""
 
 from __future__ import annotations
 
@@ -25,4 +25,4 @@ def test_standin_load_answers_every_request(eager):
     assert r["latency"]["samples"] == 200  # every request answered once
     assert 1.0 <= r["mean_batch"] <= 8.0  # never more rows than clients
     assert 0.0 < r["gpu_busy"] <= 1.0 and r["throughput_per_s"] > 0
-    assert r["eager"] is eager and r["cpu_us_per_request"] > 0
+    assert r["eager"] is eager and r["mode"] == ("eager" if eager else "hold") and r["cpu_us_per_request"] > 0

@@ -1,7 +1,8 @@
 """The Batcher's cheap per-request paths (runtime/batcher.py): run() callers of one batch woken as a
 chain (each wakes the next), with a caller that timed out skipped and errors passed along the same
-chain; the batch-1 fast check; Batcher(eager=True), which closes a batch when none is running. On the
-stand-in CUDA engine of test_batcher_pipeline (a fake GPU thread)."""
+chain; the batch-1 fast check; the default eager Batcher, which closes a batch when none is running,
+and eager=False, which holds it for max_wait. On the stand-in CUDA engine of test_batcher_pipeline
+(a fake GPU thread). The chain tests hold their batch (eager=False) so it gathers all their callers."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def test_every_caller_of_a_batch_is_woken_and_a_timed_out_one_is_skipped():
     reqs = [_rows(rng, 1) for _ in range(4)]
     # the second caller gives up after 50 ms, long before the 300 ms batch ends: the chain that
     # wakes the callers one by one must pass over it to reach the third and fourth
-    with Batcher(eng, max_batch=4, max_wait_ms=60_000) as b:
+    with Batcher(eng, max_batch=4, max_wait_ms=60_000, eager=False) as b:
         got = _in_order(b, reqs, [30, 0.05, 30, 30])
         assert isinstance(got[1], TimeoutError)
         for i in (0, 2, 3):
@@ -62,7 +63,7 @@ def test_a_failed_batch_reaches_every_run_caller_along_the_chain():
     rng = np.random.default_rng(1)
     reqs = [_rows(rng, 1) for _ in range(4)]
     reqs[3]["x"][0, 0] = POISON  # fails the whole batch on the fake GPU, at synchronize
-    with Batcher(eng, max_batch=4, max_wait_ms=60_000) as b:
+    with Batcher(eng, max_batch=4, max_wait_ms=60_000, eager=False) as b:
         got = _in_order(b, reqs, [30] * 4)
     assert all(isinstance(g, RuntimeError) and "illegal address" in str(g) for g in got), got
     assert b.stats.failed_batches == 1
@@ -72,7 +73,7 @@ def test_run_and_submit_callers_mixed_in_one_batch():
     eng = FakeCudaEngine([8], cost_ms=lambda n: 5.0)
     rng = np.random.default_rng(2)
     reqs = [_rows(rng, 1) for _ in range(8)]
-    with Batcher(eng, max_batch=8, max_wait_ms=60_000) as b:
+    with Batcher(eng, max_batch=8, max_wait_ms=60_000, eager=False) as b:
         futs = [b.submit(r) for r in reqs[:3]]
         got = _in_order(b, reqs[3:], [30] * 5)
     for r, f in zip(reqs[:3], futs, strict=True):
@@ -97,11 +98,12 @@ def test_the_batch_1_fast_check_refuses_what_the_slow_one_does():
     assert b.stats.batches == 2
 
 
-def test_eager_runs_a_lone_request_at_once_and_gathers_behind_a_running_batch():
+def test_by_default_a_lone_request_runs_at_once_and_others_gather_behind_a_running_batch():
     eng = FakeCudaEngine([1, 2, 4, 8], cost_ms=lambda n: 150.0)
     rng = np.random.default_rng(3)
     reqs = [_rows(rng, 1) for _ in range(5)]
-    with Batcher(eng, max_batch=8, max_wait_ms=60_000, eager=True) as b:
+    with Batcher(eng, max_batch=8, max_wait_ms=60_000) as b:  # the default: eager
+        assert b.eager is True
         t0 = time.monotonic()
         first = b.submit(reqs[0])  # nothing runs: it closes at once, not after a minute
         time.sleep(0.05)  # it is on the fake GPU now, for 150 ms
@@ -114,11 +116,11 @@ def test_eager_runs_a_lone_request_at_once_and_gathers_behind_a_running_batch():
     assert took < 30  # (a minute if eager waited for max_wait; no speed is asserted)
 
 
-def test_without_eager_a_partial_batch_is_held_even_when_nothing_runs():
+def test_eager_false_holds_a_partial_batch_even_when_nothing_runs():
     eng = FakeCudaEngine([1, 2, 4, 8], cost_ms=lambda n: 1.0)
     rng = np.random.default_rng(4)
     reqs = [_rows(rng, 1) for _ in range(3)]
-    with Batcher(eng, max_batch=8, max_wait_ms=200) as b:
+    with Batcher(eng, max_batch=8, max_wait_ms=200, eager=False) as b:
         futs = [b.submit(r) for r in reqs]
         for r, f in zip(reqs, futs, strict=True):
             _same(f.result(30), r["x"])
