@@ -9,11 +9,11 @@ import math
 
 import numpy as np
 import pytest
-from tests.codegen.test_conv import ARCHS, conv_graph, generate
 
 from graphc.codegen.families import conv as conv_family
 from graphc.codegen.nvrtc import compile_cubin
 from graphc.errors import CompileError
+from tests.codegen.test_conv import ARCHS, conv_graph, generate
 
 # (id, dtype, (n, h, w, c), (k, r, s), kwargs, params forced or None)
 CASES = [
