@@ -371,10 +371,9 @@ def _nhwc_vars(g: ConvGeometry) -> dict[str, Any]:
 
 # Depthwise register blocking: a thread keeps acc[QT][VC] and the filter row's weights wr[S][VC]
 # in registers, and the compiler hoists the row's JW input vectors (raw) ahead of their use. At
-# most this many 32-bit registers for them: on NVRTC 13 for sm_90, fp16/fp32/fp64 with S in
+# most this many 32-bit registers for them: on NVRTC 13 for sm_90, float16/32/64 with S in
 # 3, 5, 7, strides 1-2 and dilations 1-2 then fit the 128 registers of two 256-thread blocks a
-# multiprocessor without spilling (cuobjdump --dump-resource-usage; bfloat16, whose conversions
-# take more, spills 8-24 bytes in two of those 12 shapes).
+# multiprocessor without spilling (cuobjdump --dump-resource-usage), and so does bfloat16.
 DW_REG_BUDGET = 128
 DW_MAX_QT = 6
 # Below this many threads the GPU is under-filled: fewer pixels a strip, smaller blocks.
