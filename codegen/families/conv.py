@@ -307,6 +307,25 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         else:
             dw = _depthwise_params(g, ctx.params, where)
             ctx_vars.update(dw)
+            ctx_vars["epv"] = None
+            if dw["vc"] > 1 and not dw["tail"]:
+                # the same epilogue storing into registers (out<k>[0] of a per-element pointer),
+                # so that the kernel writes each pixel's VC channels as one vector per output
+                vec = render_epilogue(
+                    cs.epilogue, cs.outputs, ops, out_specs, out_shape, g.dtype, where=where, name=f"{name}_epv",
+                    out_index="0",
+                )  # fmt: skip
+                n_out = len(out_specs)
+                ctx_vars["epv"] = {
+                    "function": vec.function,
+                    "in_args": vec.args[:-n_out],
+                    "outs": [
+                        (arg, cuda_type(dt, where).storage, dt.itemsize)
+                        for arg, dt in zip(
+                            vec.args[-n_out:], [dtype_from_numpy_name(spec.dtype) for spec in out_specs], strict=True
+                        )
+                    ],
+                }
             grid = (ceil_div(dw["strips"], dw["pix"]), ceil_div(ceil_div(g.k, dw["vc"]), dw["cvb"]), 1)
             block = (dw["cvb"], dw["pix"], 1)
             params.update(dw)
