@@ -23,6 +23,7 @@ from graphc.codegen.cuda_types import cuda_type, dtype_from_numpy_name
 from graphc.codegen.epilogue import render_epilogue
 from graphc.codegen.families.elementwise import operands
 from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, grid_1d, register_family, render
+from graphc.errors import CompileError
 from graphc.ir.types import DType
 from graphc.ops.fused import ACC, EpilogueOp, Ref
 from graphc.ops.layout_ops import LAYOUT_DOMAIN
@@ -304,9 +305,28 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
             grid = (ceil_div(g.m, 64), ceil_div(g.kg, 64), g.group)
             block = (256, 1, 1)
         else:
-            dw = _depthwise_params(g)
+            dw = _depthwise_params(g, ctx.params, where)
             ctx_vars.update(dw)
-            grid = (ceil_div(g.m, dw["pix"]), ceil_div(ceil_div(g.k, dw["vc"]), dw["cvb"]), 1)
+            ctx_vars["epv"] = None
+            if dw["vc"] > 1 and not dw["tail"]:
+                # the same epilogue storing into registers (out<k>[0] of a per-element pointer),
+                # so that the kernel writes each pixel's VC channels as one vector per output
+                vec = render_epilogue(
+                    cs.epilogue, cs.outputs, ops, out_specs, out_shape, g.dtype, where=where, name=f"{name}_epv",
+                    out_index="0",
+                )  # fmt: skip
+                n_out = len(out_specs)
+                ctx_vars["epv"] = {
+                    "function": vec.function,
+                    "in_args": vec.args[:-n_out],
+                    "outs": [
+                        (arg, cuda_type(dt, where).storage, dt.itemsize)
+                        for arg, dt in zip(
+                            vec.args[-n_out:], [dtype_from_numpy_name(spec.dtype) for spec in out_specs], strict=True
+                        )
+                    ],
+                }
+            grid = (ceil_div(dw["strips"], dw["pix"]), ceil_div(ceil_div(g.k, dw["vc"]), dw["cvb"]), 1)
             block = (dw["cvb"], dw["pix"], 1)
             params.update(dw)
     source = render("conv.cu.j2", **common, **ctx_vars)
@@ -368,20 +388,78 @@ def _nhwc_vars(g: ConvGeometry) -> dict[str, Any]:
     }
 
 
-def _depthwise_params(g: ConvGeometry) -> dict[str, Any]:
+# Depthwise register blocking: a thread keeps acc[QT][VC] and the filter row's weights wr[S][VC]
+# in registers, and the compiler hoists the row's JW input vectors (raw) ahead of their use. At
+# most this many 32-bit registers for them: on NVRTC 13 for sm_90, float16/32/64 with S in
+# 3, 5, 7, strides 1-2 and dilations 1-2 then fit the 128 registers of two 256-thread blocks a
+# multiprocessor without spilling (cuobjdump --dump-resource-usage), and so does bfloat16.
+DW_REG_BUDGET = 128
+DW_MAX_QT = 6
+# Below this many threads the GPU is under-filled: fewer pixels a strip, smaller blocks.
+DW_MIN_THREADS = ASSUMED_SMS * 128
+
+
+def _depthwise_params(g: ConvGeometry, forced: dict[str, Any] | None = None, where: str = "") -> dict[str, Any]:
+    """A thread computes VC channels of QT consecutive output pixels along W (a strip): per filter
+    row it loads the (QT-1)*SW + (S-1)*DW + 1 input vectors of that row once and does the QT*S
+    multiply-adds per channel from registers, instead of loading each input vector R*S times.
+    `forced` (the tuner's or a test's params) may set "vc" and "qt"; other keys are ignored."""
+    forced = forced or {}
     vc = 1
     if g.kg == 1:  # one output channel per input channel: channel vectors are contiguous
         for cand in (16 // g.dtype.itemsize, 8 // g.dtype.itemsize, 4 // g.dtype.itemsize, 2):
             if cand > 1 and g.c % cand == 0:
                 vc = cand
                 break
+    if "vc" in forced:
+        vc = int(forced["vc"])
+        if vc < 1 or vc & (vc - 1) or vc * g.dtype.itemsize > 16 or (vc > 1 and g.kg != 1):
+            raise CompileError(f"{where}depthwise vc={vc}: a power of two, at most 16 bytes, 1 with a multiplier")
+    r, s = g.kernel
+    p, q = g.out_spatial
+    words = 2 if g.dtype is DType.float64 else 1  # 32-bit registers per accumulator
     cv = ceil_div(g.k, vc)
+
+    def strips(qt: int) -> int:
+        return g.n * p * ceil_div(q, qt)
+
+    if "qt" in forced:
+        qt = int(forced["qt"])
+        if qt < 1:
+            raise CompileError(f"{where}depthwise qt={qt} must be at least 1")
+    else:
+
+        def jw(qt: int) -> int:  # input columns a strip's filter row spans
+            return (qt - 1) * g.strides[1] + (s - 1) * g.dilations[1] + 1
+
+        def regs(qt: int) -> int:
+            return (qt + s) * vc * words + jw(qt) * ceil_div(vc * g.dtype.itemsize, 4)
+
+        def cost(qt: int) -> int:
+            # per strip and filter row: JW vector loads (and VC conversions each), the S weight
+            # vectors from shared memory, QT*S*VC multiply-adds; over the ceil(Q/QT) strips a
+            # row, so that a QT leaving a mostly empty last strip loses to a smaller one
+            return ceil_div(q, qt) * (jw(qt) * (vc + 1) + s * vc + qt * s * vc)
+
+        fits = [t for t in range(1, min(DW_MAX_QT, q) + 1) if t == 1 or regs(t) <= DW_REG_BUDGET]
+        qt = min(fits, key=lambda t: (cost(t), -t))
+        # a small problem: more threads beat longer strips
+        while qt > 1 and strips(qt) * cv < DW_MIN_THREADS:
+            qt = max(1, qt // 2)
     cvb = min(cv, 32)
-    taps = math.prod(g.kernel)
-    while cvb > 1 and taps * cvb * vc * 4 > 32 * 1024:
+    taps = r * s
+    while cvb > 1 and taps * cvb * vc * 4 * words > 32 * 1024:
         cvb //= 2
     pix = max(1, 256 // cvb)
-    return {"vc": vc, "cvb": cvb, "pix": pix, "tail": g.k % vc != 0}
+    n_strips = strips(qt)
+    # fill the multiprocessors before filling blocks (but keep two warps a block)
+    while pix > 1 and cvb * pix > 64 and ceil_div(n_strips, pix) * ceil_div(cv, cvb) < ASSUMED_SMS:
+        pix = ceil_div(pix, 2)
+    # two blocks a multiprocessor (at most 128 registers a thread at 256 threads): the compiler
+    # otherwise spends up to 140 on long strips and leaves one block of 8 warps to hide latency
+    min_blocks = 2 if qt > 1 else 1
+    tail = g.k % vc != 0
+    return {"vc": vc, "cvb": cvb, "pix": pix, "qt": qt, "min_blocks": min_blocks, "strips": n_strips, "tail": tail}
 
 
 def _nchw_vars(g: ConvGeometry, out_shape: tuple[int, ...]) -> tuple[dict[str, Any], tuple, tuple]:

@@ -95,7 +95,11 @@ def test_conv_renders_and_compiles(case):
     assert src.params["variant"] == expected
     # the fused epilogue (residual add + relu) is the store hook, called with acc
     body = src.source.split('extern "C"')[1]
-    assert f"{src.name}_epi(" in body and "in3[idx]" in src.source and " < 0" in src.source
+    # (depthwise with channel vectors: the same epilogue as {name}_epv, storing into registers)
+    p = src.params
+    vec = p["variant"] == "depthwise" and p["vc"] > 1 and not p["tail"]
+    hook = f"{src.name}_epv(" if vec else f"{src.name}_epi("
+    assert hook in body and "in3[idx]" in src.source and " < 0" in src.source
     assert src.args[:3] == ["x", "w", "bias"] and src.args[-1] == g.outputs[0].name
     for arch in ARCHS:
         assert compile_cubin(src.source, src.name, arch)

@@ -182,6 +182,41 @@ def test_conv_nhwc(case, dtype):
         assert params["variant"] == "tc"
 
 
+# Depthwise strips (a thread computes QT pixels along W): (case, dtype, forced params or None).
+# The default QT, QT = 1 (one pixel a thread), strips cut short by Q, stride 2 on odd sizes,
+# dilation, a channel multiplier and a channel tail; the residual epilogue on the larger ones.
+DEPTHWISE_STRIP_CASES = [
+    pytest.param((1, 56, 56, 96, 96, 7, 7, 1, 3, 1, 96), np.float16, None, id="depthwise-convnext-s0-n1"),
+    pytest.param((3, 56, 56, 96, 96, 7, 7, 1, 3, 1, 96), np.float16, None, id="depthwise-convnext-s0-n3"),
+    pytest.param((3, 56, 56, 96, 96, 7, 7, 1, 3, 1, 96), np.float16, {"qt": 1}, id="depthwise-convnext-s0-qt1"),
+    pytest.param((1, 56, 56, 96, 96, 7, 7, 1, 3, 1, 96), BF16, {"qt": 5}, id="depthwise-7x7-bf16-qt5"),
+    pytest.param((3, 13, 13, 64, 64, 7, 7, 1, 3, 1, 64), np.float32, {"qt": 6}, id="depthwise-7x7-q13-qt6"),
+    pytest.param((3, 13, 15, 64, 64, 3, 3, 2, 1, 1, 64), np.float16, {"qt": 3}, id="depthwise-s2-odd-qt3"),
+    pytest.param((1, 15, 13, 144, 144, 3, 3, 2, 1, 1, 144), np.float16, {"qt": 4}, id="depthwise-s2-odd-qt4"),
+    pytest.param((3, 29, 29, 144, 144, 3, 3, 2, 1, 1, 144), np.float16, None, id="depthwise-s2-c144"),
+    pytest.param((3, 9, 7, 32, 32, 3, 3, 1, 1, 1, 32), np.float16, {"qt": 4}, id="depthwise-w7-qt4"),
+    pytest.param((2, 14, 14, 960, 960, 3, 3, 1, 1, 1, 960), np.float16, {"qt": 6}, id="depthwise-c960-qt6"),
+    pytest.param((2, 13, 13, 32, 32, 3, 3, 1, 2, 2, 32), np.float16, {"qt": 4}, id="depthwise-dil2-qt4"),
+    pytest.param((2, 15, 15, 16, 16, 5, 5, 2, 4, 2, 16), np.float32, {"qt": 3}, id="depthwise-dil2-s2-qt3"),
+    pytest.param((1, 8, 11, 8, 16, 5, 5, 1, 2, 1, 8), np.float32, {"qt": 3}, id="depthwise-mult2-qt3"),
+    pytest.param((3, 9, 9, 17, 17, 3, 3, 1, 1, 1, 17), np.float16, {"qt": 3, "vc": 8}, id="depthwise-tail-qt3"),
+    pytest.param((2, 9, 11, 24, 24, 3, 3, 1, 1, 1, 24), np.float64, {"qt": 4}, id="depthwise-f64-qt4"),
+]
+
+
+@pytest.mark.parametrize("case,dtype,params", DEPTHWISE_STRIP_CASES)
+def test_conv_depthwise_strips(case, dtype, params):
+    n, h, w, c, k, r, s, st, pad, dil, grp = case
+    epilogue = "residual" if n * h * w * c >= 20000 else "relu"
+    g = conv_graph(dtype, n, h, w, c, k, r, s, stride=st, pad=pad, dil=dil, group=grp, epilogue=epilogue)
+    got = check(g, dtype, params=params)
+    assert got["variant"] == "depthwise"
+    if params:
+        assert got["qt"] == params["qt"] and got["vc"] == params.get("vc", got["vc"])
+    if params and "vc" in params:
+        assert got["tail"]
+
+
 @pytest.mark.parametrize("case", [NHWC_CASES[0], NHWC_CASES[2], NHWC_CASES[3], NHWC_CASES[6]])
 def test_conv_nhwc_tf32(case):
     n, h, w, c, k, r, s, st, pad, dil, grp = case
