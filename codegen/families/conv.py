@@ -178,7 +178,10 @@ def search_space(ctx: StepContext) -> list[dict[str, Any]]:
     if cs is None:
         return []
     g = geometry(ctx, cs)
-    if variant(ctx, g) != "tc":
+    var = variant(ctx, g)
+    if var == "depthwise":
+        return depthwise_space(g)
+    if var != "tc":
         return [{}]
     out = []
     for bm, bn, wm, wn in TC_TILES:
@@ -397,6 +400,21 @@ DW_REG_BUDGET = 128
 DW_MAX_QT = 6
 # Below this many threads the GPU is under-filled: fewer pixels a strip, smaller blocks.
 DW_MIN_THREADS = ASSUMED_SMS * 128
+
+
+def depthwise_space(g: ConvGeometry) -> list[dict[str, Any]]:
+    """The tuner's candidates for a depthwise step besides its default (the tuner times that
+    itself): strip lengths QT up to DW_MAX_QT + 2 at the default channel vector and QT 4..8 at half
+    of it (fewer registers a pixel), the ones nearest the default first (`--tune fast` takes the
+    first few). On the H200 ConvNeXt-T's stage-0 7x7 at batch 32 ran 61.6 us at the default QT 4,
+    50.1 at QT 5 (over the register budget) and 51.9 at VC 4 / QT 6
+    (docs/results/h200_dwconv_2026-12-01.md)."""
+    base = _depthwise_params(g)
+    q, qt0 = g.out_spatial[1], base["qt"]
+    cands = [{"qt": t} for t in range(1, min(DW_MAX_QT + 2, q) + 1) if t != qt0]
+    if base["vc"] >= 4 and not base["tail"]:
+        cands += [{"vc": base["vc"] // 2, "qt": t} for t in range(4, min(8, q) + 1)]
+    return sorted(cands, key=lambda p: (abs(p["qt"] - qt0) + (1 if "vc" in p else 0), p["qt"]))
 
 
 def _depthwise_params(g: ConvGeometry, forced: dict[str, Any] | None = None, where: str = "") -> dict[str, Any]:

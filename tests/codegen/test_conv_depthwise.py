@@ -123,3 +123,24 @@ def test_depthwise_bad_forced_params_are_named(params, match):
         _depthwise(np.float16, (1, 9, 9, 16), (16, 3, 3), {"pad": 1}, params)
     with pytest.raises(CompileError, match="vc=2"):  # a multiplier reads one channel a thread
         _depthwise(np.float32, (1, 8, 8, 8), (16, 5, 5), {"pad": 2}, {"vc": 2})
+
+
+@pytest.mark.parametrize(
+    "xs,wk,kw",
+    [((32, 56, 56, 96), (96, 7, 7), {"pad": 3}), ((32, 56, 56, 144), (144, 3, 3), {"pad": 1, "stride": 2})],
+    ids=["convnext-s0", "mbv2-s2"],
+)
+def test_the_tuners_depthwise_candidates_differ_from_the_default_and_compile(xs, wk, kw):
+    # every candidate of the search space renders, compiles for sm_90 and launches the QT/VC it names
+    k, r, s = wk
+    g = conv_graph(np.float16, xs, (k, r, s, 1), group=xs[3], **kw)
+    fam, ctx, (default,) = generate(g)
+    space = fam.search_space(ctx)
+    assert len(space) >= 6 and {} not in space
+    qt0, vc0 = default.params["qt"], default.params["vc"]
+    assert all((p["qt"], p.get("vc", vc0)) != (qt0, vc0) for p in space)
+    assert abs(space[0]["qt"] - qt0) == 1 and "vc" not in space[0]  # --tune fast's first few: the nearest
+    for params in space:
+        (src,) = fam.generate(ctx.with_params(params))
+        assert src.params["qt"] == params["qt"] and src.params["vc"] == params.get("vc", vc0)
+        assert compile_cubin(src.source, src.name, "sm_90")
