@@ -54,22 +54,28 @@ def _emit(check: str, **fields) -> None:
     print(json.dumps({"check": check, **fields}), flush=True)
 
 
-def check_int8(name: str, size: str, samples: int, method: str) -> None:
+def _cpu_int8(model, calib: list[dict], **options):
+    """graphc's CPU int8 engine of `model`, calibrated on `calib`, for the shapes of its first sample."""
     import graphc
+
+    return graphc.compile(
+        model,
+        target="cpu",
+        precision="int8",
+        calibration_data=calib,
+        shapes={k: v.shape for k, v in calib[0].items()},
+        **options,
+    )
+
+
+def check_int8(name: str, size: str, samples: int, method: str) -> None:
     import models
 
     m = models.build(name, size=size)
     calib = [models.sample_inputs(name, m, seed=i) for i in range(samples)]
     test = models.sample_inputs(name, m, seed=1000)
     t0 = time.perf_counter()
-    e = graphc.compile(
-        m,
-        target="cpu",
-        precision="int8",
-        calibration_data=calib,
-        calibration_method=method,
-        shapes={k: v.shape for k, v in test.items()},
-    )
+    e = _cpu_int8(m, calib, calibration_method=method)
     compile_s = time.perf_counter() - t0
     ours = list(e.run(test).values())
     ref = _ort(m, test)
@@ -120,20 +126,12 @@ def check_qdq(size: str) -> None:
 
 
 def check_calibration_time(size: str, samples: int, method: str) -> None:
-    import graphc
     import models
 
     m = models.build("resnet", size=size)
     calib = [models.sample_inputs("resnet", m, seed=i) for i in range(samples)]
     t0 = time.perf_counter()
-    e = graphc.compile(
-        m,
-        target="cpu",
-        precision="int8",
-        calibration_data=calib,
-        calibration_method=method,
-        shapes={k: v.shape for k, v in calib[0].items()},
-    )
+    e = _cpu_int8(m, calib, calibration_method=method)
     q = e.report["quantization"]
     _emit(
         "calib",
@@ -148,22 +146,18 @@ def check_calibration_time(size: str, samples: int, method: str) -> None:
 
 
 def check_search(name: str, size: str, samples: int, spec: str, validation: int) -> None:
-    import graphc
     import models
 
     m = models.build(name, size=size)
     calib = [models.sample_inputs(name, m, seed=i) for i in range(samples)]
     val = [models.sample_inputs(name, m, seed=500 + i) for i in range(validation)]
     t0 = time.perf_counter()
-    e = graphc.compile(
+    e = _cpu_int8(
         m,
-        target="cpu",
-        precision="int8",
-        calibration_data=calib,
+        calib,
         accuracy=spec,
         validation_data=val,
         accuracy_progress=lambda line: print(line, file=sys.stderr, flush=True),
-        shapes={k: v.shape for k, v in calib[0].items()},
     )
     acc = e.report["quantization"]["accuracy"]
     test = models.sample_inputs(name, m, seed=1000)

@@ -73,3 +73,25 @@ def gemm_model(m: int, n: int, k: int, epilogue: str = "bias_gelu", *, trans_b: 
         return f
 
     return model, ref, feeds
+
+
+def softmax_between_matmuls(rng: np.random.Generator):
+    """MatMul -> Softmax -> MatMul in fp16 ([256, 64] in and out; a graphc kernel between two vendor
+    steps), with x drawn from `rng` and the numpy reference: (model, x, want)."""
+    w1 = (rng.standard_normal((64, 128)) / 8).astype(np.float16)
+    w2 = (rng.standard_normal((128, 64)) / 11).astype(np.float16)
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h"]),
+        helper.make_node("Softmax", ["h"], ["s"], axis=-1),
+        helper.make_node("MatMul", ["s", "W2"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [256, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [256, 64])],
+        [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2")],
+    )  # fmt: skip
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
+    x = rng.standard_normal((256, 64)).astype(np.float16)
+    h = x.astype(np.float32) @ w1.astype(np.float32)
+    s = np.exp(h - h.max(-1, keepdims=True))
+    return model, x, (s / s.sum(-1, keepdims=True)) @ w2.astype(np.float32)

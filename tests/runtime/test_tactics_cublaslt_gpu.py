@@ -9,7 +9,7 @@ import pytest
 
 import graphc
 import graphc.runtime
-from tests.runtime.tactics_models import gemm_model
+from tests.runtime.tactics_models import gemm_model, softmax_between_matmuls
 
 pytestmark = pytest.mark.gpu
 
@@ -57,26 +57,7 @@ def test_a_tactic_engine_equals_numpy(case, tmp_path):
 
 
 def test_vendor_steps_next_to_graphc_kernels_with_pdl():
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    w1 = (rng.standard_normal((64, 128)) / 8).astype(np.float16)
-    w2 = (rng.standard_normal((128, 64)) / 11).astype(np.float16)
-    nodes = [
-        helper.make_node("MatMul", ["x", "W1"], ["h"]),
-        helper.make_node("Softmax", ["h"], ["s"], axis=-1),  # a graphc kernel between two vendor steps
-        helper.make_node("MatMul", ["s", "W2"], ["y"]),
-    ]
-    g = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [256, 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [256, 64])],
-        [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2")],
-    )  # fmt: skip
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
-    x = rng.standard_normal((256, 64)).astype(np.float16)
-    h = x.astype(np.float32) @ w1.astype(np.float32)
-    s = np.exp(h - h.max(-1, keepdims=True))
-    want = (s / s.sum(-1, keepdims=True)) @ w2.astype(np.float32)
+    model, x, want = softmax_between_matmuls(np.random.default_rng(0))
     eng = graphc.compile(model, target="cuda", precision="fp16", tactics=["cublaslt"], extra={"tactics_force": True})
     assert sum(1 for st in eng.plan.steps if st.vendor) == 2
     import tempfile

@@ -12,7 +12,7 @@ import graphc
 from graphc.runtime import tactics_cublaslt
 from tests import fake_gpu as G
 from tests.runtime import fake_cublaslt as FL
-from tests.runtime.tactics_models import gemm_model
+from tests.runtime.tactics_models import gemm_model, softmax_between_matmuls
 
 ARCH = "sm_90"
 CASES = [
@@ -86,32 +86,13 @@ def test_a_recorded_algo_index_past_the_heuristics_list_takes_its_first(monkeypa
 
 
 def test_vendor_calls_between_graphc_kernels(monkeypatch):
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    w1 = (rng.standard_normal((64, 128)) / 8).astype(np.float16)
-    w2 = (rng.standard_normal((128, 64)) / 11).astype(np.float16)
-    nodes = [
-        helper.make_node("MatMul", ["x", "W1"], ["h"]),
-        helper.make_node("Softmax", ["h"], ["s"], axis=-1),
-        helper.make_node("MatMul", ["s", "W2"], ["y"]),
-    ]
-    g = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [256, 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [256, 64])],
-        [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2")],
-    )  # fmt: skip
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
+    model, x, want = softmax_between_matmuls(np.random.default_rng(0))
     eng = graphc.compile(model, target="cuda", precision="fp16", arch=[ARCH], tactics=["cublaslt"],
                          extra={"tactics_force": True})  # fmt: skip
     assert [bool(s.vendor) for s in eng.plan.steps] == [True, False, True]
     ex = _fake(monkeypatch, eng)
     ctx = ex.default
     assert [name for *_x, name in ctx.launches] == [s.name for s in eng.plan.steps]
-    x = rng.standard_normal((256, 64)).astype(np.float16)
-    h = x.astype(np.float32) @ w1.astype(np.float32)
-    s = np.exp(h - h.max(-1, keepdims=True))
-    want = (s / s.sum(-1, keepdims=True)) @ w2.astype(np.float32)
     for _ in range(2):
         _close(G.host(eng.run({"x": x}))["y"], want)
 
