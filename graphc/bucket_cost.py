@@ -262,9 +262,7 @@ class Estimate:
     why_not: str | None = None
 
 
-def estimate_sizes(
-    graph: Any, shapes_at: Any, sizes: Sequence[int], opt: int, opts: Any, where: str = ""
-) -> Estimate:
+def estimate_sizes(graph: Any, shapes_at: Any, sizes: Sequence[int], opt: int, opts: Any, where: str = "") -> Estimate:
     """est(n) for every n of `sizes` (at least two, `opt` among them); `shapes_at(n)` gives the
     input shapes at n."""
     why = why_no_estimate(opts)
