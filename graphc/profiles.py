@@ -267,6 +267,8 @@ def padded_ladders(graph: Any, spec: ProfileSpec, groups: list[Any], opts: Any, 
             "limit": TIME_LIMIT,
             "max_padding": MAX_PADDING,
             "est_ms": ms,
+            # every size's estimate, to check against static engines measured at other sizes
+            "est_ms_every_size": {n: round(v * 1e3, 4) for n, v in sorted(est.seconds.items())},
             "est_s": round(time.perf_counter() - t0, 2),
         }
         log.info("%sdim '%s': time ladder %s (est ms %s)", where, g.name, sizes, ms)
