@@ -428,6 +428,26 @@ def _report(profiles: list[Any], main: Any, ladders: list[dict[str, dict]]) -> l
     ]
 
 
+def describe_ladders(report: Mapping[str, Any]) -> list[str]:
+    """`graphc inspect`'s lines on how each padded dim got its buckets (report["profiles"])."""
+    lines = []
+    for i, p in enumerate(report.get("profiles") or []):
+        for d in p.get("dims", []):
+            lad = d.get("ladder")
+            if not isinstance(lad, Mapping):
+                continue
+            head = f"  profile {i} dim '{d.get('name')}': "
+            if lad.get("method") == "time":
+                est = ", ".join(f"{b}: {ms:.3f}" for b, ms in lad.get("est_ms", {}).items())
+                lines.append(
+                    f"{head}time ladder (est(bucket) <= {lad.get('limit')} est(n), rows <= {lad.get('max_padding')} n;"
+                    f" est ms on sm_90 per bucket {est})"
+                )
+            else:
+                lines.append(f"{head}rows ladder (at most {lad.get('max_padding')}x the rows: {lad.get('why')})")
+    return lines
+
+
 def parse_profile_flags(mins: list[str] | None, opts: list[str] | None, maxs: list[str] | None, parse) -> dict:
     """--min-shapes/--opt-shapes/--max-shapes (each once per profile) -> compile() keywords."""
     given = {"--min-shapes": mins or [], "--opt-shapes": opts or [], "--max-shapes": maxs or []}
@@ -453,6 +473,7 @@ __all__ = [
     "bucket_sizes",
     "compile_with_profiles",
     "decide_padding",
+    "describe_ladders",
     "dim_groups",
     "normalize_profiles",
     "padded_ladders",

@@ -149,3 +149,14 @@ def test_a_cuda_dynamic_engine_records_its_time_ladder(tmp_path):
     assert lad["method"] == "time" and lad["limit"] == TIME_LIMIT
     assert [b[dim["name"]] for b in rep["buckets"]] == lad["sizes"] == [1, 2, 3]
     assert set(lad["est_ms"]) == {1, 2, 3} and all(v > 0 for v in lad["est_ms"].values())
+
+
+def test_inspect_lines_of_a_time_ladder():
+    from graphc.profiles import describe_ladders
+
+    lad = {"method": "time", "limit": 1.2, "max_padding": 1.25, "sizes": [1, 2], "est_ms": {"1": 0.354, "2": 0.3683}}
+    rep = {"profiles": [{"dims": [{"name": "batch", "ladder": lad}, {"name": "seq"}]}]}
+    assert describe_ladders(rep) == [
+        "  profile 0 dim 'batch': time ladder (est(bucket) <= 1.2 est(n), rows <= 1.25 n; est ms on sm_90 per bucket "
+        "1: 0.354, 2: 0.368)"
+    ]
