@@ -37,9 +37,10 @@ log = logging.getLogger(__name__)
 # BERT-base at batch 1, 8, 12, 20, 22, 32): a fixed cost per launch of a CUDA-graph replay (launch,
 # pipeline fill and drain), and the rate the tile models' MACs run at. The codegen models rank tiles
 # at 700 TFLOP/s (gemm._RATE, where only ratios matter); whole models run their GEMMs and convs
-# nearer 400. With these est is within -18..+24% of every measured time, and its ratio between
-# neighbouring measured batches within -0.18..+0.07 of the measured ratio but at BERT-base's 8 -> 12
-# (1.45 against 1.08: its batch-8 GEMMs ran slower than modelled), docs/dynamic_shapes.md.
+# nearer 400. With these est (of the zoo models) is within -18..+24% of every measured time (of the
+# torch exports), and its ratio between neighbouring measured batches from 8 up within -0.11..+0.07
+# of the measured ratio but at BERT-base's 8 -> 12 (1.45 against 1.08: its batch-8 GEMMs ran slower
+# than modelled); from 1 to 8 ResNet-50's is 0.33 low (1.45 against 1.78), see profiles.TIME_LIMIT.
 LAUNCH_S = 2.0e-6
 TILE_FLOPS = 400e12
 

@@ -204,7 +204,7 @@ def padded_sizes(lo: int, opt: int, hi: int) -> list[int]:
 # The time ladder (docs/dynamic_shapes.md, "The ladder"): a request of size n runs on a bucket b
 # whose estimated time (graphc/bucket_cost.py) is at most TIME_LIMIT * est(n). 1.2, not issue 14's
 # 1.25, for the estimate's own error: against the H200's static engines its ratio between measured
-# batches was up to 0.11 low (ResNet-50 batch 20 over 12: 1.19 estimated, 1.30 measured).
+# batches from 8 up was up to 0.11 low (ResNet-50 batch 20 over 12: 1.19 estimated, 1.30 measured).
 TIME_LIMIT = 1.2
 # The rows bound stays beside it (b <= MAX_PADDING * n): the estimate undercounts how a CNN's time
 # grows with its rows at small and middle batches (ResNet-50 8 over 1: 1.45 estimated, 1.78
