@@ -72,6 +72,9 @@ def test_no_estimate_without_an_sm90_plan():
     assert "target cpu" in bucket_cost.why_no_estimate(CompileOptions(target="cpu"))
     assert "no sm_90 plan" in bucket_cost.why_no_estimate(CompileOptions(target="cuda", arch=["sm_80", "sm_86"]))
     assert bucket_cost.why_no_estimate(FP16_SM90) is None
+    # a range too wide to generate kernels at every size: rows, before any lowering
+    wide = bucket_cost.estimate_sizes(None, None, list(range(1, bucket_cost.MAX_SIZES + 2)), 8, FP16_SM90)
+    assert wide.seconds == {} and "over the 128" in wide.why_not
 
 
 def _shapes(graph, n: int) -> dict[str, tuple[int, ...]]:
