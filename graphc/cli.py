@@ -795,6 +795,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         from graphc.runtime.profiles import describe_profiles
 
         print("\n".join(describe_profiles(ef.profiles)))
+        from graphc.profiles import describe_ladders
+
+        print("\n".join(describe_ladders(ef.manifest.get("report") or {})))
     if memory_png is not None:
         from graphc.inspect import describe_peak, draw_memory
 

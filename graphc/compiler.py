@@ -172,28 +172,17 @@ def compile_loaded(graph: Any, model: Any, opts: CompileOptions, phase: _Phases)
     from graphc.ir.shapes import bind_shapes
     from graphc.passes.manager import OptimizeOptions, optimize
     from graphc.passes.report import optimizer_report
-    from graphc.passes.target import Target
 
     with phase("bind_shapes"):
         graph = bind_shapes(graph, opts.shapes)
     from graphc.frontend.limits import check_value_sizes
 
     check_value_sizes(graph)  # a bound dim of 2**40 is one error here, not a huge allocation later
-    # Every rewrite, target-specific ones included, is a pass of passes/pipeline.py, switched on
-    # by the target context: --dump-ir, verification and the report's per-pass times cover all.
-    target = Target(
-        opts.target, opts.precision, bool(opts.allow_tf32), row_norm_epilogues=bool(opts.row_norm_epilogues),
-        io_precision=opts.io_precision,
-    )  # fmt: skip
+    target = pass_target(opts)
     calibrator = None
     if opts.precision == "int8":
         calibrator = _int8_calibrator(graph, opts)
         target = dataclasses.replace(target, calibrator=calibrator)
-    if opts.target == "cuda":
-        from graphc.codegen.capabilities import CUDA
-
-        # Fusion asks the target what its kernels can hold; passes never import codegen.
-        target = dataclasses.replace(target, capabilities=CUDA)
     accuracy = None
     if opts.precision == "int8" and opts.accuracy is not None:
         from graphc.accuracy import search_keep_float
@@ -277,6 +266,24 @@ def compile_loaded(graph: Any, model: Any, opts: CompileOptions, phase: _Phases)
     engine = build_cuda_engine(optimized, plan, weights, opts, report, phase, host_ifs)
     engine.build_info.update(_build_info(opts, options_json))
     return engine
+
+
+def pass_target(opts: CompileOptions) -> Any:
+    """The target context the passes run under for `opts` (int8's calibrator aside)."""
+    from graphc.passes.target import Target
+
+    # Every rewrite, target-specific ones included, is a pass of passes/pipeline.py, switched on
+    # by the target context: --dump-ir, verification and the report's per-pass times cover all.
+    target = Target(
+        opts.target, opts.precision, bool(opts.allow_tf32), row_norm_epilogues=bool(opts.row_norm_epilogues),
+        io_precision=opts.io_precision,
+    )  # fmt: skip
+    if opts.target == "cuda":
+        from graphc.codegen.capabilities import CUDA
+
+        # Fusion asks the target what its kernels can hold; passes never import codegen.
+        target = dataclasses.replace(target, capabilities=CUDA)
+    return target
 
 
 def _jsonable(v: Any) -> Any:

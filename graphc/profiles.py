@@ -201,15 +201,93 @@ def padded_sizes(lo: int, opt: int, hi: int) -> list[int]:
     return sorted(sizes)
 
 
-def bucket_sizes(groups: list[Any], where: str = "") -> list[dict[str, int]]:
-    """Every bucket of a profile: padded dims at the sizes of `padded_sizes` (min, opt, max and
-    a ladder of at most MAX_PADDING between); other dims at every size in range. The product over
-    the dims, at most MAX_BUCKETS."""
+# The time ladder (docs/dynamic_shapes.md, "The ladder"): a request of size n runs on a bucket b
+# whose estimated time (graphc/bucket_cost.py) is at most TIME_LIMIT * est(n). 1.2, not issue 14's
+# 1.25, for the estimate's own error: against the H200's static engines its ratio between measured
+# batches from 8 up was up to 0.11 low (ResNet-50 batch 20 over 12: 1.19 estimated, 1.30 measured).
+TIME_LIMIT = 1.2
+# The rows bound stays beside it (b <= MAX_PADDING * n): the estimate undercounts how a CNN's time
+# grows with its rows at small and middle batches (ResNet-50 8 over 1: 1.45 estimated, 1.78
+# measured), so alone at 1.2 it would run batch 11 on bucket 20 (about 1.3x a static engine by the
+# measured 12 -> 20). The time bound moves the buckets off the cliffs rows cannot see (ResNet-50's
+# 22, just over a wave of tiles on 132 SMs, becomes 21); it also keeps each request's input copy
+# and the one run's arena within 25% of its own.
+
+
+def time_ladder(est: Mapping[int, float], lo: int, opt: int, hi: int, limit: float = TIME_LIMIT) -> list[int]:
+    """Buckets lo, opt, hi and, bottom up, for the smallest size n not yet served the largest b up to
+    the next of those three with est(b) <= limit * est(k) and b <= MAX_PADDING * k for every k in
+    n..b (the sizes b would serve). `est` holds every size lo..hi."""
+    fixed = sorted({lo, opt, hi})
+    out, start = [lo], lo + 1
+    while start <= hi:
+        top = min(x for x in fixed if x >= start)
+        best, low = start, est[start]
+        for b in range(start, top + 1):
+            low = min(low, est[b])  # the fastest size b would serve: the tightest bound
+            if est[b] <= limit * low and b <= MAX_PADDING * start:
+                best = b
+        out.append(best)
+        start = best + 1
+    return out
+
+
+def padded_ladders(graph: Any, spec: ProfileSpec, groups: list[Any], opts: Any, where: str = "") -> dict[str, dict]:
+    """Each padded dim's ladder: {"sizes", "method" ("time" | "rows"), and for "time" the limit and
+    est_ms per bucket; for "rows" why there is no estimate}. Other dims at opt while one is estimated."""
+    import time
+
+    from graphc.bucket_cost import estimate_sizes
+    from graphc.runtime.profiles import bucket_shapes
+
+    out: dict[str, dict] = {}
+    opt_sizes = {g.name: g.opt for g in groups}
+    for g in groups:
+        if not g.padded:
+            continue
+        t0 = time.perf_counter()
+        est = estimate_sizes(
+            graph,
+            lambda n, g=g: bucket_shapes(spec.opt, groups, {**opt_sizes, g.name: n}),
+            list(range(g.min, g.max + 1)),
+            g.opt,
+            opts,
+            f"{where}dim '{g.name}': ",
+        )
+        if est.why_not is not None:
+            sizes = padded_sizes(g.min, g.opt, g.max)
+            out[g.name] = {"sizes": sizes, "method": "rows", "max_padding": MAX_PADDING, "why": est.why_not}
+            log.info("%sdim '%s': rows ladder %s (%s)", where, g.name, sizes, est.why_not)
+            continue
+        sizes = time_ladder(est.seconds, g.min, g.opt, g.max)
+        ms = {b: round(est.seconds[b] * 1e3, 4) for b in sizes}
+        out[g.name] = {
+            "sizes": sizes,
+            "method": "time",
+            "limit": TIME_LIMIT,
+            "max_padding": MAX_PADDING,
+            "est_ms": ms,
+            # every size's estimate, to check against static engines measured at other sizes
+            "est_ms_every_size": {n: round(v * 1e3, 4) for n, v in sorted(est.seconds.items())},
+            "est_s": round(time.perf_counter() - t0, 2),
+        }
+        log.info("%sdim '%s': time ladder %s (est ms %s)", where, g.name, sizes, ms)
+    return out
+
+
+def bucket_sizes(
+    groups: list[Any], where: str = "", ladders: Mapping[str, Mapping] | None = None
+) -> list[dict[str, int]]:
+    """Every bucket of a profile: padded dims at their ladder's sizes (`ladders`, from padded_ladders;
+    else `padded_sizes`: min, opt, max and a ladder of at most MAX_PADDING between); other dims at
+    every size in range. The product over the dims, at most MAX_BUCKETS."""
     from graphc.runtime.profiles import MAX_BUCKETS
 
     values: list[list[int]] = []
     for g in groups:
-        if g.padded:
+        if g.padded and ladders and g.name in ladders:
+            values.append(list(ladders[g.name]["sizes"]))
+        elif g.padded:
             values.append(padded_sizes(g.min, g.opt, g.max))
         else:
             values.append(list(range(g.min, g.max + 1)))
@@ -235,6 +313,7 @@ def compile_with_profiles(model: Any, opts: Any):
     specs = normalize_profiles(graph, opts)
     static = dataclasses.replace(opts, min_shapes=None, opt_shapes=None, max_shapes=None, progress=None)
     profiles: list[Profile] = []
+    ladders: list[dict[str, dict]] = []  # per profile: padded dim -> its ladder (padded_ladders)
     compiled: dict[tuple, Any] = {}  # bucket shapes -> Engine (profiles may share buckets)
     main = None
     with outer("profiles"):
@@ -245,9 +324,10 @@ def compile_with_profiles(model: Any, opts: Any):
             if fixed_dims:
                 raise CompileError(f"{where}dim '{fixed_dims[0]}' has a size in shapes and a range in the profile")
             decide_padding(graph, spec, groups)
+            ladders.append(padded_ladders(graph, spec, groups, static, where))
             opt = {k: list(v) for k, v in spec.opt.items()}
             buckets = []
-            for sizes in bucket_sizes(groups, where):
+            for sizes in bucket_sizes(groups, where, ladders[-1]):
                 shapes = bucket_shapes(opt, groups, sizes)
                 key = tuple((k, tuple(v)) for k, v in sorted(shapes.items()))
                 if key not in compiled:
@@ -277,7 +357,7 @@ def compile_with_profiles(model: Any, opts: Any):
                 b.own_weights = _own_weights(b.engine, main)
                 _merge_kernels(main, b.engine)
     main.dynamic = DynamicShapes(profiles)
-    main.report["profiles"] = _report(profiles, main)
+    main.report["profiles"] = _report(profiles, main, ladders)
     main.report["timings"] = {**outer.timings, **main.report.get("timings", {})}
     main.build_info["profiles"] = len(profiles)
     from graphc.compiler import _jsonable
@@ -323,22 +403,49 @@ def _merge_kernels(main: Any, other: Any) -> None:
         a.cubins.setdefault(arch, {}).update(cubins)
 
 
-def _report(profiles: list[Any], main: Any) -> list[dict[str, Any]]:
+def _report(profiles: list[Any], main: Any, ladders: list[dict[str, dict]]) -> list[dict[str, Any]]:
     return [
         {
             "min": p.min,
             "opt": p.opt,
             "max": p.max,
             "dims": [
-                {"name": g.name, "range": [g.min, g.max], "opt": g.opt, "padded": g.padded, "reason": g.reason}
+                {
+                    "name": g.name,
+                    "range": [g.min, g.max],
+                    "opt": g.opt,
+                    "padded": g.padded,
+                    "reason": g.reason,
+                    **({"ladder": lad[g.name]} if g.name in lad else {}),
+                }
                 for g in p.dims
             ],
             "buckets": [b.sizes for b in p.buckets],
             # every bucket has its own arena, made on first use: the largest is what one run needs
             "arena_bytes_max": max((b.memory or main.memory).arena_bytes for b in p.buckets),
         }
-        for p in profiles
+        for p, lad in zip(profiles, ladders, strict=True)
     ]
+
+
+def describe_ladders(report: Mapping[str, Any]) -> list[str]:
+    """`graphc inspect`'s lines on how each padded dim got its buckets (report["profiles"])."""
+    lines = []
+    for i, p in enumerate(report.get("profiles") or []):
+        for d in p.get("dims", []):
+            lad = d.get("ladder")
+            if not isinstance(lad, Mapping):
+                continue
+            head = f"  profile {i} dim '{d.get('name')}': "
+            if lad.get("method") == "time":
+                est = ", ".join(f"{b}: {ms:.3f}" for b, ms in lad.get("est_ms", {}).items())
+                lines.append(
+                    f"{head}time ladder (est(bucket) <= {lad.get('limit')} est(n), rows <= {lad.get('max_padding')} n;"
+                    f" est ms on sm_90 per bucket {est})"
+                )
+            else:
+                lines.append(f"{head}rows ladder (at most {lad.get('max_padding')}x the rows: {lad.get('why')})")
+    return lines
 
 
 def parse_profile_flags(mins: list[str] | None, opts: list[str] | None, maxs: list[str] | None, parse) -> dict:
@@ -366,8 +473,11 @@ __all__ = [
     "bucket_sizes",
     "compile_with_profiles",
     "decide_padding",
+    "describe_ladders",
     "dim_groups",
     "normalize_profiles",
+    "padded_ladders",
     "padded_sizes",
     "parse_profile_flags",
+    "time_ladder",
 ]

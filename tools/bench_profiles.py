@@ -183,6 +183,31 @@ def build_one(job: dict[str, Any]) -> dict[str, Any]:
     return {"seconds": round(seconds, 2), "bytes": Path(job["out"]).stat().st_size, **extra}
 
 
+def _ladder_lines(build: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """How a dynamic build's padded dims got their buckets (graphc/profiles.py padded_ladders): the
+    time ladder's estimate (est ms) at its buckets and at every batch this run timed, beside the
+    static engines' measured times, so the estimate can be checked; or why the rows ladder."""
+    out = []
+    for d in build.get("dims") or []:
+        lad = d.get("ladder")
+        if not lad:
+            continue
+        if lad["method"] != "time":
+            out.append(f"  - dim '{d['name']}': rows ladder (at most {lad['max_padding']}x the rows): {lad.get('why')}")
+            continue
+        every = {int(k): v for k, v in lad.get("est_ms_every_size", {}).items()}
+        static = {r["batch"]: r.get("static_b_ms") for r in rows if r.get("model") == build["model"]}
+        shown = ", ".join(
+            f"{n}: {every[n]:.3f}" + (f" (static {static[n]:.3f})" if static.get(n) else "")
+            for n in sorted(set(every) & (set(lad["sizes"]) | set(static)))
+        )
+        out.append(
+            f"  - dim '{d['name']}': time ladder (est(bucket) <= {lad['limit']} est(n), rows <= "
+            f"{lad['max_padding']} n; estimated in {lad.get('est_s')} s); est ms (measured static b ms): {shown}"
+        )
+    return out
+
+
 def run_builds(builds: list[Build], specs: dict[str, ModelSpec], a: argparse.Namespace) -> None:
     """Every engine of `builds`, `a.jobs` at a time, each in a process of its own (the compiler's
     Python is single-threaded; NVRTC already runs a process per kernel inside each)."""
@@ -488,6 +513,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"- {what}: {_f(b['seconds'], 1)} s, {_f(b.get('bytes'))} bytes{extra}"
             + (f" {b['error']}" if b["error"] else "")
         )
+        lines += _ladder_lines(b, result["rows"])
     bt = result.get("batcher")
     if bt:
         lines += ["", "## Batcher"]

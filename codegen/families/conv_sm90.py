@@ -133,6 +133,17 @@ def waves(tiles: int) -> float:
 _TMA_EFF = {128: 0.86, 192: 0.95, 256: 1.0}
 
 
+def tma_cost(prob: Problem, bn: int, s: int) -> float:
+    """The TMA GEMM's cost of `prob` at tile width `bn` and `s` K slices, in MAC units of the busiest
+    SM (split-K charged its fp32 round trip); tma_heuristic minimizes it, graphc/bucket_cost.py sums it."""
+    ktiles = ceil_div(prob.K, gemm_sm90.BK)
+    cost = waves(gemm_sm90.units(prob, bn, s)) * gemm_sm90.BM * bn * ceil_div(ktiles, s) * gemm_sm90.BK
+    cost /= _TMA_EFF[bn]
+    if s > 1:
+        cost += 2 * s * prob.batch * prob.M * prob.N * 4 * 40 / SM_COUNT + 3e5
+    return cost
+
+
 def tma_heuristic(prob: Problem) -> dict[str, Any]:
     """gemm_sm90.heuristic's choice for a 1x1 conv's GEMM with the partial-wave cost above (its
     ping-pong choice for a costly epilogue unchanged)."""
@@ -145,10 +156,7 @@ def tma_heuristic(prob: Problem) -> dict[str, Any]:
         for s in (1, 2, 3, 4, 6, 8):
             if s > 1 and ktiles // s < 4:
                 continue
-            cost = waves(gemm_sm90.units(prob, bn, s)) * gemm_sm90.BM * bn * ceil_div(ktiles, s) * gemm_sm90.BK
-            cost /= _TMA_EFF[bn]
-            if s > 1:
-                cost += 2 * s * prob.batch * prob.M * prob.N * 4 * 40 / SM_COUNT + 3e5
+            cost = tma_cost(prob, bn, s)
             if cost < best_cost * 0.999:
                 best, best_cost = (bn, s), cost
     assert best is not None
@@ -223,6 +231,16 @@ def igemm_b_mode(g: ConvGeometry) -> str:
 _IGEMM_EFF = {64: 0.65, 128: 0.92, 256: 1.0}
 
 
+def igemm_cost(m: int, n: int, k: int, bn: int, s: int) -> float:
+    """The implicit GEMM's cost of an [m, k] x [k, n] conv at tile width `bn` and `s` K slices, in MAC
+    units of the busiest SM (the wave model of igemm_heuristic, which minimizes it)."""
+    tiles = ceil_div(m, IGEMM_BM) * ceil_div(n, bn) * s
+    cost = waves(tiles) * IGEMM_BM * bn * ceil_div(ceil_div(k, IGEMM_BK), s) * IGEMM_BK / _IGEMM_EFF[bn]
+    if s > 1:
+        cost += 2 * s * m * n * 4 * 40 / SM_COUNT + 1e5
+    return cost
+
+
 def igemm_heuristic(g: ConvGeometry) -> dict[str, Any]:
     """Tile width and K slices by a wave model (the busiest SM's padded tile work over the tile's
     efficiency; split-K charged its fp32 round trip through L2); the pipeline depth and blocks per
@@ -235,10 +253,7 @@ def igemm_heuristic(g: ConvGeometry) -> dict[str, Any]:
         for s in (1, 2, 3, 4, 6, 8):
             if s > 1 and ktiles // s < 6:
                 continue
-            tiles = ceil_div(g.m, IGEMM_BM) * ceil_div(g.k, bn) * s
-            cost = waves(tiles) * IGEMM_BM * bn * ceil_div(ktiles, s) * IGEMM_BK / _IGEMM_EFF[bn]
-            if s > 1:
-                cost += 2 * s * g.m * g.k * 4 * 40 / SM_COUNT + 1e5
+            cost = igemm_cost(g.m, g.k, g.rsc, bn, s)
             if cost < best_cost * 0.999:
                 best, best_cost = {"BN": bn, "SPLITS": s}, cost
     assert best is not None

@@ -86,6 +86,20 @@ def units(prob: Problem, bn: int, splits: int) -> int:
     return ceil_div(prob.M, BM) * ceil_div(prob.N, bn) * prob.batch * splits
 
 
+def tile_cost(prob: Problem, bn: int, s: int) -> float:
+    """The wave model of heuristic() at tile width `bn` and `s` K slices, in MAC units of the busiest
+    SM: its (padded) tiles' work over the tile's efficiency, split-K charged its workspace round trip
+    and second launch. heuristic() minimizes it; graphc/bucket_cost.py sums it over a plan."""
+    waves = ceil_div(units(prob, bn, s), SM_COUNT)
+    cost = waves * BM * bn * ceil_div(ceil_div(prob.K, BK), s) * BK / _EFF[bn]
+    if s > 1:  # fp32 partials written and read back, a second launch (in MAC units)
+        cost += 2 * s * prob.batch * prob.M * prob.N * 4 * 40 / SM_COUNT + 3e5
+    return cost
+
+
+_EFF = {128: 0.86, 192: 0.95, 256: 1.0}  # per-element speed of each tile width (fewer operand bytes a FLOP)
+
+
 def heuristic(prob: Problem, vec_ok: bool = True) -> dict[str, Any]:
     """Tile width and split count by a wave model: the busiest SM's share of (padded) tile work,
     the wider tiles a little faster per element (fewer operand bytes per FLOP), split-K charged its
@@ -95,16 +109,10 @@ def heuristic(prob: Problem, vec_ok: bool = True) -> dict[str, Any]:
     ktiles = ceil_div(prob.K, BK)
     best, best_cost = None, float("inf")
     for bn in BNS:
-        eff = {128: 0.86, 192: 0.95, 256: 1.0}[bn]
         for s in (1, 2, 3, 4, 6, 8):
             if s > 1 and ktiles // s < 4:
                 continue
-            u = units(prob, bn, s)
-            waves = ceil_div(u, SM_COUNT)
-            kspan = ceil_div(ktiles, s) * BK
-            cost = waves * BM * bn * kspan / eff
-            if s > 1:  # fp32 partials written and read back, a second launch (in MAC units)
-                cost += 2 * s * prob.batch * prob.M * prob.N * 4 * 40 / SM_COUNT + 3e5
+            cost = tile_cost(prob, bn, s)
             if cost < best_cost * 0.999:
                 best, best_cost = {"BN": bn, "SPLITS": s}, cost
     assert best is not None

@@ -42,6 +42,7 @@ def test_inspect_shows_the_profiles(cnn, capsys):
     assert "profile 0: pixel_values min 1x3x32x32 opt 2x3x32x32 max 4x3x32x32" in out
     assert "dim 'batch' 1..4 (opt 2) on pixel_values[0]: padded to a bucket" in out
     assert "4 bucket(s): batch=1; batch=2 [engine plan]; batch=3; batch=4" in out
+    assert "profile 0 dim 'batch': rows ladder (at most 1.25x the rows: target cpu" in out  # how they were chosen
 
 
 def test_run_compare_at_a_shape_in_range(cnn, tmp_path, capsys):

@@ -43,3 +43,14 @@ def test_cpu_dry_run(tmp_path):
     assert bt["speedup"] == bt["batcher"]["throughput_per_s"] / bt["unbatched"]["throughput_per_s"]
     text = md.read_text()
     assert "| bert | 4* | 5 |" in text and "| resnet | 3 (opt) | 3 |" in text and "## Batcher" in text
+    assert "  - dim 'batch': rows ladder (at most 1.25x the rows): target cpu" in text  # how the buckets were chosen
+
+
+def test_ladder_lines_show_the_estimate_beside_the_measured_static_times():
+    lad = {"method": "time", "limit": 1.2, "max_padding": 1.25, "sizes": [1, 21, 32], "est_s": 8.6,
+           "est_ms_every_size": {"1": 0.35, "20": 0.74, "21": 0.78, "22": 0.97, "32": 1.09}}  # fmt: skip
+    build = {"model": "resnet50", "dims": [{"name": "batch", "ladder": lad}]}
+    rows = [{"model": "resnet50", "batch": 20, "static_b_ms": 0.89}, {"model": "bert", "batch": 22, "static_b_ms": 1.4}]
+    (line,) = bench_profiles._ladder_lines(build, rows)
+    assert line.endswith("1: 0.350, 20: 0.740 (static 0.890), 21: 0.780, 32: 1.090")
+    assert "est(bucket) <= 1.2 est(n), rows <= 1.25 n" in line
