@@ -212,8 +212,13 @@ def check_item(it: Item, stages: list[str], arch: list[str], opt_level: int = 2,
     return row
 
 
-def run_items(items: list[Item], argv: list[str], jobs: int, timeout_s: int) -> list[dict]:
-    """Each item in its own process (`check_models.py ARGV --only KEY --part FILE`), `jobs` at a time."""
+def run_items(
+    items: list[Item], argv: list[str], jobs: int, timeout_s: int, deadline_s: float | None = None
+) -> list[dict]:
+    """Each item in its own process (`check_models.py ARGV --only KEY --part FILE`), `jobs` at a time.
+    Past `deadline_s` seconds from now no item starts (its row says so) and running ones are stopped,
+    so that a time-boxed session still writes its table."""
+    end = time.monotonic() + deadline_s if deadline_s else None
     here = Path(__file__).resolve().parent
     tmp = Path(tempfile.mkdtemp(prefix="graphc-corpus-"))
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -224,15 +229,18 @@ def run_items(items: list[Item], argv: list[str], jobs: int, timeout_s: int) -> 
         part = tmp / f"{abs(hash(it.key))}.json"
         cmd = [sys.executable, str(here / "check_models.py"), *argv, "--only", it.key, "--part", str(part)]
         t0 = time.perf_counter()
+        limit = timeout_s if end is None else min(timeout_s, int(end - time.monotonic()))
+        if limit <= 0:
+            return _failed_row(it, "not run: the session's time was spent")
         try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=limit)
             if part.exists():
                 row = json.loads(part.read_text())
             else:
                 tail = (proc.stderr.strip().splitlines() or [""])[-1][:200]
                 row = _failed_row(it, f"checker rc {proc.returncode}: {tail}")
         except subprocess.TimeoutExpired:
-            row = _failed_row(it, f"checker ran past {timeout_s} s")
+            row = _failed_row(it, f"checker ran past {limit} s")
         row["wall_s"] = round(time.perf_counter() - t0, 1)
         print(summary_line(row), flush=True)
         return row

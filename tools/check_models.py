@@ -404,7 +404,7 @@ def run_staged(args) -> int:
         for k in ("arch_corpus", "test_corpus", "trained", "arch"):
             if getattr(args, k):
                 child.append(f"--{k.replace('_', '-')}={getattr(args, k)}")
-        rows = check_corpus.run_items(items, child, args.jobs, args.timeout)
+        rows = check_corpus.run_items(items, child, args.jobs, args.timeout, args.deadline)
     header = staged_header(args, stages, time.time() - t0)
     if args.out:
         check_corpus.write_markdown(rows, stages, args.out, header)
@@ -478,6 +478,7 @@ def main() -> int:
                    help=f"with the three above: from {','.join(check_corpus.STAGES)}")  # fmt: skip
     p.add_argument("--jobs", type=int, default=1, help="models checked at once, one process each (0: in this one)")
     p.add_argument("--timeout", type=int, default=600, help="seconds per model")
+    p.add_argument("--deadline", type=float, help="seconds after which no model starts (rows say so)")
     p.add_argument("--only", help=argparse.SUPPRESS)  # a --jobs child: this one item's key
     p.add_argument("--part", help=argparse.SUPPRESS)  # ... and where its row goes
     args = p.parse_args()

@@ -557,9 +557,17 @@ def export_arch(arch: Arch, out: Path, exporters: list[str], static: bool, seed:
     return record
 
 
-def _export_in_child(name: str, out: Path, exporters: list[str], static: bool, timeout_s: int) -> dict[str, Any]:
-    """One model in its own process (a crash or hang there is that model's row)."""
+def _export_in_child(name: str, out: Path, exporters: list[str], static: bool, timeout_s: int,
+                     end: float | None = None) -> dict[str, Any]:  # fmt: skip
+    """One model in its own process (a crash or hang there is that model's row); none starts after
+    `end` (time.monotonic()), and none runs past it."""
     part = out / "records" / f"{name}.json"
+    if end is not None:
+        timeout_s = min(timeout_s, int(end - time.monotonic()))
+    if timeout_s <= 0:
+        why = "not run: the session's time was spent"
+        return {"model": name, "family": ARCHS[name].family, "description": ARCHS[name].description, "error": why,
+                "exports": {e: {"ok": False, "stage": "export", "error": why} for e in exporters}}  # fmt: skip
     part.unlink(missing_ok=True)
     cmd = [sys.executable, __file__, "--out", str(out), "--models", name, "--exporters", ",".join(exporters),
            "--record-only"] + (["--static"] if static else [])  # fmt: skip
@@ -585,6 +593,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--static", action="store_true", help="every dim fixed at the example sizes")
     p.add_argument("--jobs", type=int, default=1, help="models exported in parallel, one process each")
     p.add_argument("--timeout", type=int, default=600, help="seconds per model with --jobs")
+    p.add_argument("--deadline", type=float, help="with --jobs: seconds after which no model starts or runs")
     p.add_argument("--list", action="store_true", help="print the architectures and exit")
     p.add_argument("--record-only", action="store_true", help=argparse.SUPPRESS)  # a --jobs child
     a = p.parse_args(argv)
@@ -617,8 +626,9 @@ def main(argv: list[str] | None = None) -> int:
         if a.record_only:
             return 0
     else:
+        end = time.monotonic() + a.deadline if a.deadline else None
         with ThreadPoolExecutor(a.jobs) as pool:
-            records = list(pool.map(lambda n: _export_in_child(n, a.out, exporters, a.static, a.timeout), names))
+            records = list(pool.map(lambda n: _export_in_child(n, a.out, exporters, a.static, a.timeout, end), names))
     manifest_path = a.out / "manifest.json"
     old = json.loads(manifest_path.read_text()).get("models", {}) if manifest_path.exists() else {}
     ver = versions()
