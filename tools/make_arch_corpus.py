@@ -190,9 +190,10 @@ def _deberta_v2() -> Any:
 def _mpnet() -> Any:
     from transformers import MPNetConfig, MPNetModel
 
-    # T5-style relative position buckets added to every layer's attention scores
+    # T5-style relative position buckets added to every layer's attention scores (32 buckets: the model
+    # computes them with its default of 32, whatever the config says)
     cfg = MPNetConfig(vocab_size=VOCAB, hidden_size=H, num_hidden_layers=L, num_attention_heads=4,
-                      intermediate_size=FFN, max_position_embeddings=64, relative_attention_num_buckets=8)  # fmt: skip
+                      intermediate_size=FFN, max_position_embeddings=64)  # fmt: skip
     return MPNetModel(cfg, add_pooling_layer=False)
 
 
@@ -292,8 +293,9 @@ def _mobilenet_v2() -> Any:
 def _efficientnet() -> Any:
     from transformers import EfficientNetConfig, EfficientNetModel
 
-    # squeeze-excitation, swish, depthwise "same" padding; 0.25 width, 1 repeat per stage
-    cfg = EfficientNetConfig(image_size=IMAGE, width_coefficient=0.25, depth_coefficient=0.25, hidden_dim=64,
+    # squeeze-excitation, swish, depthwise "same" padding; 0.25 width, 1 repeat per stage. hidden_dim is
+    # the top BatchNorm's width, which must be the top conv's: round_filters(1280) = 320 at width 0.25
+    cfg = EfficientNetConfig(image_size=IMAGE, width_coefficient=0.25, depth_coefficient=0.25, hidden_dim=320,
                              num_block_repeats=[1, 1, 1, 1, 1, 1, 1])  # fmt: skip
     return EfficientNetModel(cfg)
 
@@ -513,18 +515,18 @@ def export_arch(arch: Arch, out: Path, exporters: list[str], static: bool, seed:
         inner = module.model
         record["attn_implementation"] = getattr(getattr(inner, "config", None), "_attn_implementation", None)
         record["parameters"] = int(sum(p.numel() for p in module.parameters()))
-    except Exception as e:  # a config this transformers does not take: the model's row says so
+        rng = np.random.default_rng(seed)
+        feeds = {s.name: et._example(s, DIMS, rng) for s in arch.inputs}
+        args = tuple(torch.from_numpy(feeds[s.name]) for s in arch.inputs)
+        runs = [et._reference(module, case, feeds)]
+        if not static:  # a second shape checks that the symbolic dims really are symbolic in the file
+            other = {"batch": DIMS["batch"] + 1, "seq": DIMS["seq"] // 2 + 3}
+            runs.append(et._reference(module, case, {s.name: et._example(s, other, rng) for s in arch.inputs}))
+    except Exception as e:  # a config this transformers does not take, or a model that fails in PyTorch
         record["error"] = f"build: {_first_line(e)}"
         for exporter in exporters:
             record["exports"][exporter] = {"ok": False, "stage": "build", "error": _first_line(e)}
         return record
-    rng = np.random.default_rng(seed)
-    feeds = {s.name: et._example(s, DIMS, rng) for s in arch.inputs}
-    args = tuple(torch.from_numpy(feeds[s.name]) for s in arch.inputs)
-    runs = [et._reference(module, case, feeds)]
-    if not static:  # a second shape checks that the symbolic dims really are symbolic in the file
-        other = {"batch": DIMS["batch"] + 1, "seq": DIMS["seq"] // 2 + 3}
-        runs.append(et._reference(module, case, {s.name: et._example(s, other, rng) for s in arch.inputs}))
     for exporter in exporters:
         path = out / f"{arch.name}.{exporter}.onnx"
         npz = path.with_suffix(".npz")
