@@ -6,9 +6,9 @@ and returns its row; run_items runs each item in its own process (`check_models.
 crash or a hang is that model's row and not the end of the run; write_markdown writes the table.
 
 Stages: interpret (graphc.interpret), cpu (the CPU engine, saved and loaded), cuda-check
-(`graphc check --target cuda`), cuda-compile (NVRTC, no GPU needed), cuda-fp32 and cuda-fp16 (the CUDA
-engine run on a GPU). The interpreter and the CPU engine pass within 1e-4 of the reference's scale
-(max |reference|), CUDA fp32 within 1e-3, fp16 at cosine >= 0.999 with no non-finite values.
+(`graphc check --target cuda`), cuda-compile and cuda-compile-fp16 (NVRTC, no GPU needed), cuda-fp32
+and cuda-fp16 (the CUDA engine run on a GPU). The interpreter and the CPU engine pass within 1e-4 of
+the reference's scale (max |reference|), CUDA fp32 within 1e-3, fp16 at cosine >= 0.999 with no non-finite values.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-STAGES = ("interpret", "cpu", "cuda-check", "cuda-compile", "cuda-fp32", "cuda-fp16")
-CPU_STAGES = ("interpret", "cpu", "cuda-check", "cuda-compile")
+STAGES = ("interpret", "cpu", "cuda-check", "cuda-compile", "cuda-compile-fp16", "cuda-fp32", "cuda-fp16")
+CPU_STAGES = ("interpret", "cpu", "cuda-check", "cuda-compile", "cuda-compile-fp16")
 TOL = {"interpret": 1e-4, "cpu": 1e-4, "cuda-fp32": 1e-3}
 
 
@@ -184,8 +184,9 @@ def check_item(it: Item, stages: list[str], arch: list[str], opt_level: int = 2,
         rep = check_model(it.path, target="cuda", shapes=shapes)
         return rep.supported, "; ".join(f.line()[:200] for f in rep.findings[:3])
 
-    def cuda_compile() -> tuple[bool, str]:
-        eng = graphc.compile(it.path, target="cuda", shapes=shapes, opt_level=opt_level, arch=arch or ["sm_90"])
+    def cuda_compile(precision: str) -> tuple[bool, str]:
+        eng = graphc.compile(it.path, target="cuda", precision=precision, shapes=shapes, opt_level=opt_level,
+                             arch=arch or ["sm_90"])  # fmt: skip
         return True, f"{eng.report['cuda']['launches']} launches"
 
     for name in stages:
@@ -196,7 +197,9 @@ def check_item(it: Item, stages: list[str], arch: list[str], opt_level: int = 2,
         elif name == "cuda-check":
             stage(name, cuda_check)
         elif name == "cuda-compile":
-            stage(name, cuda_compile)
+            stage(name, lambda: cuda_compile("fp32"))
+        elif name == "cuda-compile-fp16":
+            stage(name, lambda: cuda_compile("fp16"))
         elif name == "cuda-fp32":
             stage(name, lambda: engine("cuda", "fp32", TOL["cuda-fp32"]))
         elif name == "cuda-fp16":

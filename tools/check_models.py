@@ -447,8 +447,9 @@ def staged_header(args, stages: list[str], seconds: float) -> list[str]:
                   "default; the reference is ONNX Runtime's output stored beside each file."]  # fmt: skip
     lines += ["", "Stages: " + ", ".join(stages) + ". interpret and cpu pass within 1e-4 of the reference's scale "
               "(max |reference|); cuda-fp32 within 1e-3; cuda-fp16 at cosine >= 0.999 with no non-finite values; "
-              "cuda-check is `graphc check --target cuda`, cuda-compile `graphc.compile(target='cuda', "
-              f"arch={args.arch or 'sm_90'})` through NVRTC. `rel`: the largest error relative to scale."]  # fmt: skip
+              "cuda-check is `graphc check --target cuda`, cuda-compile(-fp16) `graphc.compile(target='cuda', "
+              f"arch={args.arch or 'sm_90'})` in fp32 (fp16) through NVRTC. `rel`: the largest error relative to "
+              "scale."]  # fmt: skip
     return lines
 
 

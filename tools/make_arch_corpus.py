@@ -269,6 +269,32 @@ def _bloom() -> Any:
     return BloomModel(cfg)
 
 
+def _gpt_bigcode() -> Any:
+    from transformers import GPTBigCodeConfig, GPTBigCodeModel
+
+    # multi-query attention: one key/value head for all query heads, fused c_attn
+    cfg = GPTBigCodeConfig(vocab_size=VOCAB, n_embd=H, n_layer=L, n_head=4, n_inner=FFN, n_positions=64,
+                           multi_query=True, use_cache=False)  # fmt: skip
+    return GPTBigCodeModel(cfg)
+
+
+def _gptj() -> Any:
+    from transformers import GPTJConfig, GPTJModel
+
+    # interleaved (every-other-element) rotary on the first 4 dims of each head, parallel attention + MLP
+    cfg = GPTJConfig(vocab_size=VOCAB, n_embd=H, n_layer=L, n_head=4, rotary_dim=4, n_positions=64, use_cache=False)
+    return GPTJModel(cfg)
+
+
+def _mamba() -> Any:
+    from transformers import MambaConfig, MambaModel
+
+    # selective state-space scan (the slow path: a loop over time steps), causal depthwise conv1d
+    cfg = MambaConfig(vocab_size=VOCAB, hidden_size=H, state_size=8, num_hidden_layers=L, expand=2, conv_kernel=4,
+                      use_cache=False)  # fmt: skip
+    return MambaModel(cfg)
+
+
 def _resnet() -> Any:
     from transformers import ResNetConfig, ResNetForImageClassification
 
@@ -307,6 +333,68 @@ def _regnet() -> Any:
     cfg = RegNetConfig(embedding_size=8, hidden_sizes=[8, 16, 24, 32], depths=[1, 1, 1, 1], groups_width=8,
                        layer_type="y")  # fmt: skip
     return RegNetModel(cfg)
+
+
+def _convnextv2() -> Any:
+    from transformers import ConvNextV2Config, ConvNextV2ForImageClassification
+
+    # global response normalization (an L2 norm over H, W divided by its channel mean) in every block
+    cfg = ConvNextV2Config(hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1], num_labels=10)
+    return ConvNextV2ForImageClassification(cfg)
+
+
+def _poolformer() -> Any:
+    from transformers import PoolFormerConfig, PoolFormerModel
+
+    # token mixing by AvgPool(3, count_include_pad=False) - x, GroupNorm(1), layer scale
+    return PoolFormerModel(PoolFormerConfig(hidden_sizes=[16, 32, 32, 64], depths=[1, 1, 1, 1], mlp_ratio=2.0))
+
+
+def _mobilevit() -> Any:
+    from transformers import MobileViTConfig, MobileViTModel
+
+    # inverted residuals, then transformers over unfolded 2x2 patches (reshape/transpose unfold and fold;
+    # the last stage's 2x2 map is interpolated up to the patch size)
+    cfg = MobileViTConfig(image_size=64, hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64],
+                          num_attention_heads=2, patch_size=2)  # fmt: skip
+    return MobileViTModel(cfg)
+
+
+def _levit() -> Any:
+    from transformers import LevitConfig, LevitModel
+
+    # conv stem, attention with a learned per-offset bias (gathered), attention-subsample stages, hardswish
+    cfg = LevitConfig(image_size=64, hidden_sizes=[32, 48, 64], num_attention_heads=[2, 3, 4], depths=[1, 1, 1],
+                      key_dim=[8, 8, 8], attention_ratio=[2, 2, 2], mlp_ratio=[2, 2, 2],
+                      down_ops=[["Subsample", 8, 2, 4, 2, 2], ["Subsample", 8, 4, 4, 2, 2]])  # fmt: skip
+    return LevitModel(cfg)
+
+
+def _dpt() -> Any:
+    from transformers import DPTConfig, DPTForDepthEstimation
+
+    # ViT, reassembled at 4 scales (transposed conv up, strided conv down), fusion blocks with bilinear
+    # upsampling (align_corners), depth head
+    cfg = DPTConfig(hidden_size=H, num_hidden_layers=4, num_attention_heads=4, intermediate_size=FFN,
+                    image_size=IMAGE, patch_size=8, backbone_out_indices=[0, 1, 2, 3],
+                    neck_hidden_sizes=[8, 16, 32, 32], fusion_hidden_size=16,
+                    reassemble_factors=[4, 2, 1, 0.5])  # fmt: skip
+    return DPTForDepthEstimation(cfg)
+
+
+def _rt_detr() -> Any:
+    from transformers import RTDetrConfig, RTDetrForObjectDetection, RTDetrResNetConfig
+
+    # ResNet backbone, hybrid encoder (attention on the top level, CSP fusion), query selection by TopK,
+    # multi-scale deformable attention (grid_sample) in the decoder, box refinement
+    bb = RTDetrResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], layer_type="basic",
+                            out_features=["stage2", "stage3", "stage4"])  # fmt: skip
+    cfg = RTDetrConfig(backbone_config=bb, encoder_in_channels=[32, 64, 128], feat_strides=[8, 16, 32], d_model=H,
+                       encoder_hidden_dim=H, encoder_ffn_dim=FFN, encoder_attention_heads=4, encoder_layers=1,
+                       decoder_layers=1, decoder_attention_heads=4, decoder_ffn_dim=FFN, num_queries=10, num_labels=3,
+                       decoder_in_channels=[H, H, H], num_feature_levels=3, decoder_n_points=2,
+                       use_pretrained_backbone=False, num_denoising=0)  # fmt: skip
+    return RTDetrForObjectDetection(cfg)
 
 
 def _deit() -> Any:
@@ -432,6 +520,9 @@ ARCHS: dict[str, Arch] = {
         Arch("falcon", "decoder", "Falcon new decoder architecture (GQA, parallel attention, rotary)", _falcon,
              _text(), LHS),
         Arch("bloom", "decoder", "BLOOM (ALiBi)", _bloom, _text(), LHS),
+        Arch("gpt_bigcode", "decoder", "GPT-BigCode (multi-query attention)", _gpt_bigcode, _text(), LHS),
+        Arch("gptj", "decoder", "GPT-J (interleaved partial rotary, parallel residual)", _gptj, _text(), LHS),
+        Arch("mamba", "decoder", "Mamba (selective scan, causal conv1d)", _mamba, _text(), LHS),
         # vision
         Arch("resnet", "vision", "ResNet bottleneck (ResNetForImageClassification)", _resnet, _image(), ["logits"]),
         Arch("convnext", "vision", "ConvNeXt (depthwise 7x7, channels-last LayerNorm, layer scale)", _convnext,
@@ -441,6 +532,14 @@ ARCHS: dict[str, Arch] = {
              _image(), ["last_hidden_state", "pooler_output"]),
         Arch("regnet", "vision", "RegNetY (grouped convs, squeeze-excitation)", _regnet, _image(),
              ["last_hidden_state", "pooler_output"]),
+        Arch("convnextv2", "vision", "ConvNeXt-V2 (global response normalization)", _convnextv2, _image(),
+             ["logits"]),
+        Arch("poolformer", "vision", "PoolFormer (AvgPool token mixer without padding counts)", _poolformer,
+             _image(64), LHS),
+        Arch("mobilevit", "vision", "MobileViT (unfolded-patch transformers, interpolation)", _mobilevit,
+             _image(64), ["last_hidden_state", "pooler_output"]),
+        Arch("levit", "vision", "LeViT (attention biases by offset, attention subsampling)", _levit, _image(64),
+             ["last_hidden_state", "pooler_output"]),
         Arch("deit", "vision", "DeiT (distillation token)", _deit, _image(), LHS),
         Arch("beit", "vision", "BEiT (relative position bias, layer scale, mean pooling)", _beit, _image(),
              ["last_hidden_state", "pooler_output"]),
@@ -448,6 +547,10 @@ ARCHS: dict[str, Arch] = {
              ["last_hidden_state", "pooler_output"]),
         Arch("swin", "vision", "Swin (shifted windows, relative bias, patch merging)", _swin, _image(),
              ["last_hidden_state", "pooler_output"]),
+        Arch("dpt", "segmentation", "DPT depth estimation (dense prediction: reassemble, fusion, upsampling)",
+             _dpt, _image(), ["predicted_depth"]),
+        Arch("rt_detr", "detection", "RT-DETR (TopK query selection, deformable attention by grid_sample)",
+             _rt_detr, _image(64), ["logits", "pred_boxes"]),
         Arch("segformer", "segmentation", "SegFormer (spatial-reduction attention, Mix-FFN, MLP decoder)",
              _segformer, _image(), ["logits"]),
         Arch("yolos", "detection", "YOLOS (ViT with detection tokens, box MLP)", _yolos, _image(),
