@@ -236,7 +236,7 @@ def run_items(
         if limit <= 0:
             return _failed_row(it, "not run: the session's time was spent")
         try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=limit)
+            proc = run_group(cmd, env, limit)
             if part.exists():
                 row = json.loads(part.read_text())
             else:
@@ -250,6 +250,22 @@ def run_items(
 
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         return list(pool.map(one, items))
+
+
+def run_group(cmd: list[str], env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess:
+    """subprocess.run in a session of its own: on timeout the whole group goes (the compiler's worker
+    processes too, which would outlive a killed parent), then TimeoutExpired is raised."""
+    import signal
+
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _failed_row(it: Item, error: str) -> dict:

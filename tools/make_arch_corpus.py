@@ -48,6 +48,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import export_torch as et  # noqa: E402  (tools/export_torch.py: rescaling, exporters, checks)
+from check_corpus import run_group  # noqa: E402  (a child process with its group, killed on timeout)
 
 log = logging.getLogger("make_arch_corpus")
 
@@ -678,7 +679,7 @@ def _export_in_child(name: str, out: Path, exporters: list[str], static: bool, t
            "--record-only"] + (["--static"] if static else [])  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        proc = run_group(cmd, env, timeout_s)
         (out / "records" / f"{name}.log").write_text(proc.stdout + proc.stderr)
         if part.exists():
             return json.loads(part.read_text())

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -133,3 +134,14 @@ def test_gpu_session_script_runs_its_non_gpu_path(corpus, tmp_path):
     assert "arch exports: skipped" in log and "arch corpus: rc=1" in log and "trained: no TRAINED" in log
     rows = json.loads((out / "arch_corpus_cuda.json").read_text())["rows"]
     assert sum(bool(r.get("interpret")) for r in rows) == 2
+
+
+def test_a_timed_out_child_takes_its_own_children_with_it(tmp_path):
+    pid_file = tmp_path / "pid"
+    cmd = ["bash", "-c", f"sleep 60 & echo $! > {pid_file}; wait"]
+    with pytest.raises(subprocess.TimeoutExpired):
+        CC.run_group(cmd, dict(os.environ), 2)
+    grandchild = int(pid_file.read_text())
+    time.sleep(0.2)
+    with pytest.raises(ProcessLookupError):
+        os.kill(grandchild, 0)
