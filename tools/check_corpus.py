@@ -66,14 +66,26 @@ def arch_items(folder: str, load: bool = True) -> list[Item]:
             if npz is not None and npz.exists():
                 if load:
                     it.feeds, it.ref = _load_npz(npz)
-                if not x["ok"]:  # ORT ran (its outputs are the reference) but differed from PyTorch
-                    it.note = f"ORT vs PyTorch: {x['error']}"
+                if not x["ok"]:  # ORT ran (its outputs are the reference) but then failed a check
+                    it.note = _ort_note(x["error"], it.feeds if load else None)
             elif not x["ok"]:
                 it.export_error = f"{x.get('stage', 'export')}: {x['error']}"
             else:
                 it.export_error = f"{npz} is missing"
             items.append(it)
     return items
+
+
+def _ort_note(error: str, feeds: dict[str, np.ndarray] | None) -> str:
+    """make_arch_corpus checks ONNX Runtime against PyTorch at the stored inputs first, then at a second
+    shape (batch + 1, a shorter sequence); an error that names other shapes than the stored ones came
+    from the second: the export holds a fixed size where the model has a symbolic one."""
+    stored = feeds and all(f"'{k}': {tuple(v.shape)}" in error for k, v in feeds.items())
+    if feeds and "inputs {" in error and not stored:
+        return f"ORT matches PyTorch at the stored inputs, not at a second shape (a size fixed in the export): {error}"
+    if "for the following indices" in error or "out of data bounds" in error:
+        return f"ORT runs the stored inputs, fails at a second shape (a size fixed in the export): {error}"
+    return f"ORT vs PyTorch: {error}"
 
 
 def test_corpus_items(folder: str) -> list[Item]:

@@ -419,6 +419,19 @@ def run_staged(args) -> int:
     return 0 if ok else 1
 
 
+def rerender(args) -> int:
+    data = json.loads(Path(args.rerender).read_text())
+    if args.arch_corpus:
+        notes = {i.key: i.note for i in check_corpus.arch_items(args.arch_corpus)}
+        for r in data["rows"]:
+            r["note"] = notes.get(r["key"], r.get("note", ""))
+    if args.out:
+        check_corpus.write_markdown(data["rows"], data["stages"], args.out, data["header"])
+    if args.json:
+        Path(args.json).write_text(json.dumps(data, indent=1, default=str) + "\n")
+    return 0
+
+
 def staged_header(args, stages: list[str], seconds: float) -> list[str]:
     """The table's title, the command, date, versions (graphc's commit; the corpus's exporters)."""
     import platform
@@ -480,9 +493,13 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=1, help="models checked at once, one process each (0: in this one)")
     p.add_argument("--timeout", type=int, default=600, help="seconds per model")
     p.add_argument("--deadline", type=float, help="seconds after which no model starts (rows say so)")
+    p.add_argument("--rerender", help="a --json file of a staged run: write --out (and --json) again from it, "
+                   "with the notes read afresh from --arch-corpus's manifest")  # fmt: skip
     p.add_argument("--only", help=argparse.SUPPRESS)  # a --jobs child: this one item's key
     p.add_argument("--part", help=argparse.SUPPRESS)  # ... and where its row goes
     args = p.parse_args()
+    if args.rerender:
+        return rerender(args)
     if args.arch_corpus or args.test_corpus or args.trained:
         return run_staged(args)
     if args.corpus:

@@ -145,3 +145,11 @@ def test_a_timed_out_child_takes_its_own_children_with_it(tmp_path):
     time.sleep(0.2)
     with pytest.raises(ProcessLookupError):
         os.kill(grandchild, 0)
+
+
+def test_an_ort_failure_at_the_second_shape_is_told_apart_from_one_at_the_stored_inputs():
+    feeds = {"input_ids": np.zeros((2, 16), np.int64)}
+    second = CC._ort_note("AssertionError: y differs from PyTorch by 2.3 (inputs {'input_ids': (3, 11)})", feeds)
+    stored = CC._ort_note("AssertionError: y differs from PyTorch by 2.3 (inputs {'input_ids': (2, 16)})", feeds)
+    assert second.startswith("ORT matches PyTorch at the stored inputs, not at a second shape")
+    assert stored.startswith("ORT vs PyTorch: ")
