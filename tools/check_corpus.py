@@ -97,7 +97,8 @@ def test_corpus_items(folder: str) -> list[Item]:
     items = []
     for key, rec in sorted(manifest.items()):
         case = make_corpus.CASES.get(rec["model"])
-        it = Item(f"corpus:{key}", str(root / rec["file"]), "tests/corpus", rec["model"], "",
+        # the key (model, attention, exporter, torch tag) names the row; several share a model
+        it = Item(f"corpus:{key}", str(root / rec["file"]), "tests/corpus", key, rec["model"],
                   rec.get("exporter", "") + (".ort" if "source" in rec else ""))  # fmt: skip
         feeds = case.inputs(np.random.default_rng(0)) if case else {}
         if case is None or {k: list(v.shape) for k, v in feeds.items()} != rec["inputs"]:
