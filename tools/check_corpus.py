@@ -87,7 +87,7 @@ def _second_shape(rec: dict) -> dict[str, np.ndarray]:
     import export_torch
 
     ex = rec["example_dims"]
-    dims = {"batch": ex["batch"] + 1, "seq": ex["seq"] // 2 + 3}
+    dims = {"batch": ex.get("batch", 1) + 1, "seq": ex.get("seq", 16) // 2 + 3}
     rng = np.random.default_rng(rec.get("seed", 0) + 7)
     return {s["name"]: export_torch._example(export_torch.InputSpec(**s), dims, rng) for s in rec["inputs"]}
 

@@ -62,7 +62,9 @@ def corpus(tmp_path: Path) -> Path:
                 y = y + np.float32(1e-2)
             np.savez(path.with_suffix(".npz"), **{"in.x": x, "out.y": y})
             exports[exporter] = {"ok": True, "file": path.name, "npz": path.with_suffix(".npz").name}
-        models[name] = {"model": name, "family": "test", "exports": exports}
+        spec = [{"name": "x", "dtype": "float32", "shape": ["batch", 6], "low": 0, "high": 1, "kind": "normal"}]
+        models[name] = {"model": name, "family": "test", "exports": exports, "static": False, "inputs": spec,
+                        "example_dims": {"batch": 3}, "seed": 0}  # fmt: skip
     manifest = {"date": "2026-12-01", "versions": {"torch": "t", "transformers": "tf", "onnxscript": "o"}, "seed": 0,
                 "example_dims": {"batch": 3}, "torchscript_opset": 17, "models": models}  # fmt: skip
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
@@ -97,6 +99,13 @@ def test_stages_pass_on_a_right_reference_and_fail_on_a_wrong_one(corpus):
     assert "MISMATCH" in off["interpret_detail"]
     failed = CC.check_item(items["arch:half.dynamo"], ["interpret", "cpu"], [])
     assert failed["export"] is False and "interpret" not in failed and "data-dependent" in CC.stops(failed)
+
+
+def test_a_second_shape_binds_the_symbolic_batch_and_compares_with_ort_there(corpus):
+    it = {i.key: i for i in CC.arch_items(str(corpus))}["arch:good.dynamo"]
+    assert it.feeds2["x"].shape == (4, 6)
+    row = CC.check_item(it, ["cpu-shape2"], [])
+    assert row["cpu-shape2"] is True, row  # ORT's outputs at (4, 6), not the wrong stored ones
 
 
 def test_check_models_runs_each_model_in_its_own_process_and_writes_the_table(corpus, tmp_path):
