@@ -386,7 +386,7 @@ def run_staged(args) -> int:
         items += check_corpus.trained_items(args.trained, args.batch, args.seq)
     if args.models:
         keep = set(args.models.split(","))
-        items = [i for i in items if i.model in keep or i.key.split(":", 1)[1] in keep]
+        items = [i for i in items if keep & {i.model, i.family, i.key.split(":", 1)[1]}]
     if args.only:
         (it,) = [i for i in items if i.key == args.only]
         row = check_corpus.check_item(it, stages, arch, args.opt_level, args.debug)

@@ -5,7 +5,7 @@
 # (cosine >= 0.999), one process per model, JOBS at a time; then the committed tests/corpus exports and,
 # if TRAINED names a tools/fetch_trained_models.py folder, those models. Fits one 500 s call:
 #
-#   OUT=dir [JOBS=14] [TRAINED=path/models] [MODELS=roberta,resnet] bash tools/gpu_corpus_session.sh
+#   OUT=dir [JOBS=14] [TRAINED=path/models] [ARCH_MODELS=roberta,resnet] bash tools/gpu_corpus_session.sh
 #
 # Writes under $OUT: session.log, arch_exports.log, arch_corpus_cuda.{md,json}, and (if run)
 # test_corpus_cuda.{md,json}, trained_cuda.{md,json}. Each step has a limit in seconds (EXPORT_S=130,
@@ -14,7 +14,8 @@
 # the configs are built in code.
 #
 # Off the GPU (here): SKIP_INSTALL=1 EXPORT_PY=/tmp/fusion-torch/bin/python CHECK_PY=.venv/bin/python
-# STAGES=interpret,cpu,cuda-check,cuda-compile MODELS=roberta,resnet OUT=/tmp/o bash tools/gpu_corpus_session.sh
+# STAGES=interpret,cpu,cuda-check,cuda-compile ARCH_MODELS=roberta,resnet TESTC_MODELS=bert OUT=/tmp/o \
+#   bash tools/gpu_corpus_session.sh
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -25,7 +26,10 @@ STAGES=${STAGES:-cuda-check,cuda-fp32,cuda-fp16}
 EXPORT_S=${EXPORT_S:-130} ARCH_S=${ARCH_S:-190} TESTC_S=${TESTC_S:-80} TRAINED_S=${TRAINED_S:-50}
 CORPUS=${CORPUS:-/tmp/arch_corpus}
 log="$OUT/session.log"
-sel=${MODELS:+--models $MODELS}
+# ARCH_MODELS / TESTC_MODELS / TRAINED_MODELS pick models of each (names, or for tests/corpus model names
+# such as bert, or keys)
+asel=${ARCH_MODELS:+--models $ARCH_MODELS} tsel=${TESTC_MODELS:+--models $TESTC_MODELS}
+rsel=${TRAINED_MODELS:+--models $TRAINED_MODELS}
 
 {
   date -u
@@ -63,7 +67,7 @@ step() {
 
 # The exports with this machine's torch (a crash of one model is its row; --timeout per model).
 [ "$EXPORT_S" = 0 ] || step "arch exports" "$((EXPORT_S + 20))" $EXPORT_PY tools/make_arch_corpus.py --out "$CORPUS" --jobs "$JOBS" \
-  --deadline "$EXPORT_S" $sel > "$OUT/arch_exports.log" 2>&1
+  --deadline "$EXPORT_S" $asel > "$OUT/arch_exports.log" 2>&1
 [ "$EXPORT_S" = 0 ] && echo "arch exports: skipped" | tee -a "$log"
 grep -E "exports ok|^  " "$OUT/arch_exports.log" 2>/dev/null | head -40 >> "$log"
 cp "$CORPUS/manifest.json" "$OUT/arch_manifest.json" 2>/dev/null || true
@@ -76,12 +80,12 @@ check() {
   [ "$limit" = 0 ] && { echo "$name: skipped" | tee -a "$log"; return; }
   step "$name" "$((limit + 30))" $CHECK_PY tools/check_models.py "$@" --stages "$STAGES" --jobs "$JOBS" \
     --timeout 150 --deadline $((limit - 15)) --out "$OUT/$base.md" --json "$OUT/$base.json" > "/tmp/$base.log" 2>&1
-  tail -4 "/tmp/$base.log" >> "$log"
+  grep -E "rows, exported" "/tmp/$base.log" >> "$log"
 }
-[ -f "$CORPUS/manifest.json" ] && check "arch corpus" "$ARCH_S" arch_corpus_cuda --arch-corpus "$CORPUS" $sel
-check "tests/corpus" "$TESTC_S" test_corpus_cuda --test-corpus tests/corpus $sel
+[ -f "$CORPUS/manifest.json" ] && check "arch corpus" "$ARCH_S" arch_corpus_cuda --arch-corpus "$CORPUS" $asel
+check "tests/corpus" "$TESTC_S" test_corpus_cuda --test-corpus tests/corpus $tsel
 if [ -n "${TRAINED:-}" ] && [ -d "$TRAINED" ]; then
-  check "trained" "$TRAINED_S" trained_cuda --trained "$TRAINED" $sel
+  check "trained" "$TRAINED_S" trained_cuda --trained "$TRAINED" $rsel
 else
   echo "trained: no TRAINED folder given, skipped" | tee -a "$log"
 fi
