@@ -338,6 +338,7 @@ def stops(row: dict) -> str:
     """The first reason each failed stage gives, one line."""
     parts = [row["error"]] if row.get("error") else []
     parts += [f"{s}: {row.get(s + '_detail', '')}" for s in STAGES if s in row and not row[s]]
+    parts += [f"{s}: {row[s + '_detail']}" for s in STAGES if s not in row and row.get(s + "_detail")]  # skipped
     if row.get("note"):
         parts.append(f"note: {row['note']}")
     return "; ".join(parts).replace("|", "/").replace("\n", " ")[:400]
