@@ -5,7 +5,7 @@
 # (cosine >= 0.999), one process per model, JOBS at a time; then the committed tests/corpus exports and,
 # if TRAINED names a tools/fetch_trained_models.py folder, those models. Fits one 500 s call:
 #
-#   OUT=dir [JOBS=14] [TRAINED=path/models] [ARCH_MODELS=roberta,resnet] bash tools/gpu_corpus_session.sh
+#   OUT=dir [JOBS=12] [TRAINED=path/models] [ARCH_MODELS=roberta,resnet] bash tools/gpu_corpus_session.sh
 #
 # Writes under $OUT: session.log, arch_exports.log, arch_corpus_cuda.{md,json}, and (if run)
 # test_corpus_cuda.{md,json}, trained_cuda.{md,json}. Each step has a limit in seconds (EXPORT_S=130,
@@ -20,7 +20,7 @@ set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=1
-JOBS=${JOBS:-14}
+JOBS=${JOBS:-12}  # each check also runs NVRTC on up to every core: fewer jobs than cores
 EXPORT_PY=${EXPORT_PY:-python3} CHECK_PY=${CHECK_PY:-python3}
 STAGES=${STAGES:-cuda-check,cuda-fp32,cuda-fp16}
 EXPORT_S=${EXPORT_S:-130} ARCH_S=${ARCH_S:-190} TESTC_S=${TESTC_S:-80} TRAINED_S=${TRAINED_S:-50}
