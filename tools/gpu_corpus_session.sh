@@ -8,8 +8,8 @@
 #   OUT=dir [JOBS=12] [TRAINED=path/models] [ARCH_MODELS=roberta,resnet] bash tools/gpu_corpus_session.sh
 #
 # Writes under $OUT: session.log, arch_exports.log, arch_corpus_cuda.{md,json}, and (if run)
-# test_corpus_cuda.{md,json}, trained_cuda.{md,json}. Each step has a limit in seconds (EXPORT_S=130,
-# ARCH_S=190, TESTC_S=80, TRAINED_S=50; 0 skips it; about 20 s of install besides): no model starts or
+# test_corpus_cuda.{md,json}, trained_cuda.{md,json}. Each step has a limit in seconds (EXPORT_S=150,
+# ARCH_S=180, TESTC_S=70, TRAINED_S=40; 0 skips it; about 20 s of install besides: ~460 s in all): no model starts or
 # runs past its step's limit (its row says so) and the table is still written. No internet is needed:
 # the configs are built in code.
 #
@@ -23,7 +23,8 @@ export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=1
 JOBS=${JOBS:-12}  # each check also runs NVRTC on up to every core: fewer jobs than cores
 EXPORT_PY=${EXPORT_PY:-python3} CHECK_PY=${CHECK_PY:-python3}
 STAGES=${STAGES:-cuda-check,cuda-fp32,cuda-fp16}
-EXPORT_S=${EXPORT_S:-130} ARCH_S=${ARCH_S:-190} TESTC_S=${TESTC_S:-80} TRAINED_S=${TRAINED_S:-50}
+EXPORT_S=${EXPORT_S:-150} ARCH_S=${ARCH_S:-180} TESTC_S=${TESTC_S:-70} TRAINED_S=${TRAINED_S:-40}
+EXPORT_JOBS=${EXPORT_JOBS:-16}  # an export is one thread
 CORPUS=${CORPUS:-/tmp/arch_corpus}
 log="$OUT/session.log"
 # ARCH_MODELS / TESTC_MODELS / TRAINED_MODELS pick models of each (names, or for tests/corpus model names
@@ -66,7 +67,7 @@ step() {
 }
 
 # The exports with this machine's torch (a crash of one model is its row; --timeout per model).
-[ "$EXPORT_S" = 0 ] || step "arch exports" "$((EXPORT_S + 20))" $EXPORT_PY tools/make_arch_corpus.py --out "$CORPUS" --jobs "$JOBS" \
+[ "$EXPORT_S" = 0 ] || step "arch exports" "$((EXPORT_S + 20))" $EXPORT_PY tools/make_arch_corpus.py --out "$CORPUS" --jobs "$EXPORT_JOBS" \
   --deadline "$EXPORT_S" $asel > "$OUT/arch_exports.log" 2>&1
 [ "$EXPORT_S" = 0 ] && echo "arch exports: skipped" | tee -a "$log"
 grep -E "exports ok|^  " "$OUT/arch_exports.log" 2>/dev/null | head -40 >> "$log"
