@@ -7,10 +7,22 @@ compare with ONNX Runtime, and optionally benchmark.
 
     python tools/check_models.py --corpus ~/.cache/graphc/trained_models/models --out docs/results/trained_models.md
 
+    python tools/check_models.py --arch-corpus DIR [--test-corpus tests/corpus] [--trained DIR] \
+        --stages interpret,cpu,cuda-check,cuda-compile --jobs 2 --out docs/results/arch_corpus_cpu.md \
+        --json docs/results/arch_corpus_cpu.json
+
 Exports are NAME.{torchscript,dynamo}.onnx with NAME.json input specs (tools/export_torch.py writes
 them); zoo models come from models/. A corpus folder (tools/fetch_trained_models.py fills it) holds
 NAME.onnx with NAME.json and is checked stage by stage: loads, compiles for CPU, the CPU engine
 against ONNX Runtime, and `graphc check --target cuda`, with the op that stops each stage.
+
+--arch-corpus reads tools/make_arch_corpus.py's manifest.json (its failed exports are rows too) and the
+fixed inputs and ONNX Runtime outputs in NAME.EXPORTER.npz; --test-corpus the committed exports of
+tests/corpus (inputs made as tools/make_corpus.py makes them, ONNX Runtime run here); --trained a
+tools/fetch_trained_models.py folder. They run by stage (check_corpus.py: the interpreter and the CPU
+engine within 1e-4 of the reference's scale, `graphc check --target cuda`, the CUDA compile through
+NVRTC, and on a GPU the CUDA engine in fp32 within 1e-3 of scale and fp16 at cosine >= 0.999), each
+model in its own process, --jobs at a time.
 """
 
 from __future__ import annotations
@@ -33,6 +45,9 @@ import graphc  # noqa: E402
 import graphc.runtime  # noqa: E402
 import models  # noqa: E402
 from graphc.cli import compare_outputs  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import check_corpus  # noqa: E402
 
 
 def ort_run(path: str, feeds: dict) -> dict:
@@ -354,6 +369,103 @@ def write_markdown(rows: list[dict], path: str, args) -> None:
     Path(path).write_text("\n".join(lines) + "\n")
 
 
+def run_staged(args) -> int:
+    """--arch-corpus / --test-corpus / --trained: every item by stage, then the table."""
+    stages = [s for s in args.stages.split(",") if s]
+    bad = [s for s in stages if s not in check_corpus.STAGES]
+    if bad:
+        print(f"error: unknown stage(s) {bad}; stages: {', '.join(check_corpus.STAGES)}", file=sys.stderr)
+        return 2
+    arch = args.arch.split(",") if args.arch else None
+    items = []
+    if args.arch_corpus:
+        items += check_corpus.arch_items(args.arch_corpus)
+    if args.test_corpus:
+        items += check_corpus.test_corpus_items(args.test_corpus)
+    if args.trained:
+        items += check_corpus.trained_items(args.trained, args.batch, args.seq)
+    if args.models:
+        keep = set(args.models.split(","))
+        items = [i for i in items if keep & {i.model, i.family, i.key.split(":", 1)[1]}]
+    if args.only:
+        (it,) = [i for i in items if i.key == args.only]
+        row = check_corpus.check_item(it, stages, arch, args.opt_level, args.debug)
+        Path(args.part).write_text(json.dumps(row, default=str))
+        return 0
+    t0 = time.time()
+    if args.jobs == 0:
+        rows = []
+        for it in items:
+            rows.append(check_corpus.check_item(it, stages, arch, args.opt_level, args.debug))
+            print(check_corpus.summary_line(rows[-1]), flush=True)
+    else:
+        child = [f"--stages={','.join(stages)}", f"--opt-level={args.opt_level}", f"--batch={args.batch}",
+                 f"--seq={args.seq}"]  # fmt: skip
+        for k in ("arch_corpus", "test_corpus", "trained", "arch"):
+            if getattr(args, k):
+                child.append(f"--{k.replace('_', '-')}={getattr(args, k)}")
+        rows = check_corpus.run_items(items, child, args.jobs, args.timeout, args.deadline)
+    header = staged_header(args, stages, time.time() - t0)
+    if args.out:
+        check_corpus.write_markdown(rows, stages, args.out, header)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"header": header, "stages": stages,
+                                               "counts": check_corpus.counts(rows, stages), "rows": rows},
+                                              indent=1, default=str) + "\n")  # fmt: skip
+    for source, c in check_corpus.counts(rows, stages).items():
+        print(f"{source}: {c['rows']} rows, exported {c['exported']}; "
+              + ", ".join(f"{s} {c[f'{s}_ok']}/{c[f'{s}_run']}" for s in stages))  # fmt: skip
+    ok = all(r.get("export") and all(r.get(s) for s in stages) for r in rows)
+    return 0 if ok else 1
+
+
+def rerender(args) -> int:
+    data = json.loads(Path(args.rerender).read_text())
+    if args.arch_corpus:
+        notes = {i.key: i.note for i in check_corpus.arch_items(args.arch_corpus)}
+        for r in data["rows"]:
+            r["note"] = notes.get(r["key"], r.get("note", ""))
+    if args.out:
+        check_corpus.write_markdown(data["rows"], data["stages"], args.out, data["header"])
+    if args.json:
+        Path(args.json).write_text(json.dumps(data, indent=1, default=str) + "\n")
+    return 0
+
+
+def staged_header(args, stages: list[str], seconds: float) -> list[str]:
+    """The table's title, the command, date, versions (graphc's commit; the corpus's exporters)."""
+    import platform
+    import subprocess
+
+    import onnx
+    import onnxruntime
+
+    root = Path(__file__).resolve().parents[1]
+    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or "unknown"  # fmt: skip
+    lines = [
+        f"# Model corpus by stage ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+        "",
+        f"`python tools/check_models.py {' '.join(sys.argv[1:])}` ({seconds:.0f} s)",
+        "",
+        f"graphc {commit}, Python {platform.python_version()}, numpy {np.__version__}, onnx {onnx.__version__}, "
+        f"onnxruntime {onnxruntime.__version__}, host {platform.node() or 'unknown'} ({os.cpu_count()} CPUs).",
+    ]
+    if args.arch_corpus:
+        m = json.loads((Path(args.arch_corpus) / "manifest.json").read_text())
+        v = m["versions"]
+        lines += ["", f"Architecture corpus: tools/make_arch_corpus.py, {m['date']}, torch {v['torch']}, "
+                  f"transformers {v['transformers']}, onnxscript {v['onnxscript']}, seed {m['seed']}, inputs at "
+                  f"{m['example_dims']}; TorchScript exporter at opset {m['torchscript_opset']}, dynamo at its "
+                  "default; the reference is ONNX Runtime's output stored beside each file."]  # fmt: skip
+    lines += ["", "Stages: " + ", ".join(stages) + ". interpret and cpu pass within 1e-4 of the reference's scale "
+              "(max |reference|); cuda-fp32 within 1e-3; cuda-fp16 at cosine >= 0.999 with no non-finite values; "
+              "cuda-check is `graphc check --target cuda`, cuda-compile(-fp16) `graphc.compile(target='cuda', "
+              f"arch={args.arch or 'sm_90'})` in fp32 (fp16) through NVRTC. `rel`: the largest error relative to "
+              "scale."]  # fmt: skip
+    return lines
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--zoo", choices=["tiny", "full"])
@@ -373,7 +485,23 @@ def main() -> int:
     p.add_argument("--out", help="markdown table")
     p.add_argument("--json", help="all rows as JSON")
     p.add_argument("--debug", action="store_true")
+    p.add_argument("--arch-corpus", help="tools/make_arch_corpus.py's folder (manifest.json + .onnx + .npz)")
+    p.add_argument("--test-corpus", help="tests/corpus (tools/make_corpus.py's committed exports)")
+    p.add_argument("--trained", help="a tools/fetch_trained_models.py folder, checked with the stages")
+    p.add_argument("--stages", default=",".join(check_corpus.CPU_STAGES),
+                   help=f"with the three above: from {','.join(check_corpus.STAGES)}")  # fmt: skip
+    p.add_argument("--jobs", type=int, default=1, help="models checked at once, one process each (0: in this one)")
+    p.add_argument("--timeout", type=int, default=600, help="seconds per model")
+    p.add_argument("--deadline", type=float, help="seconds after which no model starts (rows say so)")
+    p.add_argument("--rerender", help="a --json file of a staged run: write --out (and --json) again from it, "
+                   "with the notes read afresh from --arch-corpus's manifest")  # fmt: skip
+    p.add_argument("--only", help=argparse.SUPPRESS)  # a --jobs child: this one item's key
+    p.add_argument("--part", help=argparse.SUPPRESS)  # ... and where its row goes
     args = p.parse_args()
+    if args.rerender:
+        return rerender(args)
+    if args.arch_corpus or args.test_corpus or args.trained:
+        return run_staged(args)
     if args.corpus:
         rows = run_corpus(args)
         if args.json:
