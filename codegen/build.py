@@ -180,6 +180,14 @@ def complete_plan(plan: KernelPlan, kernels: KernelSet) -> KernelPlan:
         if not step.alias and not is_host_if(step) and step.name not in kernels.steps:
             raise CompileError(f"step '{step.name}' has no kernels")
         own = {a: byname[step.name] for a, byname in sorted(kernels.arch_steps.items()) if step.name in byname}
+        if (
+            not step.alias
+            and not is_host_if(step)
+            and made.vendor is None
+            and not made.launches
+            and not any(k.launches for k in own.values())
+        ):  # the loader refuses such a step: say so here, naming it, rather than write that engine
+            raise CompileError(f"step '{step.name}' (op {step.op}) has no kernel to launch")
         workspace = max([made.workspace_bytes, *(k.workspace_bytes for k in own.values())])
         steps.append(
             dataclasses.replace(

@@ -9,6 +9,8 @@ planner treats a Reshape as an alias, so one canonical form is enough downstream
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from graphc.ir.graph import Graph, Node, Value
@@ -137,5 +139,24 @@ def _const_input_all(m, i: int, test) -> bool:
     return data is not None and bool(np.all(test(data)))
 
 
+def _is_empty(v: Value | None) -> bool:
+    return v is not None and _static(v) and 0 in v.type.static_shape
+
+
+def drop_empty_concat_inputs(graph: Graph) -> Graph:
+    """Concat inputs with no elements dropped (at least one input kept). Exporters write
+    `cat(rotate(x[..., :d]), x[..., d:])` for partial rotary embeddings, and where d is the whole
+    head (Phi-3 from torch 2.11's TorchScript exporter) the pass-through slice is empty: without
+    this, the CUDA engine held a Slice step with no kernel to launch, which the loader refuses."""
+    nodes, changed = [], False
+    for n in graph.nodes:
+        if n.domain == "" and n.op == "Concat" and len(n.inputs) > 1:
+            keep = tuple(v for v in n.inputs if not _is_empty(v))
+            if keep and len(keep) < len(n.inputs):
+                n, changed = dataclasses.replace(n, inputs=keep), True
+        nodes.append(n)
+    return graph.with_nodes(nodes) if changed else graph
+
+
 def simplify(graph: Graph) -> Graph:
-    return apply_rules(graph, RULES)
+    return apply_rules(drop_empty_concat_inputs(graph), RULES)

@@ -222,3 +222,33 @@ def test_report_is_json_serializable_and_counts_ops():
     assert rep["ops_before"]["Shape"] == 1 and "Shape" not in rep["ops_after"]
     assert {p["name"] for p in rep["passes"]} >= {"constant_folding", "simplify", "cse", "dce"}
     assert "optimizer:" in summarize(rep)
+
+
+def _empty_slice_concat():
+    """Phi-3's partial rotary from torch 2.11's TorchScript exporter where the rotary width is the
+    whole head: cat(f(x[..., :8]), x[..., 8:]) with the pass-through slice empty."""
+    nodes = [
+        helper.make_node("Slice", ["x", "s0", "s8", "ax"], ["rot"]),
+        helper.make_node("Slice", ["x", "s8", "big", "ax"], ["rest"]),  # [2, 4, 16, 0]
+        helper.make_node("Neg", ["rot"], ["rot2"]),
+        helper.make_node("Concat", ["rot2", "rest"], ["y"], axis=-1),
+    ]
+    inits = [
+        ("s0", np.array([0], np.int64)),
+        ("s8", np.array([8], np.int64)),
+        ("big", np.array([2**62], np.int64)),
+        ("ax", np.array([-1], np.int64)),
+    ]
+    return _model(nodes, [_vi("x", [2, 4, 16, 8])], [_vi("y", [2, 4, 16, 8])], inits)
+
+
+def test_concat_drops_empty_inputs_and_the_cuda_plan_has_no_kernelless_step():
+    m = _empty_slice_concat()
+    x = np.random.default_rng(0).standard_normal((2, 4, 16, 8)).astype(np.float32)
+    out = graphc.compile(m, target="cpu").run({"x": x})
+    np.testing.assert_array_equal(next(iter(out.values())), -x)
+    g = optimize(graphc.load_onnx(m), OptimizeOptions(opt_level=1, verify=True)).graph
+    assert [n.op for n in g.nodes] == ["Neg"]  # the whole-width Slice, the empty one and the Concat go
+    e = graphc.compile(m, target="cuda", arch=["sm_90"])
+    kernelless = [s.name for s in e.plan.steps if not s.launches and not s.alias and s.vendor is None]
+    assert kernelless == []
