@@ -1,0 +1,391 @@
+"""The tvm family: CUDA kernels written by apache-tvm (graphc[tvm]) for the long tail, the ops that
+have a numpy reference but no graphc template on the cuda target (or forms of them a template
+refuses, such as ScatterElements/ScatterND with reduction mul/max/min).
+
+It is consulted last: registered after every template family, and as the fallback of the
+families listed in FALLBACK_OPS (install_fallbacks, called by codegen/families/__init__.py) only
+when the template itself refuses the step. Each op below is a te/topi compute, specialized to the
+step's static shapes and attributes; graphc/tvm_source.py has TVM schedule, lower and print it,
+and the source goes through graphc's own NVRTC like any template's. Every step TVM serves is
+logged, and the engine's launches record it (family "tvm", params.source "apache-tvm").
+
+Without TVM installed, or with CompileOptions(tvm=False) / `--no-tvm`, these ops are refused as
+before, with one line that names the node, the op and how to get the kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import logging
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from graphc.codegen.kernel import KernelSource, StepContext, register_family
+from graphc.errors import CompileError
+
+log = logging.getLogger(__name__)
+
+_ALLOWED: contextvars.ContextVar[bool] = contextvars.ContextVar("graphc_tvm_allowed", default=True)
+
+
+@contextlib.contextmanager
+def tvm_allowed(allowed: bool) -> Iterator[None]:
+    """Within the block, TVM-written kernels are used (True) or refused (False: --no-tvm)."""
+    token = _ALLOWED.set(bool(allowed))
+    try:
+        yield
+    finally:
+        _ALLOWED.reset(token)
+
+
+# ---- the computes ----------------------------------------------------------------------------
+# Each takes the StepContext and returns (inputs used, compute) where compute(*placeholders) makes
+# the te output(s); a form the compute does not define raises ctx.fail with the reason.
+
+
+def _shape(ctx: StepContext, name: str) -> tuple[int, ...]:
+    return tuple(int(d) for d in ctx.tensors[name].shape)
+
+
+def _const_int(ctx: StepContext, i: int, what: str) -> int | None:
+    names = ctx.step.inputs
+    if i >= len(names) or names[i] is None:
+        return None
+    v = ctx.weights.get(names[i])
+    if v is None:
+        raise ctx.fail(f"{what} must be a constant for the cuda target")
+    return int(np.asarray(v).reshape(-1)[0])
+
+
+_SCATTER_MODES = {"none": "update", "add": "add", "mul": "mul", "max": "max", "min": "min"}
+
+
+def _scatter_elements(ctx: StepContext):
+    from tvm import topi
+
+    a = ctx.attrs
+    if a.reduction not in _SCATTER_MODES:
+        raise ctx.fail(f"reduction {a.reduction!r} is not one of {sorted(_SCATTER_MODES)}")
+    rank = len(_shape(ctx, ctx.step.inputs[0]))
+    axis = a.axis + rank if a.axis < 0 else a.axis
+
+    # topi's GPU form: a copy kernel, then one thread per line along the axis applying its
+    # updates in order (so duplicates reduce in the reference's order)
+    def compute(data, idx, upd):
+        return topi.gpu.scatter_elements(data, idx, upd, axis, _SCATTER_MODES[a.reduction])
+
+    return [0, 1, 2], compute
+
+
+def _scatter_nd(ctx: StepContext):
+    from tvm import te, tirx
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.script.ir_builder import tirx as T
+
+    mode = ctx.attrs.reduction
+    if mode not in _SCATTER_MODES:
+        raise ctx.fail(f"reduction {mode!r} is not one of {sorted(_SCATTER_MODES)}")
+    dshape = _shape(ctx, ctx.step.inputs[0])
+    ishape = _shape(ctx, ctx.step.inputs[1])
+    k = ishape[-1]
+    rows = math.prod(ishape[:-1])
+    inner = math.prod(dshape[k:])
+    total = math.prod(dshape)
+    threads = 256
+
+    # ONNX's indices are [..., k] (topi's scatter_nd wants k first): a copy kernel, then one thread
+    # per element of a slice, applying every update row in order (duplicates reduce in order).
+    def gen(data_b, idx_b, upd_b, out_b):
+        data, idx, upd, out = (T.buffer_proxy(b) for b in (data_b, idx_b, upd_b, out_b))
+        with IRBuilder() as ib:
+            with T.seq_scope():
+                bx, tx = te.thread_axis("blockIdx.x"), te.thread_axis("threadIdx.x")
+                with T.frame_scope(
+                    [
+                        T.attr(bx, "thread_extent", max(1, -(-total // threads))),
+                        T.attr(tx, "thread_extent", threads),
+                    ]
+                ):
+                    tid = bx * threads + tx
+                    with T.If(tid < total), T.Then():
+                        out[tid] = data[tid]
+                bx2, tx2 = te.thread_axis("blockIdx.x"), te.thread_axis("threadIdx.x")
+                with T.frame_scope(
+                    [
+                        T.attr(bx2, "thread_extent", max(1, -(-inner // threads))),
+                        T.attr(tx2, "thread_extent", threads),
+                    ]
+                ):
+                    j = bx2 * threads + tx2
+                    with T.If(j < inner), T.Then(), T.serial(0, rows) as i:
+                        index = j.astype("int64")
+                        stride = inner
+                        for ax in reversed(range(k)):
+                            v = idx[i * k + ax].astype("int64")
+                            v = v + (v < 0).astype("int64") * dshape[ax]  # negative: from the end
+                            index = index + v * stride
+                            stride *= dshape[ax]
+                        u = upd[i * inner + j]
+                        if mode == "none":
+                            out[index] = u
+                        elif mode == "add":
+                            out[index] = out[index] + u
+                        elif mode == "mul":
+                            out[index] = out[index] * u
+                        elif mode == "max":
+                            out[index] = tirx.max(out[index], u)
+                        else:
+                            out[index] = tirx.min(out[index], u)
+            return ib.get()
+
+    def compute(data, idx, upd):
+        out_buf = tirx.decl_buffer(data.shape, data.dtype, "out_buf")
+        return te.extern(
+            [data.shape],
+            [data, idx, upd],
+            lambda ins, outs: gen(ins[0], ins[1], ins[2], outs[0]),
+            dtype=data.dtype,
+            out_buffers=[out_buf],
+            name="scatter_nd_onnx",
+        )
+
+    return [0, 1, 2], compute
+
+
+_GRID_METHODS = {"nearest": "nearest", "linear": "bilinear", "cubic": "bicubic"}
+
+
+def _grid_sample(ctx: StepContext):
+    from tvm import te, topi
+
+    a = ctx.attrs
+    xshape = _shape(ctx, ctx.step.inputs[0])
+    nd = len(xshape) - 2
+    if nd not in (2, 3):
+        raise ctx.fail(f"TVM's grid_sample takes 2-D or 3-D inputs, this one has {nd} spatial axes")
+    if a.mode == "cubic" and nd != 2:
+        raise ctx.fail("cubic mode is defined for 2-D inputs only")
+    if (a.mode, a.padding_mode) in UNMATCHED_GRID_FORMS:
+        raise ctx.fail(f"mode {a.mode} with padding {a.padding_mode}: {UNMATCHED_GRID_FORMS[(a.mode, a.padding_mode)]}")
+
+    def compute(x, grid):
+        # ONNX's grid is [N, *out, nd] with grid[..., 0] the last axis; topi's is [N, nd, *out]
+        # (same component order), read through an index map the schedule inlines.
+        gshape = grid.shape
+        gt = te.compute(
+            (gshape[0], nd, *gshape[1:-1]),
+            lambda n, c, *sp: grid[(n, *sp, c)],
+            name="grid_nc",
+        )
+        return topi.image.grid_sample(
+            x, gt, _GRID_METHODS[a.mode], "NCHW" if nd == 2 else "NCDHW", a.padding_mode, bool(a.align_corners)
+        )
+
+    return [0, 1], compute
+
+
+# Forms where topi's definition differs from graphc's reference (measured by
+# tests/codegen/test_tvm_kernels.py on TVM's CPU build of the same compute): refused, not served.
+UNMATCHED_GRID_FORMS: dict[tuple[str, str], str] = {}
+
+
+def _dft(ctx: StepContext):
+    from tvm import te, tirx
+
+    a = ctx.attrs
+    xshape = _shape(ctx, ctx.step.inputs[0])
+    oshape = _shape(ctx, ctx.step.outputs[0])
+    rank = len(xshape)
+    axis_v = _const_int(ctx, 2, "axis")
+    axis = (-2 if axis_v is None else axis_v) % rank
+    inverse, onesided = bool(a.inverse), bool(a.onesided)
+    d = xshape[axis]
+    complex_in = xshape[-1] == 2
+    length = _const_int(ctx, 1, "dft_length")
+    n = length if length is not None else (2 * (d - 1) if inverse and onesided else d)
+    irfft = inverse and onesided
+    terms = min(n // 2 + 1, d) if irfft else min(n, d)
+    sign = 1.0 if inverse else -1.0
+    scale = 1.0 / n if inverse else 1.0
+
+    def compute(x):
+        dt = x.dtype
+        r = te.reduce_axis((0, terms), name="t")
+
+        def at(idx, pos, comp):
+            i = list(idx[:-1])
+            i[axis] = pos
+            return x[(*i, comp)]
+
+        def body(*idx):
+            k = idx[axis]
+            # the angle's integer part reduced mod n first, so cos/sin see arguments below 2*pi
+            phase = ((k.astype("int64") * r.astype("int64")) % n).astype(dt) * tirx.const(2 * math.pi / n, dt)
+            c, s = te.cos(phase), te.sin(phase) * tirx.const(sign, dt)
+            xr = at(idx, r, 0)
+            xi = at(idx, r, 1) if complex_in else tirx.const(0, dt)
+            re = xr * c - xi * s  # (xr + i xi) * (cos + i*sign*sin)
+            im = xi * c + xr * s
+            if irfft:
+                # Hermitian input: bins 1..n/2-1 count twice, bin 0 and the Nyquist bin once
+                w = te.if_then_else(
+                    tirx.any(r == 0, tirx.all(n % 2 == 0, r * 2 == n)), tirx.const(1, dt), tirx.const(2, dt)
+                )
+                return te.sum(re * w * tirx.const(scale, dt), axis=r)
+            val = te.if_then_else(idx[-1] == 0, re, im)
+            return te.sum(val * tirx.const(scale, dt), axis=r)
+
+        return te.compute(oshape, body, name="dft")
+
+    return [0], compute
+
+
+def _stft(ctx: StepContext):
+    from tvm import te, tirx
+
+    xshape = _shape(ctx, ctx.step.inputs[0])
+    oshape = _shape(ctx, ctx.step.outputs[0])
+    step = _const_int(ctx, 1, "frame_step")
+    names = ctx.step.inputs
+    has_window = len(names) > 2 and names[2] is not None
+    fl = _const_int(ctx, 3, "frame_length")
+    ws = _shape(ctx, names[2])[0] if has_window else (fl if fl is not None else xshape[1])
+    length = fl if fl is not None else ws
+    terms = min(ws, length)
+    complex_in = xshape[-1] == 2
+    assert step is not None
+
+    def compute(x, *window):
+        dt = x.dtype
+        r = te.reduce_axis((0, terms), name="t")
+
+        def body(b, f, k, comp):
+            phase = ((k.astype("int64") * r.astype("int64")) % length).astype(dt) * tirx.const(2 * math.pi / length, dt)
+            c, s = te.cos(phase), -te.sin(phase)
+            w = window[0][r] if window else tirx.const(1, dt)
+            xr = x[b, f * step + r, 0] * w
+            xi = x[b, f * step + r, 1] * w if complex_in else tirx.const(0, dt)
+            return te.sum(te.if_then_else(comp == 0, xr * c - xi * s, xi * c + xr * s), axis=r)
+
+        return te.compute(oshape, body, name="stft")
+
+    return ([0, 2] if has_window else [0]), compute
+
+
+def _reverse_sequence(ctx: StepContext):
+    from tvm import te
+
+    a = ctx.attrs
+    rank = len(_shape(ctx, ctx.step.inputs[0]))
+    b = a.batch_axis % rank
+    tm = a.time_axis % rank
+
+    def compute(x, lens):
+        def body(*idx):
+            n = lens[idx[b]].astype("int64")
+            t = idx[tm].astype("int64")
+            src = list(idx)
+            src[tm] = te.if_then_else(t < n, n - 1 - t, t).astype(idx[tm].dtype)
+            return x[tuple(src)]
+
+        return te.compute(x.shape, body, name="reverse_sequence")
+
+    return [0, 1], compute
+
+
+Builder = Callable[[StepContext], tuple[list[int], Callable[..., Any]]]
+TVM_OPS: dict[str, Builder] = {
+    "ScatterElements": _scatter_elements,
+    "ScatterND": _scatter_nd,
+    "GridSample": _grid_sample,
+    "DFT": _dft,
+    "STFT": _stft,
+    "ReverseSequence": _reverse_sequence,
+}
+# Ops a template family serves in some forms: TVM is asked only when that family refuses a step.
+FALLBACK_OPS = frozenset({"ScatterElements", "ScatterND"})
+
+
+# ---- the family ------------------------------------------------------------------------------
+
+
+def _op(ctx: StepContext) -> str | None:
+    s = ctx.step
+    return s.op if s.domain == "" and s.op in TVM_OPS else None
+
+
+def _generate(ctx: StepContext, template_error: CompileError | None = None) -> list[KernelSource]:
+    from graphc import tvm_source
+
+    op = ctx.step.op
+    why = "" if template_error is None else f" (its template: {_reason(template_error, ctx)})"
+    if not _ALLOWED.get():
+        raise ctx.fail(f"{op} has no graphc CUDA kernel{why}; TVM would write one, but --no-tvm (tvm=False) refuses it")
+    if not tvm_source.available():
+        raise ctx.fail(f"{op} has no graphc CUDA kernel{why}; apache-tvm can write one: {tvm_source.INSTALL_HINT}")
+    used, compute = TVM_OPS[op](ctx)
+    names = [ctx.step.inputs[i] for i in used]
+    ins = [tvm_source.TensorArg(n, _shape(ctx, n), ctx.spec(n).dtype) for n in names]
+    outs = [tvm_source.TensorArg(o, _shape(ctx, o), ctx.spec(o).dtype) for o in ctx.step.outputs]
+    if any(math.prod(t.shape) == 0 for t in outs):
+        return []  # nothing to write
+    where = f"{ctx.step.kind} node '{ctx.step.name}': "
+    kernels = tvm_source.build(ctx.kernel_name(), ins, outs, compute, where)
+    log.info(
+        "%s node '%s': %d CUDA kernel(s) written by apache-tvm %s%s",
+        op,
+        ctx.step.name,
+        len(kernels),
+        tvm_source.version(),
+        why,
+    )
+    params = {"source": "apache-tvm", "tvm": tvm_source.version(), "op": op}
+    return [
+        KernelSource("tvm", k.name, k.source, k.grid, k.block, k.args, params=dict(params, kernel=i))
+        for i, k in enumerate(kernels)
+    ]
+
+
+def _reason(e: CompileError, ctx: StepContext) -> str:
+    msg = str(e)
+    marker = f"node '{ctx.step.name}': "
+    i = msg.find(marker)
+    return msg[i + len(marker) :] if i >= 0 else msg
+
+
+def _matches(ctx: StepContext) -> bool:
+    return _op(ctx) is not None
+
+
+register_family("tvm", _matches, _generate)
+
+
+def install_fallbacks() -> None:
+    """Wrap the template families that serve FALLBACK_OPS in some forms: where such a family refuses
+    a step of those ops, TVM is asked (and the template's reason is logged with it)."""
+    from graphc.codegen import kernel
+
+    for i, fam in enumerate(kernel._FAMILIES):
+        if fam.name == "tvm" or getattr(fam.generate, "_tvm_fallback", False):
+            continue
+
+        def generate(ctx: StepContext, _orig=fam.generate) -> list[KernelSource]:
+            try:
+                return _orig(ctx)
+            except CompileError as e:
+                if ctx.step.domain != "" or ctx.step.op not in FALLBACK_OPS:
+                    raise
+                return _generate(ctx, template_error=e)
+
+        generate._tvm_fallback = True  # type: ignore[attr-defined]
+        kernel._FAMILIES[i] = dataclasses.replace(fam, generate=generate)
+
+
+def tvm_steps(plan_steps: Any) -> list[str]:
+    """The names of the steps whose launches TVM wrote (for the compile report)."""
+    return [s.name for s in plan_steps if any(ln.family == "tvm" for ln in s.launches)]
