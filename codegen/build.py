@@ -346,7 +346,9 @@ def build_cuda_engine(
         report["tuning"] = choices
         report["tune"] = tuned.report
     archs = list(dict.fromkeys(archs))  # each arch once, in the order given
-    with phase("codegen"):
+    from graphc.codegen.families.tvm_kernels import tvm_allowed, tvm_report
+
+    with phase("codegen"), tvm_allowed(getattr(opts, "tvm", True)):
         from graphc.codegen.families.gemm_tactics import check_tactics, tactic_options
 
         kernels = generate_for_archs(
@@ -377,6 +379,8 @@ def build_cuda_engine(
         "families": _count(kernels.families.values()),
         "nvrtc": nvrtc_version(),
     }
+    if tvm_report(final.steps):  # steps whose kernels apache-tvm wrote (graphc[tvm])
+        report["tvm"] = tvm_report(final.steps)
     vendor = [s.name for s in final.steps if s.vendor is not None]
     if vendor or getattr(opts, "tactics", ()):
         erf = sum(1 for s in final.steps if s.vendor is not None and s.vendor.get("gelu_from_erf"))

@@ -118,7 +118,6 @@ def build(
     heads every error ("<Op> node '<name>': ")."""
     import tvm
     from tvm import te
-    from tvm.s_tir import dlight as dl
 
     build_mod = importlib.import_module("tvm.tirx.build")  # tvm.tirx.build is also a function's name
     for t in (*inputs, *outputs):
@@ -129,8 +128,13 @@ def build(
             )
     target = _target()
     holders = [te.placeholder(t.shape, t.dtype, name=f"arg{i}") for i, t in enumerate(inputs)]
-    with target:
-        made = compute(*holders)
+    try:
+        with target:
+            made = compute(*holders)
+    except CompileError:
+        raise
+    except Exception as e:  # noqa: BLE001 - te/topi raise plain Python and TVM errors
+        raise CompileError(f"{where}TVM could not build its compute: {_last_line(e)}") from e
     outs = list(made) if isinstance(made, (list, tuple)) else [made]
     if len(outs) != len(outputs):
         raise CompileError(f"{where}the TVM compute made {len(outs)} outputs, the node has {len(outputs)}")
@@ -150,14 +154,13 @@ def build(
         raise CompileError(f"{where}the TVM compute's parameters have clashing names {list(arg_names)}")
     func = func.specialize(spec).with_attr("global_symbol", base)
     mod = tvm.IRModule({base: func})
-    with target:
-        mod = dl.ApplyDefaultSchedule(dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
+    mod = _schedule(mod, target, where)
     mod = tvm.tirx.transform.BindTarget(target.with_host("llvm"))(mod)
     pipeline, _finalize_host, finalize_device = tvm.tirx.get_default_tir_pipeline(target)
     try:
         lowered = pipeline(mod)
     except Exception as e:  # TVM's own errors (unbound loops, verification)
-        raise CompileError(f"{where}TVM could not lower its kernel: {str(e).strip().splitlines()[-1][:300]}") from e
+        raise CompileError(f"{where}TVM could not lower its kernel: {_last_line(e)}") from e
     host, devices = build_mod.split_host_device_mods(lowered)
     calls = _kernel_calls(host, where)
     if len(devices) != 1:
@@ -184,6 +187,30 @@ def build(
 
 _CALL = re.compile(r'T\.call_ffi_kernel\("(?P<name>\w+)", (?P<args>[^\[\]]*?), launch_params=\[(?P<params>[^\]]*)\]')
 _BUFFER = re.compile(r"^(?P<arg>\w+?)(?:_\d+)?\.data$")
+
+
+# dlight's rules, most specific first; a rule that cannot analyse a block may raise instead of
+# declining (Reduction asserts on some index patterns), so each shorter list is tried in turn.
+_RULE_SETS = (("Reduction", "GeneralReduction", "Fallback"), ("GeneralReduction", "Fallback"), ("Fallback",))
+
+
+def _schedule(mod, target, where: str):
+    from tvm.s_tir import dlight as dl
+
+    last: Exception | None = None
+    for names in _RULE_SETS:
+        try:
+            with target:
+                return dl.ApplyDefaultSchedule(*(getattr(dl.gpu, n)() for n in names))(mod)
+        except Exception as e:  # noqa: BLE001 - TVM raises its own error types; the next set is tried
+            log.debug("dlight rules %s failed: %s", names, e)
+            last = e
+    raise CompileError(f"{where}TVM's default GPU schedules do not apply: {_last_line(last)}")
+
+
+def _last_line(e: Exception | None) -> str:
+    lines = str(e).strip().splitlines() if e is not None else []
+    return (lines[-1] if lines else type(e).__name__)[:300]
 
 
 def _kernel_calls(host, where: str) -> list[tuple[str, list[str], dict[str, int]]]:
@@ -231,3 +258,23 @@ def fix_source(src: str, kname: str, where: str = "") -> str:
     if "cuda_fp16.h" in src or "cuda_bf16.h" in src or "#include <cuda" in src:
         raise CompileError(f"{where}TVM's kernel {kname} includes CUDA headers NVRTC here lacks")
     return "// CUDA source written by apache-tvm (graphc/tvm_source.py)\n" + _PDL + add_pdl_entries(src)
+
+
+def run_on_cpu(inputs: Sequence[Any], compute: Callable[..., Any]) -> list[Any]:
+    """TVM's CPU (llvm) build of the same te compute, run on numpy arrays `inputs`: a check of the
+    compute's definition against graphc's reference without a GPU (tests). Computes with thread
+    bindings of their own (topi.gpu's scatter) have no CPU build."""
+    import numpy as np
+    import tvm
+    from tvm import te
+
+    holders = [te.placeholder(a.shape, str(a.dtype), name=f"arg{i}") for i, a in enumerate(inputs)]
+    with tvm.target.Target("llvm"):
+        made = compute(*holders)
+    outs = list(made) if isinstance(made, (list, tuple)) else [made]
+    fn = tvm.compile(te.create_prim_func([*holders, *outs]), target="llvm")
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in inputs]
+    res = [tvm.runtime.tensor(np.zeros([int(d) for d in o.shape], str(o.dtype)), dev) for o in outs]
+    fn(*args, *res)
+    return [r.numpy() for r in res]

@@ -287,10 +287,11 @@ def _reverse_sequence(ctx: StepContext):
 
     def compute(x, lens):
         def body(*idx):
-            n = lens[idx[b]].astype("int64")
-            t = idx[tm].astype("int64")
+            # in the index type (int32 for these static shapes): lengths above 2**31 cannot occur
+            n = lens[idx[b]].astype("int32")
+            t = idx[tm]
             src = list(idx)
-            src[tm] = te.if_then_else(t < n, n - 1 - t, t).astype(idx[tm].dtype)
+            src[tm] = te.if_then_else(t < n, n - 1 - t, t)
             return x[tuple(src)]
 
         return te.compute(x.shape, body, name="reverse_sequence")
@@ -328,14 +329,17 @@ def _generate(ctx: StepContext, template_error: CompileError | None = None) -> l
         raise ctx.fail(f"{op} has no graphc CUDA kernel{why}; TVM would write one, but --no-tvm (tvm=False) refuses it")
     if not tvm_source.available():
         raise ctx.fail(f"{op} has no graphc CUDA kernel{why}; apache-tvm can write one: {tvm_source.INSTALL_HINT}")
-    used, compute = TVM_OPS[op](ctx)
-    names = [ctx.step.inputs[i] for i in used]
-    ins = [tvm_source.TensorArg(n, _shape(ctx, n), ctx.spec(n).dtype) for n in names]
-    outs = [tvm_source.TensorArg(o, _shape(ctx, o), ctx.spec(o).dtype) for o in ctx.step.outputs]
-    if any(math.prod(t.shape) == 0 for t in outs):
-        return []  # nothing to write
     where = f"{ctx.step.kind} node '{ctx.step.name}': "
-    kernels = tvm_source.build(ctx.kernel_name(), ins, outs, compute, where)
+    try:
+        ins, outs, compute = compute_of(ctx)
+        if any(math.prod(t.shape) == 0 for t in outs):
+            return []  # nothing to write
+        kernels = tvm_source.build(ctx.kernel_name(), ins, outs, compute, where)
+    except CompileError as e:
+        if template_error is None:
+            raise
+        # both reasons, the template's first (it is the one a user of graphc without TVM knows)
+        raise ctx.fail(f"{_reason(template_error, ctx)}; nor can apache-tvm's kernel: {_reason(e, ctx)}") from e
     log.info(
         "%s node '%s': %d CUDA kernel(s) written by apache-tvm %s%s",
         op,
@@ -349,6 +353,17 @@ def _generate(ctx: StepContext, template_error: CompileError | None = None) -> l
         KernelSource("tvm", k.name, k.source, k.grid, k.block, k.args, params=dict(params, kernel=i))
         for i, k in enumerate(kernels)
     ]
+
+
+def compute_of(ctx: StepContext) -> tuple[list[Any], list[Any], Callable[..., Any]]:
+    """The step's TVM inputs and outputs (graphc/tvm_source.TensorArg) and its te compute."""
+    from graphc import tvm_source
+
+    used, compute = TVM_OPS[ctx.step.op](ctx)
+    names = [ctx.step.inputs[i] for i in used]
+    ins = [tvm_source.TensorArg(n, _shape(ctx, n), ctx.spec(n).dtype) for n in names]
+    outs = [tvm_source.TensorArg(o, _shape(ctx, o), ctx.spec(o).dtype) for o in ctx.step.outputs]
+    return ins, outs, compute
 
 
 def _reason(e: CompileError, ctx: StepContext) -> str:
@@ -386,6 +401,16 @@ def install_fallbacks() -> None:
         kernel._FAMILIES[i] = dataclasses.replace(fam, generate=generate)
 
 
-def tvm_steps(plan_steps: Any) -> list[str]:
-    """The names of the steps whose launches TVM wrote (for the compile report)."""
-    return [s.name for s in plan_steps if any(ln.family == "tvm" for ln in s.launches)]
+def tvm_report(plan_steps: Any) -> dict[str, Any] | None:
+    """The compile report's record of the steps whose launches apache-tvm wrote, or None."""
+    steps = [s for s in plan_steps if any(ln.family == "tvm" for ln in s.launches)]
+    if not steps:
+        return None
+    from graphc import tvm_source
+
+    return {
+        "version": tvm_source.version(),
+        "steps": [s.name for s in steps],
+        "ops": sorted({s.op for s in steps}),
+        "kernels": sum(len(s.launches) for s in steps),
+    }

@@ -1,0 +1,121 @@
+"""One-node models of every op (and form) whose CUDA kernel apache-tvm writes (the tvm family,
+codegen/families/tvm_kernels.py), with seeded feeds: shared by tests/codegen/test_tvm_kernels.py,
+its GPU test, and tools/tvm_gpu_check.py (which builds them into engines for the H200)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+
+from helpers import make_node_model
+
+Case = tuple[onnx.ModelProto, dict[str, np.ndarray]]
+
+
+def _rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def scatter_elements(reduction: str, axis: int, dtype=np.float32) -> Case:
+    r = _rng(1)
+    data = r.standard_normal((5, 6)).astype(dtype) if dtype == np.float32 else r.integers(-9, 9, (5, 6)).astype(dtype)
+    ishape = (3, 6) if axis == 0 else (5, 4)
+    # duplicates on purpose (the reductions combine them), and negative indices
+    idx = r.integers(-(5 if axis == 0 else 6), 5 if axis == 0 else 6, ishape).astype(np.int64)
+    upd = (r.standard_normal(ishape) if dtype == np.float32 else r.integers(-5, 5, ishape)).astype(dtype)
+    m = make_node_model(
+        "ScatterElements", {"data": data, "indices": idx, "updates": upd}, {"axis": axis, "reduction": reduction}
+    )
+    return m, {"data": data, "indices": idx, "updates": upd}
+
+
+def scatter_nd(reduction: str, k: int) -> Case:
+    r = _rng(2)
+    data = r.standard_normal((4, 3, 5)).astype(np.float32)
+    rows = 6
+    dims = data.shape[:k]
+    idx = np.stack([r.integers(0, d, rows) for d in dims], axis=-1).reshape(2, 3, k).astype(np.int64)
+    upd = r.standard_normal((2, 3, *data.shape[k:])).astype(np.float32)
+    m = make_node_model("ScatterND", {"data": data, "indices": idx, "updates": upd}, {"reduction": reduction})
+    return m, {"data": data, "indices": idx, "updates": upd}
+
+
+def grid_sample(mode: str, padding: str, align: int, nd: int = 2) -> Case:
+    r = _rng(3)
+    x = r.standard_normal((2, 3, *([5, 6, 4][:nd]))).astype(np.float32)
+    # beyond [-1, 1] so that every padding mode matters
+    grid = r.uniform(-1.3, 1.3, (2, *([4, 7, 3][:nd]), nd)).astype(np.float32)
+    m = make_node_model(
+        "GridSample", {"x": x, "grid": grid}, {"mode": mode, "padding_mode": padding, "align_corners": align}
+    )
+    return m, {"x": x, "grid": grid}
+
+
+def dft(shape, axis: int, inverse: int = 0, onesided: int = 0, length: int | None = None) -> Case:
+    x = _rng(4).standard_normal(shape).astype(np.float32)
+    inits = {"axis": np.array(axis, np.int64)}
+    order = ["x", "dft_length" if length is not None else "", "axis"]
+    if length is not None:
+        inits["dft_length"] = np.array(length, np.int64)
+    m = make_node_model(
+        "DFT", {"x": x}, {"inverse": inverse, "onesided": onesided}, initializers=inits, input_order=order, opset=20
+    )
+    return m, {"x": x}
+
+
+def stft(window: bool, onesided: int, complex_in: bool = False, length: int | None = None) -> Case:
+    r = _rng(5)
+    x = r.standard_normal((2, 40, 2 if complex_in else 1)).astype(np.float32)
+    inits = {"step": np.array(6, np.int64)}
+    ins = {"x": x}
+    order = ["x", "step", "", ""]
+    if window:
+        ins["w"] = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(12) / 12)).astype(np.float32)
+        order[2] = "w"
+    if length is not None:
+        inits["fl"] = np.array(length, np.int64)
+        order[3] = "fl"
+    m = make_node_model("STFT", ins, {"onesided": onesided}, initializers=inits, input_order=order, opset=17)
+    return m, dict(ins)
+
+
+def reverse_sequence(batch_axis: int, time_axis: int) -> Case:
+    r = _rng(6)
+    shape = (4, 6, 3) if batch_axis == 0 else (6, 4, 3)
+    x = r.standard_normal(shape).astype(np.float32)
+    lens = np.array([1, 6, 3, 0], np.int64)
+    m = make_node_model("ReverseSequence", {"x": x, "lens": lens}, {"batch_axis": batch_axis, "time_axis": time_axis})
+    return m, {"x": x, "lens": lens}
+
+
+CASES: dict[str, Callable[[], Case]] = {
+    "scatter_elements_mul_axis0": lambda: scatter_elements("mul", 0),
+    "scatter_elements_max_axis1": lambda: scatter_elements("max", 1),
+    "scatter_elements_min_axis1": lambda: scatter_elements("min", 1),
+    "scatter_elements_add_int8": lambda: scatter_elements("add", 0, np.int8),
+    "scatter_nd_mul_k1": lambda: scatter_nd("mul", 1),
+    "scatter_nd_max_k2": lambda: scatter_nd("max", 2),
+    "scatter_nd_min_k2": lambda: scatter_nd("min", 2),
+    **{
+        f"grid_sample_{mode}_{pad}_align{al}": (lambda mode=mode, pad=pad, al=al: grid_sample(mode, pad, al))
+        for mode in ("nearest", "linear", "cubic")
+        for pad in ("zeros", "border", "reflection")
+        for al in (0, 1)
+    },
+    "grid_sample_3d_linear_zeros": lambda: grid_sample("linear", "zeros", 0, nd=3),
+    "grid_sample_3d_nearest_border": lambda: grid_sample("nearest", "border", 1, nd=3),
+    "dft_real": lambda: dft((2, 16, 1), 1),
+    "dft_complex_axis0": lambda: dft((12, 3, 2), 0),
+    "dft_onesided": lambda: dft((3, 10, 1), 1, onesided=1),
+    "dft_inverse": lambda: dft((2, 9, 2), 1, inverse=1),
+    "dft_irfft": lambda: dft((2, 6, 2), 1, inverse=1, onesided=1),
+    "dft_length_pad": lambda: dft((2, 7, 1), 1, length=12),
+    "dft_length_trunc": lambda: dft((2, 16, 2), 1, length=10),
+    "stft_window_onesided": lambda: stft(True, 1),
+    "stft_window_full": lambda: stft(True, 0),
+    "stft_complex_length": lambda: stft(False, 0, complex_in=True, length=8),
+    "reverse_sequence_batch0": lambda: reverse_sequence(0, 1),
+    "reverse_sequence_time0": lambda: reverse_sequence(1, 0),
+}
