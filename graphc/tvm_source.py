@@ -179,7 +179,10 @@ def build(
         src = build_mod.codegen_build(tvm.IRModule({gv: f}), dev_target).inspect_source()
         grid = (dims["blockIdx.x"], dims["blockIdx.y"], dims["blockIdx.z"])
         block = (dims["threadIdx.x"], dims["threadIdx.y"], dims["threadIdx.z"])
-        kernels.append(TvmKernel(kname, fix_source(src, kname, where), grid, block, [arg_names[a] for a in args]))
+        names = [arg_names[a] for a in args]
+        read_only = [n in {t.name for t in inputs} and n not in {t.name for t in outputs} for n in names]
+        src = const_inputs(fix_source(src, kname, where), kname, read_only, where)
+        kernels.append(TvmKernel(kname, src, grid, block, names))
     if not kernels:
         raise CompileError(f"{where}TVM's lowered code launches no kernel")
     return kernels
@@ -243,6 +246,26 @@ def _kernel_calls(host, where: str) -> list[tuple[str, list[str], dict[str, int]
             dims[p] = int(v)
         out.append((kname, names, dims))
     return out
+
+
+def const_inputs(src: str, kname: str, read_only: Sequence[bool], where: str = "") -> str:
+    """The kernel's pointer parameters that are inputs of the step declared const (TVM declares
+    every buffer mutable): the engine loader checks that a kernel writes only its step's outputs
+    from the constness of its parameters (runtime/validate.py)."""
+    sig = re.compile(rf"\b{re.escape(kname)}\(([^)]*)\)")
+
+    def fix(m: re.Match) -> str:
+        params = [p.strip() for p in m.group(1).split(",")]
+        if len(params) != len(read_only):
+            raise CompileError(f"{where}TVM's kernel {kname} has {len(params)} parameters, its launch {len(read_only)}")
+        pairs = zip(params, read_only, strict=True)
+        out = [f"const {p}" if ro and not p.startswith("const ") else p for p, ro in pairs]
+        return f"{kname}({', '.join(out)})"
+
+    fixed, n = sig.subn(fix, src)
+    if n == 0:
+        raise CompileError(f"{where}TVM's source has no signature of kernel {kname}")
+    return fixed
 
 
 def fix_source(src: str, kname: str, where: str = "") -> str:

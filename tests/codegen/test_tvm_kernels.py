@@ -57,6 +57,11 @@ def test_compiles_for_cuda_with_tvm_kernels(case, tmp_path):
         bounds = re.search(rf"__launch_bounds__\((\d+)\) {ln.kernel}\(", src)
         assert bounds is None or block <= int(bounds.group(1))
     assert engine.report["tvm"]["steps"] == [steps[0].name]
+    # and the engine file passes the loader's checks (argument constness and types among them)
+    from graphc.runtime.format import read_engine
+
+    engine.save(tmp_path / "e.engine")
+    read_engine(tmp_path / "e.engine")
 
 
 def test_launch_geometry_is_tvms():
@@ -75,9 +80,9 @@ def test_launch_geometry_is_tvms():
     data, idx, upd = step.inputs
     assert copy.args == [data, step.outputs[0]]
     assert scatter.args == [idx, upd, step.outputs[0]]
-    # the kernel's parameters, in order, take those tensors' element types
+    # the kernel's parameters, in order, take those tensors' element types, the inputs const
     params = re.search(rf"{scatter.name}\(([^)]*)\)", scatter.source).group(1)
-    assert [p.split("*")[0].strip() for p in params.split(",")] == ["int64_t", "float", "float"]
+    assert [p.split("*")[0].strip() for p in params.split(",")] == ["const int64_t", "const float", "float"]
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if not c.startswith(GPU_ONLY) and c not in SLOW])
