@@ -379,8 +379,10 @@ def build_cuda_engine(
         "families": _count(kernels.families.values()),
         "nvrtc": nvrtc_version(),
     }
-    if tvm_report(final.steps):  # steps whose kernels apache-tvm wrote (graphc[tvm])
-        report["tvm"] = tvm_report(final.steps)
+    tvm_steps = tvm_report(final.steps)  # steps whose kernels apache-tvm wrote (graphc[tvm])
+    if tvm_steps:
+        report["tvm"] = tvm_steps
+        log.info("%d step(s) with kernels by apache-tvm: %s", len(tvm_steps["steps"]), ", ".join(tvm_steps["ops"]))
     vendor = [s.name for s in final.steps if s.vendor is not None]
     if vendor or getattr(opts, "tactics", ()):
         erf = sum(1 for s in final.steps if s.vendor is not None and s.vendor.get("gelu_from_erf"))

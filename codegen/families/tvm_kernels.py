@@ -334,13 +334,18 @@ def _generate(ctx: StepContext, template_error: CompileError | None = None) -> l
         ins, outs, compute = compute_of(ctx)
         if any(math.prod(t.shape) == 0 for t in outs):
             return []  # nothing to write
-        kernels = tvm_source.build(ctx.kernel_name(), ins, outs, compute, where)
+        key = _cache_key(ctx, ins, outs)
+        kernels = _BUILT.get(key)
+        fresh = kernels is None
+        if kernels is None:
+            kernels = _BUILT[key] = tvm_source.build(ctx.kernel_name(), ins, outs, compute, where)
     except CompileError as e:
         if template_error is None:
             raise
         # both reasons, the template's first (it is the one a user of graphc without TVM knows)
         raise ctx.fail(f"{_reason(template_error, ctx)}; nor can apache-tvm's kernel: {_reason(e, ctx)}") from e
-    log.info(
+    log.log(
+        logging.INFO if fresh else logging.DEBUG,  # once per step (build.py logs the compile's total)
         "%s node '%s': %d CUDA kernel(s) written by apache-tvm %s%s",
         op,
         ctx.step.name,
@@ -353,6 +358,22 @@ def _generate(ctx: StepContext, template_error: CompileError | None = None) -> l
         KernelSource("tvm", k.name, k.source, k.grid, k.block, k.args, params=dict(params, kernel=i))
         for i, k in enumerate(kernels)
     ]
+
+
+# TVM's kernels by what determines them: a compile generates each step's kernels once per arch set
+# (codegen/build.py's generate_for_archs asks again for Hopper), and TVM's lowering takes up to
+# tens of seconds for the largest index expressions (GridSample cubic + reflection).
+_BUILT: dict[tuple, list[Any]] = {}
+_BUILT_MAX = 256
+
+
+def _cache_key(ctx: StepContext, ins: list[Any], outs: list[Any]) -> tuple:
+    if len(_BUILT) >= _BUILT_MAX:
+        _BUILT.clear()
+    consts = tuple(
+        (n, np.asarray(ctx.weights[n]).tobytes()) for n in ctx.step.inputs if n is not None and n in ctx.weights
+    )
+    return (ctx.kernel_name(), ctx.step.op, repr(ctx.attrs), tuple(ins), tuple(outs), consts)
 
 
 def compute_of(ctx: StepContext) -> tuple[list[Any], list[Any], Callable[..., Any]]:
