@@ -299,6 +299,88 @@ def _reverse_sequence(ctx: StepContext):
     return [0, 1], compute
 
 
+def _mvn(ctx: StepContext):
+    from tvm import te, tirx, topi
+
+    xshape = _shape(ctx, ctx.step.inputs[0])
+    rank = len(xshape)
+    axes = sorted({a % rank for a in ctx.attrs.axes})
+    count = math.prod(xshape[a] for a in axes)
+
+    # the reference's two passes (mean, then the mean of squared deviations) and its epsilon on the
+    # standard deviation; dlight's GeneralReduction makes it one kernel, a block per group
+    def compute(x):
+        dt = x.dtype
+        inv = tirx.const(1.0 / count, dt)
+        mean = te.compute(
+            topi.sum(x, axis=axes, keepdims=True).shape,
+            lambda *i: topi.sum(x, axis=axes, keepdims=True)(*i) * inv,
+            name="mean",
+        )
+        d = te.compute(xshape, lambda *i: x(*i) - mean(*[0 if k in axes else v for k, v in enumerate(i)]), name="d")
+        var = topi.sum(d * d, axis=axes, keepdims=True)
+        return te.compute(
+            xshape,
+            lambda *i: (
+                d(*i)
+                / (te.sqrt(var(*[0 if k in axes else v for k, v in enumerate(i)]) * inv) + tirx.const(MVN_EPSILON, dt))
+            ),
+            name="mvn",
+        )
+
+    return [0], compute
+
+
+MVN_EPSILON = 1e-9  # runtime/reference/normalization.py's
+
+
+def _max_unpool(ctx: StepContext):
+    from tvm import te, tirx
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.script.ir_builder import tirx as T
+
+    n_in = math.prod(_shape(ctx, ctx.step.inputs[0]))
+    n_out = math.prod(_shape(ctx, ctx.step.outputs[0]))
+    threads = 256
+
+    # zeros, then each input element to its flat index (MaxPool's Indices, over the whole tensor);
+    # an index outside the output is skipped (the reference raises; a kernel cannot)
+    def gen(x_b, idx_b, out_b):
+        x, idx, out = (T.buffer_proxy(b) for b in (x_b, idx_b, out_b))
+        with IRBuilder() as ib:
+            with T.seq_scope():
+                for total, body in ((n_out, "zero"), (n_in, "scatter")):
+                    bx, tx = te.thread_axis("blockIdx.x"), te.thread_axis("threadIdx.x")
+                    with T.frame_scope(
+                        [
+                            T.attr(bx, "thread_extent", max(1, -(-total // threads))),
+                            T.attr(tx, "thread_extent", threads),
+                        ]
+                    ):
+                        tid = bx * threads + tx
+                        with T.If(tid < total), T.Then():
+                            if body == "zero":
+                                out[tid] = tirx.const(0, out_b.dtype)
+                            else:
+                                j = idx[tid].astype("int64")
+                                with T.If(tirx.all(j >= 0, j < n_out)), T.Then():
+                                    out[j] = x[tid]
+            return ib.get()
+
+    def compute(x, idx):
+        out_buf = tirx.decl_buffer(_shape(ctx, ctx.step.outputs[0]), x.dtype, "out_buf")
+        return te.extern(
+            [out_buf.shape],
+            [x, idx],
+            lambda ins, outs: gen(ins[0], ins[1], outs[0]),
+            dtype=x.dtype,
+            out_buffers=[out_buf],
+            name="max_unpool",
+        )
+
+    return [0, 1], compute
+
+
 Builder = Callable[[StepContext], tuple[list[int], Callable[..., Any]]]
 TVM_OPS: dict[str, Builder] = {
     "ScatterElements": _scatter_elements,
@@ -307,6 +389,8 @@ TVM_OPS: dict[str, Builder] = {
     "DFT": _dft,
     "STFT": _stft,
     "ReverseSequence": _reverse_sequence,
+    "MeanVarianceNormalization": _mvn,
+    "MaxUnpool": _max_unpool,
 }
 # Ops a template family serves in some forms: TVM is asked only when that family refuses a step.
 FALLBACK_OPS = frozenset({"ScatterElements", "ScatterND"})

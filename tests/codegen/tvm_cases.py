@@ -90,6 +90,21 @@ def reverse_sequence(batch_axis: int, time_axis: int) -> Case:
     return m, {"x": x, "lens": lens}
 
 
+def mvn(axes: list[int], shape=(2, 3, 4, 5)) -> Case:
+    x = (_rng(7).standard_normal(shape) * 3 + 1).astype(np.float32)
+    return make_node_model("MeanVarianceNormalization", {"x": x}, {"axes": axes}), {"x": x}
+
+
+def max_unpool() -> Case:
+    r = _rng(8)
+    x = r.standard_normal((2, 3, 2, 3)).astype(np.float32)
+    # distinct flat positions in a [2, 3, 4, 6] output (kernel 2, stride 2), as MaxPool would give
+    out = 2 * 3 * 4 * 6
+    idx = r.choice(out, size=x.size, replace=False).reshape(x.shape).astype(np.int64)
+    m = make_node_model("MaxUnpool", {"x": x, "i": idx}, {"kernel_shape": [2, 2], "strides": [2, 2]})
+    return m, {"x": x, "i": idx}
+
+
 CASES: dict[str, Callable[[], Case]] = {
     "scatter_elements_mul_axis0": lambda: scatter_elements("mul", 0),
     "scatter_elements_max_axis1": lambda: scatter_elements("max", 1),
@@ -118,4 +133,7 @@ CASES: dict[str, Callable[[], Case]] = {
     "stft_complex_length": lambda: stft(False, 0, complex_in=True, length=8),
     "reverse_sequence_batch0": lambda: reverse_sequence(0, 1),
     "reverse_sequence_time0": lambda: reverse_sequence(1, 0),
+    "mvn_default_axes": lambda: mvn([0, 2, 3]),
+    "mvn_last_axis": lambda: mvn([-1]),
+    "max_unpool_2d": max_unpool,
 }
