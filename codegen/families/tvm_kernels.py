@@ -381,6 +381,103 @@ def _max_unpool(ctx: StepContext):
     return [0, 1], compute
 
 
+def _loss(ctx: StepContext):
+    """NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss (graphc's TIR, IRBuilder): one thread
+    per sample position for reduction none; for sum and mean one thread walks every position in
+    order (the long tail: correct, not fast), accumulating in the output and a local weight sum."""
+    from tvm import te, tirx
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.script.ir_builder import tirx as T
+
+    a = ctx.attrs
+    sce = ctx.step.op == "SoftmaxCrossEntropyLoss"
+    xshape = _shape(ctx, ctx.step.inputs[0])
+    dt = ctx.spec(ctx.step.inputs[0]).dtype
+    if dt not in ("float32", "float64"):
+        raise ctx.fail(f"TVM's loss kernel takes float32/float64 scores, not {dt}")
+    n_cls = xshape[1]
+    inner = math.prod(xshape[2:])
+    positions = xshape[0] * inner
+    names = ctx.step.inputs
+    has_weight = len(names) > 2 and names[2] is not None
+    want_logp = sce and len(ctx.step.outputs) > 1
+    ignore = a.ignore_index
+    reduced = a.reduction in ("sum", "mean")
+    threads = 1 if reduced else 256
+
+    def gen(x_b, t_b, w_b, out_b, lp_b):
+        x, tgt, out = T.buffer_proxy(x_b), T.buffer_proxy(t_b), T.buffer_proxy(out_b)
+        w_in = T.buffer_proxy(w_b) if w_b is not None else None
+        logp = T.buffer_proxy(lp_b) if lp_b is not None else None
+        with IRBuilder() as ib:
+            bx, tx = te.thread_axis("blockIdx.x"), te.thread_axis("threadIdx.x")
+            blocks = 1 if reduced else max(1, -(-positions // threads))
+            with T.frame_scope([T.attr(bx, "thread_extent", blocks), T.attr(tx, "thread_extent", threads)]):
+                wsum = T.buffer_proxy(T.decl_buffer([1], dt, scope="local"))
+                lse = T.buffer_proxy(T.decl_buffer([1], dt, scope="local"))
+                acc = T.buffer_proxy(T.decl_buffer([1], dt, scope="local"))
+                zero = tirx.const(0, dt)
+
+                def position(p):
+                    nb, d = p // inner, p % inner
+                    base = nb * n_cls * inner + d  # x[nb, 0, d]
+                    t = tgt[p].astype("int64")
+                    active = tirx.const(True) if ignore is None else t != tirx.const(ignore, "int64")
+                    safe = te.if_then_else(active, t, tirx.const(0, "int64"))
+                    if sce:
+                        lse[0] = x[base]
+                        with T.serial(1, n_cls) as c:
+                            lse[0] = tirx.max(lse[0], x[base + c * inner])
+                        acc[0] = zero
+                        with T.serial(0, n_cls) as c:
+                            acc[0] = acc[0] + te.exp(x[base + c * inner] - lse[0])
+                        lse[0] = lse[0] + te.log(acc[0])
+                        if logp is not None:
+                            with T.serial(0, n_cls) as c:
+                                logp[base + c * inner] = x[base + c * inner] - lse[0]
+                        picked = x[base + safe * inner] - lse[0]
+                    else:
+                        picked = x[base + safe * inner]
+                    w = w_in[safe] if w_in is not None else tirx.const(1, dt)
+                    w = te.if_then_else(active, w, zero)
+                    return te.if_then_else(active, -picked * w, zero), w
+
+                if reduced:
+                    out[0] = zero
+                    wsum[0] = zero
+                    with T.serial(0, positions) as p:
+                        loss, w = position(p)
+                        out[0] = out[0] + loss
+                        wsum[0] = wsum[0] + w
+                    if a.reduction == "mean":
+                        out[0] = out[0] / wsum[0]
+                else:
+                    p = bx * threads + tx
+                    with T.If(p < positions), T.Then():
+                        loss, _ = position(p)
+                        out[p] = loss
+            return ib.get()
+
+    oshape = _shape(ctx, ctx.step.outputs[0])
+
+    def compute(x, tgt, *weight):
+        bufs = [tirx.decl_buffer(oshape, x.dtype, "out_buf")]
+        if want_logp:
+            bufs.append(tirx.decl_buffer(xshape, x.dtype, "logp_buf"))
+        ins = [x, tgt, *weight]
+        made = te.extern(
+            [b.shape for b in bufs],
+            ins,
+            lambda i, o: gen(i[0], i[1], i[2] if has_weight else None, o[0], o[1] if want_logp else None),
+            dtype=[x.dtype] * len(bufs),
+            out_buffers=bufs,
+            name="loss",
+        )
+        return list(made) if isinstance(made, (list, tuple)) else made
+
+    return ([0, 1, 2] if has_weight else [0, 1]), compute
+
+
 Builder = Callable[[StepContext], tuple[list[int], Callable[..., Any]]]
 TVM_OPS: dict[str, Builder] = {
     "ScatterElements": _scatter_elements,
@@ -391,6 +488,8 @@ TVM_OPS: dict[str, Builder] = {
     "ReverseSequence": _reverse_sequence,
     "MeanVarianceNormalization": _mvn,
     "MaxUnpool": _max_unpool,
+    "NegativeLogLikelihoodLoss": _loss,
+    "SoftmaxCrossEntropyLoss": _loss,
 }
 # Ops a template family serves in some forms: TVM is asked only when that family refuses a step.
 FALLBACK_OPS = frozenset({"ScatterElements", "ScatterND"})

@@ -105,6 +105,22 @@ def max_unpool() -> Case:
     return m, {"x": x, "i": idx}
 
 
+def loss(op: str, reduction: str, weight: bool, ignore: int | None, log_prob: bool = False) -> Case:
+    r = _rng(9)
+    x = r.standard_normal((3, 5, 4)).astype(np.float32)
+    if op == "NegativeLogLikelihoodLoss":
+        x = x - np.log(np.exp(x).sum(axis=1, keepdims=True))  # log-probabilities
+    t = r.integers(0, 5, (3, 4)).astype(np.int64)
+    if ignore is not None:
+        t[0, 1] = t[2, 3] = ignore
+    ins = {"x": x, "t": t}
+    if weight:
+        ins["w"] = r.uniform(0.5, 2, 5).astype(np.float32)
+    attrs = {"reduction": reduction, **({"ignore_index": ignore} if ignore is not None else {})}
+    outputs = ("loss", "logp") if log_prob else ("loss",)
+    return make_node_model(op, ins, attrs, outputs=outputs, opset=13), dict(ins)
+
+
 CASES: dict[str, Callable[[], Case]] = {
     "scatter_elements_mul_axis0": lambda: scatter_elements("mul", 0),
     "scatter_elements_max_axis1": lambda: scatter_elements("max", 1),
@@ -136,4 +152,10 @@ CASES: dict[str, Callable[[], Case]] = {
     "mvn_default_axes": lambda: mvn([0, 2, 3]),
     "mvn_last_axis": lambda: mvn([-1]),
     "max_unpool_2d": max_unpool,
+    "nll_none": lambda: loss("NegativeLogLikelihoodLoss", "none", False, None),
+    "nll_mean_weight_ignore": lambda: loss("NegativeLogLikelihoodLoss", "mean", True, 4),
+    "nll_sum": lambda: loss("NegativeLogLikelihoodLoss", "sum", False, None),
+    "sce_mean": lambda: loss("SoftmaxCrossEntropyLoss", "mean", False, None),
+    "sce_none_weight_ignore_logp": lambda: loss("SoftmaxCrossEntropyLoss", "none", True, 0, log_prob=True),
+    "sce_sum_logp": lambda: loss("SoftmaxCrossEntropyLoss", "sum", False, -1, log_prob=True),
 }
