@@ -478,6 +478,62 @@ def _loss(ctx: StepContext):
     return ([0, 1, 2] if has_weight else [0, 1]), compute
 
 
+def _broadcast_index(shape: tuple[int, ...], out_rank: int, idx: tuple) -> tuple:
+    """The index into an input of `shape` that numpy broadcasting reads for output index `idx`."""
+    lead = out_rank - len(shape)
+    return tuple(0 if d == 1 else idx[lead + i] for i, d in enumerate(shape))
+
+
+def _bit_shift(ctx: StepContext):
+    from tvm import te, tirx
+
+    left = ctx.attrs.direction == "LEFT"
+    a_shape, b_shape = (_shape(ctx, n) for n in ctx.step.inputs[:2])
+    oshape = _shape(ctx, ctx.step.outputs[0])
+    dt = ctx.spec(ctx.step.inputs[0]).dtype
+    if not dt.startswith(("uint", "int")):
+        raise ctx.fail(f"BitShift takes integer tensors, not {dt}")
+    bits = np.dtype(dt).itemsize * 8
+    signed = dt.startswith("int")
+    udt = f"uint{bits}"
+
+    # C leaves a shift by a negative amount or by the width or more undefined; the reference (numpy,
+    # ONNX opset 28) gives 0, or -1 for a right shift of a negative value, so those are explicit.
+    def compute(a, b):
+        def body(*i):
+            x = a(*_broadcast_index(a_shape, len(oshape), i))
+            n = b(*_broadcast_index(b_shape, len(oshape), i))
+            # n in [0, bits) as (n >> log2(bits)) == 0: TVM 0.27's simplifier fails on `n < bits`
+            # for uint32/uint64 (it rewrites the comparison into an unsigned subtraction from 0)
+            in_range = (n >> tirx.const(bits.bit_length() - 1, dt)) == tirx.const(0, dt)
+            ok = tirx.all(n >= tirx.const(0, dt), in_range) if signed else in_range
+            safe = te.if_then_else(ok, n, tirx.const(0, dt))
+            if left:
+                # through the unsigned type: bits past the sign bit drop without signed overflow
+                shifted = (x.astype(udt) << safe.astype(udt)).astype(dt) if signed else x << safe
+                return te.if_then_else(ok, shifted, tirx.const(0, dt))
+            fill = te.if_then_else(x < tirx.const(0, dt), tirx.const(-1, dt), tirx.const(0, dt)) if signed else 0
+            return te.if_then_else(ok, x >> safe, tirx.const(fill, dt) if not signed else fill)
+
+        return te.compute(oshape, body, name="bit_shift")
+
+    return [0, 1], compute
+
+
+def _bit_cast(ctx: StepContext):
+    from tvm import te, tirx
+
+    src = ctx.spec(ctx.step.inputs[0]).dtype
+    dst = ctx.spec(ctx.step.outputs[0]).dtype
+    if np.dtype(src).itemsize != np.dtype(dst).itemsize:
+        raise ctx.fail(f"BitCast from {src} to {dst} changes the element size; TVM's kernel keeps it")
+
+    def compute(x):
+        return te.compute(x.shape, lambda *i: tirx.reinterpret(dst, x(*i)), name="bit_cast")
+
+    return [0], compute
+
+
 Builder = Callable[[StepContext], tuple[list[int], Callable[..., Any]]]
 TVM_OPS: dict[str, Builder] = {
     "ScatterElements": _scatter_elements,
@@ -490,9 +546,11 @@ TVM_OPS: dict[str, Builder] = {
     "MaxUnpool": _max_unpool,
     "NegativeLogLikelihoodLoss": _loss,
     "SoftmaxCrossEntropyLoss": _loss,
+    "BitShift": _bit_shift,
+    "BitCast": _bit_cast,
 }
 # Ops a template family serves in some forms: TVM is asked only when that family refuses a step.
-FALLBACK_OPS = frozenset({"ScatterElements", "ScatterND"})
+FALLBACK_OPS = frozenset({"ScatterElements", "ScatterND", "BitShift", "BitCast"})
 
 
 # ---- the family ------------------------------------------------------------------------------

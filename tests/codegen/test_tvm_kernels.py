@@ -137,8 +137,8 @@ def test_check_names_the_ops_tvm_writes(tmp_path):
 def test_cuda_source_matches_reference_one_thread_at_a_time(case):
     """The exact CUDA text the engine ships, compiled for the host (cuda_emulator.py) and run one
     thread at a time, against the reference: for every kernel whose threads do not cooperate (the
-    scatters, MaxUnpool and the losses among them, which have no TVM CPU build). Outputs start as
-    NaN (or a sentinel), so a kernel that writes too little fails."""
+    scatters, MaxUnpool and the losses among them, which have no TVM CPU build). Outputs start with
+    every bit set (NaN for floats), so a kernel that writes too little fails."""
     from cuda_emulator import emulable, run_launches
 
     model, feeds = CASES[case]()
@@ -157,9 +157,9 @@ def test_cuda_source_matches_reference_one_thread_at_a_time(case):
         elif name in weights:
             tensors[name] = np.ascontiguousarray(weights[name])
         else:
-            dt = np.dtype(spec.dtype)
-            fill = np.nan if dt.kind == "f" else -77
-            tensors[name] = np.full(spec.shape, fill, dt)
+            arr = np.empty(spec.shape, np.dtype(spec.dtype))
+            arr.reshape(-1).view(np.uint8)[...] = 0xFF  # NaN for floats, all bits set for integers
+            tensors[name] = arr
     run_launches([(s.source, s.name, s.grid, s.block, s.args) for s in srcs], tensors)
     for v, out in zip(graph.outputs, step.outputs, strict=False):
         want = np.asarray(ref[v.name])

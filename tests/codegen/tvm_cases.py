@@ -121,6 +121,29 @@ def loss(op: str, reduction: str, weight: bool, ignore: int | None, log_prob: bo
     return make_node_model(op, ins, attrs, outputs=outputs, opset=13), dict(ins)
 
 
+def bit_shift(direction: str, dtype, b_shape=(3, 4)) -> Case:
+    r = _rng(10)
+    info = np.iinfo(dtype)
+    a = r.integers(info.min, info.max, (3, 4), dtype=dtype, endpoint=True)
+    bits = np.dtype(dtype).itemsize * 8
+    # in range, the width and past it, and (signed) negative amounts
+    low = -3 if info.min < 0 else 0
+    b = r.integers(low, bits + 3, b_shape).astype(dtype)
+    m = make_node_model("BitShift", {"a": a, "b": b}, {"direction": direction})
+    return m, {"a": a, "b": b}
+
+
+def bit_cast(src, dst) -> Case:
+    x = _rng(11).standard_normal((3, 5)).astype(src)
+    return make_node_model("BitCast", {"x": x}, {"to": helper_dtype(dst)}), {"x": x}
+
+
+def helper_dtype(dt) -> int:
+    from onnx import helper
+
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dt))
+
+
 CASES: dict[str, Callable[[], Case]] = {
     "scatter_elements_mul_axis0": lambda: scatter_elements("mul", 0),
     "scatter_elements_max_axis1": lambda: scatter_elements("max", 1),
@@ -158,4 +181,9 @@ CASES: dict[str, Callable[[], Case]] = {
     "sce_mean": lambda: loss("SoftmaxCrossEntropyLoss", "mean", False, None),
     "sce_none_weight_ignore_logp": lambda: loss("SoftmaxCrossEntropyLoss", "none", True, 0, log_prob=True),
     "sce_sum_logp": lambda: loss("SoftmaxCrossEntropyLoss", "sum", False, -1, log_prob=True),
+    "bit_shift_left_uint8": lambda: bit_shift("LEFT", np.uint8),
+    "bit_shift_right_uint64_broadcast": lambda: bit_shift("RIGHT", np.uint64, (4,)),
+    "bit_shift_left_int16": lambda: bit_shift("LEFT", np.int16),
+    "bit_shift_right_int32": lambda: bit_shift("RIGHT", np.int32),
+    "bit_cast_f32_i32": lambda: bit_cast(np.float32, np.int32),
 }
