@@ -549,6 +549,8 @@ TVM_OPS: dict[str, Builder] = {
     "BitShift": _bit_shift,
     "BitCast": _bit_cast,
 }
+# Ops whose kernels only move elements (and write zeros): 16-bit floats travel as uint16.
+BIT_COPY_OPS = frozenset({"ReverseSequence", "MaxUnpool"})
 # Ops a template family serves in some forms: TVM is asked only when that family refuses a step.
 FALLBACK_OPS = frozenset({"ScatterElements", "ScatterND", "BitShift", "BitCast"})
 
@@ -623,8 +625,15 @@ def compute_of(ctx: StepContext) -> tuple[list[Any], list[Any], Callable[..., An
 
     used, compute = TVM_OPS[ctx.step.op](ctx)
     names = [ctx.step.inputs[i] for i in used]
-    ins = [tvm_source.TensorArg(n, _shape(ctx, n), ctx.spec(n).dtype) for n in names]
-    outs = [tvm_source.TensorArg(o, _shape(ctx, o), ctx.spec(o).dtype) for o in ctx.step.outputs]
+
+    def dtype(name: str) -> str:
+        dt = ctx.spec(name).dtype
+        # ops that only move elements move 16-bit floats as their bits (TVM's fp16 code would need
+        # cuda_fp16.h, which NVRTC from pip lacks)
+        return "uint16" if ctx.step.op in BIT_COPY_OPS and dt in ("float16", "bfloat16") else dt
+
+    ins = [tvm_source.TensorArg(n, _shape(ctx, n), dtype(n)) for n in names]
+    outs = [tvm_source.TensorArg(o, _shape(ctx, o), dtype(o)) for o in ctx.step.outputs]
     return ins, outs, compute
 
 

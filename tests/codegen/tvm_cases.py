@@ -81,10 +81,10 @@ def stft(window: bool, onesided: int, complex_in: bool = False, length: int | No
     return m, dict(ins)
 
 
-def reverse_sequence(batch_axis: int, time_axis: int) -> Case:
+def reverse_sequence(batch_axis: int, time_axis: int, dtype=np.float32) -> Case:
     r = _rng(6)
     shape = (4, 6, 3) if batch_axis == 0 else (6, 4, 3)
-    x = r.standard_normal(shape).astype(np.float32)
+    x = r.standard_normal(shape).astype(dtype)
     lens = np.array([1, 6, 3, 0], np.int64)
     m = make_node_model("ReverseSequence", {"x": x, "lens": lens}, {"batch_axis": batch_axis, "time_axis": time_axis})
     return m, {"x": x, "lens": lens}
@@ -172,6 +172,7 @@ CASES: dict[str, Callable[[], Case]] = {
     "stft_complex_length": lambda: stft(False, 0, complex_in=True, length=8),
     "reverse_sequence_batch0": lambda: reverse_sequence(0, 1),
     "reverse_sequence_time0": lambda: reverse_sequence(1, 0),
+    "reverse_sequence_float16_bits": lambda: reverse_sequence(0, 1, np.float16),
     "mvn_default_axes": lambda: mvn([0, 2, 3]),
     "mvn_last_axis": lambda: mvn([-1]),
     "max_unpool_2d": max_unpool,
