@@ -166,3 +166,21 @@ def test_cuda_source_matches_reference_one_thread_at_a_time(case):
         got = tensors[out]
         scale = max(1.0, float(np.abs(want).max())) if want.size else 1.0
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * scale, err_msg=f"{case}: {v.name}")
+
+
+def test_fp32_ops_are_the_computing_tvm_ops():
+    from graphc.codegen.capabilities import CUDA
+
+    computing = set(tvm_kernels.TVM_OPS) - tvm_kernels.FALLBACK_OPS - tvm_kernels.BIT_COPY_OPS
+    assert CUDA.fp32_ops == computing
+
+
+@pytest.mark.parametrize("case", ["grid_sample_linear_zeros_align0", "dft_onesided", "mvn_default_axes", "sce_mean"])
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_reduced_precision_keeps_tvm_ops_in_fp32(case, precision, tmp_path):
+    """Under fp16/bf16 the op keeps float32 tensors (Casts around it), so TVM's float32 kernel serves it."""
+    model, _ = CASES[case]()
+    engine = graphc.compile(model, target="cuda", arch=ARCHS, precision=precision, cache_dir=str(tmp_path))
+    (step,) = _tvm_steps(engine)
+    specs = engine.plan.tensors
+    assert all(specs[n].dtype in ("float32", "int64") for n in [*step.inputs, *step.outputs] if n is not None)
