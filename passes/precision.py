@@ -55,9 +55,9 @@ def _retype_attrs(op: str, attrs, target: DType):
 
 def _keep_fp32(b: GraphBuilder, node, subst: dict[str, Value], target: DType, precision: str) -> None:
     """An If/Loop/Scan left here (data-dependent), or an op the target computes in fp32 only, keeps
-    its fp32 boundary: its float inputs cast back to fp32 and its float outputs to the target type. Each branch is then
-    converted inside as a graph of its own (graphc/host_if.py optimizes it for the same target),
-    with the same Casts at its edges as any graph."""
+    its fp32 boundary: its float inputs cast back to fp32 and its float outputs to the target type.
+    Each branch is then converted inside as a graph of its own (graphc/host_if.py optimizes it for
+    the same target), with the same Casts at its edges as any graph."""
     ins = []
     for v in node.inputs:
         nv = None if v is None else subst[v.name]
