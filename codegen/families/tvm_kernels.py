@@ -2,8 +2,8 @@
 have a numpy reference but no graphc template on the cuda target (or forms of them a template
 refuses, such as ScatterElements/ScatterND with reduction mul/max/min).
 
-It is consulted last: registered after every template family, and as the fallback of the
-families listed in FALLBACK_OPS (install_fallbacks, called by codegen/families/__init__.py) only
+It is consulted last: registered after every template family, and as the fallback for the ops
+in FALLBACK_OPS (install_fallbacks, called by codegen/families/__init__.py), there only
 when the template itself refuses the step. Each op below is a te/topi compute, specialized to the
 step's static shapes and attributes; graphc/tvm_source.py has TVM schedule, lower and print it,
 and the source goes through graphc's own NVRTC like any template's. Every step TVM serves is
@@ -170,8 +170,6 @@ def _grid_sample(ctx: StepContext):
         raise ctx.fail(f"TVM's grid_sample takes 2-D or 3-D inputs, this one has {nd} spatial axes")
     if a.mode == "cubic" and nd != 2:
         raise ctx.fail("cubic mode is defined for 2-D inputs only")
-    if (a.mode, a.padding_mode) in UNMATCHED_GRID_FORMS:
-        raise ctx.fail(f"mode {a.mode} with padding {a.padding_mode}: {UNMATCHED_GRID_FORMS[(a.mode, a.padding_mode)]}")
 
     def compute(x, grid):
         # ONNX's grid is [N, *out, nd] with grid[..., 0] the last axis; topi's is [N, nd, *out]
@@ -187,11 +185,6 @@ def _grid_sample(ctx: StepContext):
         )
 
     return [0, 1], compute
-
-
-# Forms where topi's definition differs from graphc's reference (measured by
-# tests/codegen/test_tvm_kernels.py on TVM's CPU build of the same compute): refused, not served.
-UNMATCHED_GRID_FORMS: dict[tuple[str, str], str] = {}
 
 
 def _dft(ctx: StepContext):
