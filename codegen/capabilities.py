@@ -39,6 +39,7 @@ class CudaCapabilities:
             "MeanVarianceNormalization",
             "NegativeLogLikelihoodLoss",
             "SoftmaxCrossEntropyLoss",
+            "Det",
         }
     )
 

@@ -527,6 +527,74 @@ def _bit_cast(ctx: StepContext):
     return [0], compute
 
 
+DET_MAX = 64  # a thread holds its matrix in local memory: M*M elements
+
+
+def _det(ctx: StepContext):
+    """Det: one thread per matrix, LU with partial pivoting (as LAPACK's getrf, which numpy's det
+    uses) on a copy in local memory; the determinant is the product of the pivots, its sign
+    flipped per row swap."""
+    from tvm import te, tirx
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.script.ir_builder import tirx as T
+
+    xshape = _shape(ctx, ctx.step.inputs[0])
+    m = xshape[-1]
+    dt = ctx.spec(ctx.step.inputs[0]).dtype
+    if dt not in ("float32", "float64"):
+        raise ctx.fail(f"TVM's Det kernel takes float32/float64 matrices, not {dt}")
+    if m > DET_MAX:
+        raise ctx.fail(f"TVM's Det kernel holds a matrix per thread, up to {DET_MAX}x{DET_MAX}; this one is {m}x{m}")
+    count = math.prod(xshape[:-2])
+    threads = 64
+
+    def gen(x_b, out_b):
+        x, out = T.buffer_proxy(x_b), T.buffer_proxy(out_b)
+        with IRBuilder() as ib:
+            bx, tx = te.thread_axis("blockIdx.x"), te.thread_axis("threadIdx.x")
+            with T.frame_scope(
+                [T.attr(bx, "thread_extent", max(1, -(-count // threads))), T.attr(tx, "thread_extent", threads)]
+            ):
+                a = T.buffer_proxy(T.decl_buffer([m * m], dt, scope="local"))
+                det = T.buffer_proxy(T.decl_buffer([1], dt, scope="local"))
+                best = T.buffer_proxy(T.decl_buffer([1], dt, scope="local"))
+                piv = T.buffer_proxy(T.decl_buffer([1], "int32", scope="local"))
+                tmp = T.buffer_proxy(T.decl_buffer([1], dt, scope="local"))
+                b = bx * threads + tx
+                with T.If(b < count), T.Then():
+                    base = b.astype("int64") * (m * m)
+                    with T.serial(0, m * m) as i:
+                        a[i] = x[base + i]
+                    det[0] = tirx.const(1, dt)
+                    with T.serial(0, m) as k:
+                        piv[0] = k
+                        best[0] = te.abs(a[k * m + k])
+                        with T.serial(k + 1, m) as i, T.If(te.abs(a[i * m + k]) > best[0]), T.Then():
+                            best[0] = te.abs(a[i * m + k])
+                            piv[0] = i
+                        with T.If(piv[0] != k), T.Then():
+                            with T.serial(0, m) as j:
+                                tmp[0] = a[k * m + j]
+                                a[k * m + j] = a[piv[0] * m + j]
+                                a[piv[0] * m + j] = tmp[0]
+                            det[0] = -det[0]
+                        det[0] = det[0] * a[k * m + k]
+                        with T.If(a[k * m + k] != tirx.const(0, dt)), T.Then(), T.serial(k + 1, m) as i:
+                            tmp[0] = a[i * m + k] / a[k * m + k]
+                            with T.serial(k + 1, m) as j:
+                                a[i * m + j] = a[i * m + j] - tmp[0] * a[k * m + j]
+                    out[b] = det[0]
+            return ib.get()
+
+    def compute(x):
+        out_buf = tirx.decl_buffer(_shape(ctx, ctx.step.outputs[0]), x.dtype, "out_buf")
+        return te.extern(
+            [out_buf.shape], [x], lambda i, o: gen(i[0], o[0]), dtype=x.dtype, out_buffers=[out_buf], name="det"
+        )
+
+    return [0], compute
+
+
 Builder = Callable[[StepContext], tuple[list[int], Callable[..., Any]]]
 TVM_OPS: dict[str, Builder] = {
     "ScatterElements": _scatter_elements,
@@ -541,6 +609,7 @@ TVM_OPS: dict[str, Builder] = {
     "SoftmaxCrossEntropyLoss": _loss,
     "BitShift": _bit_shift,
     "BitCast": _bit_cast,
+    "Det": _det,
 }
 # Ops whose kernels only move elements (and write zeros): 16-bit floats travel as uint16.
 BIT_COPY_OPS = frozenset({"ReverseSequence", "MaxUnpool"})

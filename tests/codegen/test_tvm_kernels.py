@@ -28,7 +28,7 @@ from graphc.codegen.kernel import family_for  # noqa: E402
 
 ARCHS = ["sm_80", "sm_90"]
 # computes with thread bindings of their own (topi.gpu / ir_builder) have no CPU build
-GPU_ONLY = ("scatter", "max_unpool", "nll", "sce")
+GPU_ONLY = ("scatter", "max_unpool", "nll", "sce", "det")
 # the slowest forms (TVM simplifies big index expressions for a minute): compiled once, in CI too
 SLOW = {"grid_sample_cubic_reflection_align0"}
 

@@ -144,6 +144,14 @@ def helper_dtype(dt) -> int:
     return helper.np_dtype_to_tensor_dtype(np.dtype(dt))
 
 
+def det(shape) -> Case:
+    x = _rng(12).standard_normal(shape).astype(np.float32)
+    x[..., 0, :] *= 0.01  # a small first row: pivoting matters
+    if len(shape) > 2:
+        x[0, 1] = x[0, 0]  # a singular matrix (two equal rows): det 0
+    return make_node_model("Det", {"x": x}), {"x": x}
+
+
 CASES: dict[str, Callable[[], Case]] = {
     "scatter_elements_mul_axis0": lambda: scatter_elements("mul", 0),
     "scatter_elements_max_axis1": lambda: scatter_elements("max", 1),
@@ -187,4 +195,6 @@ CASES: dict[str, Callable[[], Case]] = {
     "bit_shift_left_int16": lambda: bit_shift("LEFT", np.int16),
     "bit_shift_right_int32": lambda: bit_shift("RIGHT", np.int32),
     "bit_cast_f32_i32": lambda: bit_cast(np.float32, np.int32),
+    "det_2d": lambda: det((5, 5)),
+    "det_batched": lambda: det((3, 4, 4)),
 }
