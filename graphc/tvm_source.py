@@ -33,7 +33,10 @@ log = logging.getLogger(__name__)
 
 # The pins of the extra (pyproject.toml): apache-tvm-ffi 0.1.15.post2 segfaults in ToJSONGraph.
 TVM_VERSION = "0.27.0.post1"
-INSTALL_HINT = "pip install 'graphc[tvm]' (apache-tvm 0.27.0.post1, apache-tvm-ffi 0.1.14.post0)"
+INSTALL_HINT = (
+    "pip install apache-tvm==0.27.0.post1 apache-tvm-ffi==0.1.14.post0 "
+    "(in a clone of graphc: pip install -e '.[tvm]')"
+)
 # The oldest arch graphc builds for (codegen/nvrtc.py's DEFAULT_ARCHS): TVM's code for it is valid
 # on every newer one, so one source serves every arch of the engine (the cubin is per arch).
 SOURCE_ARCH = "sm_80"
