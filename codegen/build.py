@@ -354,7 +354,9 @@ def build_cuda_engine(
         report["tuning"] = choices
         report["tune"] = tuned.report
     archs = list(dict.fromkeys(archs))  # each arch once, in the order given
-    with phase("codegen"):
+    from graphc.codegen.families.tvm_kernels import tvm_allowed, tvm_report
+
+    with phase("codegen"), tvm_allowed(getattr(opts, "tvm", True)):
         from graphc.codegen.families.gemm_tactics import check_tactics, tactic_options
 
         kernels = generate_for_archs(
@@ -385,6 +387,10 @@ def build_cuda_engine(
         "families": _count(kernels.families.values()),
         "nvrtc": nvrtc_version(),
     }
+    tvm_steps = tvm_report(final.steps)  # steps whose kernels apache-tvm wrote (graphc[tvm])
+    if tvm_steps:
+        report["tvm"] = tvm_steps
+        log.info("%d step(s) with kernels by apache-tvm: %s", len(tvm_steps["steps"]), ", ".join(tvm_steps["ops"]))
     vendor = [s.name for s in final.steps if s.vendor is not None]
     if vendor or getattr(opts, "tactics", ()):
         erf = sum(1 for s in final.steps if s.vendor is not None and s.vendor.get("gelu_from_erf"))

@@ -27,5 +27,21 @@ class CudaCapabilities:
         # does not restrict the epilogue's ops today; the dtype must have a CUDA type.
         return self.renders(op) and self.stores(dtype)
 
+    # Ops whose only CUDA kernels are apache-tvm's computing ones (codegen/families/tvm_kernels.py),
+    # which take float32, not 16-bit floats (TVM's fp16 code needs cuda_fp16.h, which NVRTC from pip
+    # lacks): under fp16/bf16 the precision pass keeps them in float32 with Casts around them.
+    # tests/codegen/test_tvm_kernels.py checks this list against the family's.
+    fp32_ops: frozenset[str] = frozenset(
+        {
+            "GridSample",
+            "DFT",
+            "STFT",
+            "MeanVarianceNormalization",
+            "NegativeLogLikelihoodLoss",
+            "SoftmaxCrossEntropyLoss",
+            "Det",
+        }
+    )
+
 
 CUDA = CudaCapabilities()

@@ -265,6 +265,7 @@ def _check_target_flags(args: argparse.Namespace) -> None:
             ("--tune-budget-s", args.tune_budget_s is not None),
             ("--allow-tf32", args.allow_tf32),
             ("--no-pdl", args.no_pdl),
+            ("--no-tvm", getattr(args, "no_tvm", False)),
             ("--tactics", bool(getattr(args, "tactics", None))),
         )
         if on
@@ -315,6 +316,9 @@ def _add_compile(sub) -> None:
     c.add_argument("--allow-tf32", action="store_true", help="let fp32 GEMMs/convolutions use TF32 tensor cores")
     c.add_argument(
         "--no-pdl", action="store_true", help="no programmatic dependent launch (sm_90+): every kernel launched plainly"
+    )
+    c.add_argument(
+        "--no-tvm", action="store_true", help="refuse kernels apache-tvm would write (graphc[tvm]) for untemplated ops"
     )
     c.add_argument(
         "--tactics",
@@ -393,6 +397,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         tune_budget_s=args.tune_budget_s,
         allow_tf32=args.allow_tf32,
         pdl=not args.no_pdl,
+        tvm=not getattr(args, "no_tvm", False),
         tactics=tuple(t for t in (args.tactics or "").split(",") if t.strip()),
         progress=_progress_printer(console) if not args.quiet else None,
         **profile_opts,
@@ -817,13 +822,14 @@ def _add_check(sub) -> None:
     k.add_argument("model", help="path to an .onnx file")
     k.add_argument("--target", choices=["cpu", "cuda"], default="cpu", help="the target to check (default cpu)")
     k.add_argument("--shapes", help="input shapes as for compile, e.g. input:1x3x224x224 or batch=8")
+    k.add_argument("--no-tvm", action="store_true", help="as compile --no-tvm: ops only apache-tvm would serve stop it")
     k.set_defaults(func=_cmd_check)
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
     from graphc.support import check_lines  # the logic: graphc/support.py
 
-    lines, ok = check_lines(args.model, args.target, parse_shapes(args.shapes))
+    lines, ok = check_lines(args.model, args.target, parse_shapes(args.shapes), tvm=not args.no_tvm)
     print("\n".join(lines))
     return 0 if ok else 1
 

@@ -61,6 +61,9 @@ class CompileOptions:
     allow_tf32: bool = False
     row_norm_epilogues: bool = False
     pdl: bool = True
+    # CUDA: ops with no graphc template get kernels written by apache-tvm where graphc[tvm] is
+    # installed (codegen/families/tvm_kernels.py); False refuses them (--no-tvm)
+    tvm: bool = True
     tactics: Sequence[str] = ()
     cache_dir: str | Path | None = None
     progress: Callable[[str, str], None] | None = None  # (phase, "start" | "done"), for progress bars

@@ -103,9 +103,12 @@ def check_model(
     shapes: Mapping[str, Any] | None = None,
     precision: str = "fp32",
     opt_level: int = 2,
+    tvm: bool = True,
 ) -> SupportReport:
-    """Whether `graphc.compile(model, target=target, shapes=shapes, precision=precision)` would
-    succeed, with every reason it would not. Raises only when `model` cannot be read as ONNX."""
+    """Whether `graphc.compile(model, target=target, shapes=shapes, precision=precision, tvm=tvm)`
+    would succeed, with every reason it would not. Raises only when `model` cannot be read as ONNX.
+    On the cuda target, the ops whose kernels apache-tvm would write (graphc[tvm]) are notes; with
+    tvm=False (--no-tvm), or without TVM installed, they are findings."""
     from graphc.frontend import find_unsupported, load_onnx, read_model
 
     if target not in TARGETS:
@@ -136,7 +139,10 @@ def check_model(
         report.findings.append(Finding(m["op"], (m["node"],), m["rest"]) if m else Finding("(model)", (), str(e)))
         return report
     report.nodes, report.opset, report.op_counts = len(graph.nodes), graph.opset, dict(graph.op_counts())
-    _check_compile(graph, report, shapes, precision, opt_level)
+    from graphc.codegen.families.tvm_kernels import tvm_allowed
+
+    with tvm_allowed(tvm):
+        _check_compile(graph, report, shapes, precision, opt_level)
     if target == "cuda" and report.supported:
         present = {n.op: n.name for n in graph.nodes if n.domain == ""}
         for op, cond in CUDA_CONDITIONS.items():
@@ -274,6 +280,7 @@ def _check_kernels(plan, weights, report: SupportReport, precision: str, where: 
     from graphc.codegen.kernel import family_for
 
     failed: dict[tuple[str, str], list[str]] = {}
+    by_tvm: dict[str, list[str]] = {}
     from graphc.runtime.host_if_cuda import is_host_if
 
     for step in plan.steps:
@@ -281,7 +288,9 @@ def _check_kernels(plan, weights, report: SupportReport, precision: str, where: 
             continue
         ctx = plan.context(step, weights, precision=precision)
         try:
-            family_for(ctx).generate(ctx)
+            made = family_for(ctx).generate(ctx)
+            if any(k.family == "tvm" for k in made):
+                by_tvm.setdefault(_qual(step.op, step.domain), []).append(step.name)
         except GraphcError as e:
             op = _qual(step.op, step.domain)
             if step.op == "Fused" and step.domain == "graphc":
@@ -289,6 +298,10 @@ def _check_kernels(plan, weights, report: SupportReport, precision: str, where: 
             failed.setdefault((op, _reason(str(e), step.name)), []).append(step.name)
     for (op, reason), names in failed.items():
         report.findings.append(Finding(op, tuple(names), reason, where))
+    for op, names in by_tvm.items():
+        report.notes.append(
+            Finding(op, tuple(names), "kernel written by apache-tvm (needs graphc[tvm]; --no-tvm refuses it)", where)
+        )
 
 
 def _reason(message: str, step_name: str) -> str:
@@ -298,9 +311,11 @@ def _reason(message: str, step_name: str) -> str:
     return message[i + len(marker) :] if i >= 0 else message
 
 
-def check_lines(model: str, target: str, shapes: Mapping[str, Any] | None) -> tuple[list[str], bool]:
+def check_lines(
+    model: str, target: str, shapes: Mapping[str, Any] | None, *, tvm: bool = True
+) -> tuple[list[str], bool]:
     """The CLI's view: printed lines, and whether the model compiles."""
-    r = check_model(model, target=target, shapes=shapes)
+    r = check_model(model, target=target, shapes=shapes, tvm=tvm)
     return r.lines(), r.supported
 
 

@@ -54,10 +54,10 @@ def _retype_attrs(op: str, attrs, target: DType):
 
 
 def _keep_fp32(b: GraphBuilder, node, subst: dict[str, Value], target: DType, precision: str) -> None:
-    """An If/Loop/Scan left here (data-dependent) keeps its subgraphs' fp32 boundary: its float
-    inputs cast back to fp32 and its float outputs to the target type. Each branch is then
-    converted inside as a graph of its own (graphc/host_if.py optimizes it for the same target),
-    with the same Casts at its edges as any graph."""
+    """An If/Loop/Scan left here (data-dependent), or an op the target computes in fp32 only, keeps
+    its fp32 boundary: its float inputs cast back to fp32 and its float outputs to the target type.
+    Each branch is then converted inside as a graph of its own (graphc/host_if.py optimizes it for
+    the same target), with the same Casts at its edges as any graph."""
     ins = []
     for v in node.inputs:
         nv = None if v is None else subst[v.name]
@@ -75,7 +75,9 @@ def _keep_fp32(b: GraphBuilder, node, subst: dict[str, Value], target: DType, pr
 
 def precision_pass(graph: Graph, target: Target) -> Graph:
     """The pipeline's form: the target's precision and IO precision."""
-    return convert_precision(graph, target.precision, getattr(target, "io_precision", MODEL_IO))
+    # ops the target computes only in float32 (the CUDA target's apache-tvm kernels) keep an fp32 boundary
+    fp32_ops = getattr(target.capabilities, "fp32_ops", frozenset())
+    return convert_precision(graph, target.precision, getattr(target, "io_precision", MODEL_IO), fp32_ops)
 
 
 def check_io_precision(precision: str, io_precision: str) -> None:
@@ -90,7 +92,9 @@ def check_io_precision(precision: str, io_precision: str) -> None:
         )
 
 
-def convert_precision(graph: Graph, precision: str, io_precision: str = MODEL_IO) -> Graph:
+def convert_precision(
+    graph: Graph, precision: str, io_precision: str = MODEL_IO, fp32_ops: frozenset[str] = frozenset()
+) -> Graph:
     """`graph` with float32 storage in `precision`; float32 inputs and outputs kept (a Cast at each
     edge) or, with io_precision == precision, declared in that type with no Cast."""
     if precision == "fp32":
@@ -131,7 +135,7 @@ def convert_precision(graph: Graph, precision: str, io_precision: str = MODEL_IO
             converted[name] = b.add_constant(_convert_array(c.data, target), f"{name}/{precision}")
     for node in graph.nodes:
         opdef = get_op(node.op, node.domain)
-        if opdef.category is Category.CONTROL_FLOW:
+        if opdef.category is Category.CONTROL_FLOW or (node.domain == "" and node.op in fp32_ops):
             _keep_fp32(b, node, subst, target, precision)
             continue
         ins = []
