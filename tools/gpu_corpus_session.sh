@@ -7,8 +7,9 @@
 #
 #   OUT=dir [JOBS=12] [TRAINED=path/models] [ARCH_MODELS=roberta,resnet] bash tools/gpu_corpus_session.sh
 #
-# Writes under $OUT: session.log, arch_exports.log, arch_corpus_cuda.{md,json}, and (if run)
-# test_corpus_cuda.{md,json}, trained_cuda.{md,json}. Each step has a limit in seconds (EXPORT_S=150,
+# Writes at most 8 files under $OUT (the device tool returns 8): session.log (with the exporters'
+# failures), arch_manifest.json, arch_corpus_cuda.{md,json}, and (if run) test_corpus_cuda.{md,json},
+# trained_cuda.{md,json}. Each step has a limit in seconds (EXPORT_S=150,
 # ARCH_S=180, TESTC_S=70, TRAINED_S=40; 0 skips it; about 20 s of install besides: ~460 s in all): no model starts or
 # runs past its step's limit (its row says so) and the table is still written. No internet is needed:
 # the configs are built in code.
@@ -68,9 +69,9 @@ step() {
 
 # The exports with this machine's torch (a crash of one model is its row; --timeout per model).
 [ "$EXPORT_S" = 0 ] || step "arch exports" "$((EXPORT_S + 20))" $EXPORT_PY tools/make_arch_corpus.py --out "$CORPUS" --jobs "$EXPORT_JOBS" \
-  --deadline "$EXPORT_S" $asel > "$OUT/arch_exports.log" 2>&1
+  --deadline "$EXPORT_S" $asel > /tmp/arch_exports.log 2>&1
 [ "$EXPORT_S" = 0 ] && echo "arch exports: skipped" | tee -a "$log"
-grep -E "exports ok|^  " "$OUT/arch_exports.log" 2>/dev/null | head -40 >> "$log"
+grep -E "exports ok|^  " /tmp/arch_exports.log 2>/dev/null | head -40 >> "$log"
 cp "$CORPUS/manifest.json" "$OUT/arch_manifest.json" 2>/dev/null || true
 
 # check NAME LIMIT OUTBASE SOURCE-ARGS...: check_models by stage; stops starting models 15 s before

@@ -583,11 +583,24 @@ def versions() -> dict[str, str]:
     return out
 
 
-def _case(arch: Arch) -> et.ModelCase:
+def _case(arch: Arch, attn: str | None = None) -> et.ModelCase:
     """export_torch's ModelCase for this architecture (its exporters and _rescale take one)."""
     names = [s.name for s in arch.inputs]
-    return et.ModelCase(arch.name, arch.description, lambda _tiny: _wrap(arch.build(), names, arch.outputs),
+    return et.ModelCase(arch.name, arch.description,
+                        lambda _tiny: _wrap(_with_attn(arch.build(), attn), names, arch.outputs),
                         arch.inputs, arch.outputs)  # fmt: skip
+
+
+def _with_attn(model: Any, attn: str | None) -> Any:
+    """The model with transformers' attention implementation `attn` (eager: matmul + softmax written out;
+    sdpa: torch's scaled_dot_product_attention); None keeps the model's default. A model that has no
+    such implementation raises, and that is its row."""
+    if attn:
+        if hasattr(model, "set_attn_implementation"):
+            model.set_attn_implementation(attn)
+        else:
+            model.config._attn_implementation = attn
+    return model
 
 
 def _first_line(e: BaseException) -> str:
@@ -604,7 +617,8 @@ def _ort_outputs(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarr
     return dict(zip(names, sess.run(names, {i.name: feeds[i.name] for i in sess.get_inputs()}), strict=True))
 
 
-def export_arch(arch: Arch, out: Path, exporters: list[str], static: bool, seed: int = SEED) -> dict[str, Any]:
+def export_arch(arch: Arch, out: Path, exporters: list[str], static: bool, seed: int = SEED,
+                attn: str | None = None) -> dict[str, Any]:  # fmt: skip
     """Build, rescale, export with each exporter, check against PyTorch, save ORT's outputs. Every
     failure is recorded in the returned record; nothing raises."""
     import torch
@@ -613,7 +627,7 @@ def export_arch(arch: Arch, out: Path, exporters: list[str], static: bool, seed:
                               "seed": seed, "static": static, "example_dims": DIMS,
                               "inputs": [dataclasses.asdict(s) for s in arch.inputs], "outputs": arch.outputs,
                               "exports": {}}  # fmt: skip
-    case = _case(arch)
+    case = _case(arch, attn)
     try:
         module = et._module(case, seed, "scaled", DIMS)
         inner = module.model
@@ -664,7 +678,7 @@ def export_arch(arch: Arch, out: Path, exporters: list[str], static: bool, seed:
 
 
 def _export_in_child(name: str, out: Path, exporters: list[str], static: bool, timeout_s: int,
-                     end: float | None = None) -> dict[str, Any]:  # fmt: skip
+                     end: float | None = None, attn: str | None = None) -> dict[str, Any]:  # fmt: skip
     """One model in its own process (a crash or hang there is that model's row); none starts after
     `end` (time.monotonic()), and none runs past it."""
     part = out / "records" / f"{name}.json"
@@ -676,7 +690,7 @@ def _export_in_child(name: str, out: Path, exporters: list[str], static: bool, t
                 "exports": {e: {"ok": False, "stage": "export", "error": why} for e in exporters}}  # fmt: skip
     part.unlink(missing_ok=True)
     cmd = [sys.executable, __file__, "--out", str(out), "--models", name, "--exporters", ",".join(exporters),
-           "--record-only"] + (["--static"] if static else [])  # fmt: skip
+           "--record-only"] + (["--static"] if static else []) + (["--attn", attn] if attn else [])  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     try:
         proc = run_group(cmd, env, timeout_s)
@@ -697,6 +711,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default=",".join(ARCHS), help="comma-separated architecture names")
     p.add_argument("--exporters", default=",".join(EXPORTERS))
     p.add_argument("--static", action="store_true", help="every dim fixed at the example sizes")
+    p.add_argument("--attn", choices=["eager", "sdpa"], help="transformers' attention implementation (default: "
+                   "each model's own); give a separate --out, the file names do not carry it")  # fmt: skip
     p.add_argument("--jobs", type=int, default=1, help="models exported in parallel, one process each")
     p.add_argument("--timeout", type=int, default=600, help="seconds per model with --jobs")
     p.add_argument("--deadline", type=float, help="with --jobs: seconds after which no model starts or runs")
@@ -726,7 +742,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1 if a.record_only else max(1, os.cpu_count() or 1))
         records = []
         for n in names:
-            rec = export_arch(ARCHS[n], a.out, exporters, a.static)
+            rec = export_arch(ARCHS[n], a.out, exporters, a.static, attn=a.attn)
             (a.out / "records" / f"{n}.json").write_text(json.dumps(rec, indent=1) + "\n")
             records.append(rec)
         if a.record_only:
@@ -734,7 +750,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         end = time.monotonic() + a.deadline if a.deadline else None
         with ThreadPoolExecutor(a.jobs) as pool:
-            records = list(pool.map(lambda n: _export_in_child(n, a.out, exporters, a.static, a.timeout, end), names))
+            records = list(pool.map(lambda n: _export_in_child(n, a.out, exporters, a.static, a.timeout, end, a.attn),
+                                    names))  # fmt: skip
     manifest_path = a.out / "manifest.json"
     old = json.loads(manifest_path.read_text()).get("models", {}) if manifest_path.exists() else {}
     ver = versions()
