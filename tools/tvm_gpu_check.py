@@ -92,7 +92,7 @@ def run(folder: Path, out: Path) -> int:
                 feeds = {k[4:]: z[k] for k in z.files if k.startswith("in__")}
                 refs = {k[5:]: z[k] for k in z.files if k.startswith("ref__")}
             engine = load(path)
-            got = engine.run(feeds)
+            got = engine.run(feeds, to_numpy=True)  # host arrays: the CUDA engine returns device arrays by default
             results = [(o, *_compare(np.asarray(got[o]), refs[o])) for o in refs]
             row["ok"] = all(ok for _, ok, _ in results)
             row["max_abs_err"] = max(err for _, _, err in results)
