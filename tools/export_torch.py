@@ -112,7 +112,15 @@ def _wrap(model: Any, input_names: list[str], output_keys: list[str]) -> Any:
         def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> tuple:
             return self.run(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
 
-    for cls in (Image, Text, TextWithTypes):
+    class Audio(Base):  # wav2vec2, HuBERT (tools/make_arch_corpus.py)
+        def forward(self, input_values: Any) -> tuple:
+            return self.run(input_values=input_values)
+
+    class Mel(Base):  # Whisper's encoder
+        def forward(self, input_features: Any) -> tuple:
+            return self.run(input_features=input_features)
+
+    for cls in (Image, Text, TextWithTypes, Audio, Mel):
         params = list(cls.forward.__code__.co_varnames[1 : cls.forward.__code__.co_argcount])
         if params == input_names:
             return cls()

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import json
 import logging
 import os
@@ -98,44 +97,7 @@ def _mel(bins: int, frames: int) -> list[et.InputSpec]:
 # ---- wrappers: forward(named inputs) -> tuple of tensors ----------------------------------------------
 
 
-def _wrap(model: Any, names: list[str], outputs: list[str]) -> Any:
-    """A module whose forward has one named parameter per input, in order (torch.export matches
-    dynamic_shapes to the signature; the exporters name graph inputs after it), returning a tuple."""
-    import torch
-
-    class Base(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def run(self, **inputs: Any) -> tuple:
-            out = self.model(**inputs, return_dict=True)
-            return tuple(out[k] for k in outputs)
-
-    class Image(Base):
-        def forward(self, pixel_values: Any) -> tuple:
-            return self.run(pixel_values=pixel_values)
-
-    class Text(Base):
-        def forward(self, input_ids: Any, attention_mask: Any) -> tuple:
-            return self.run(input_ids=input_ids, attention_mask=attention_mask)
-
-    class TextWithTypes(Base):
-        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> tuple:
-            return self.run(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-
-    class Audio(Base):
-        def forward(self, input_values: Any) -> tuple:
-            return self.run(input_values=input_values)
-
-    class Mel(Base):
-        def forward(self, input_features: Any) -> tuple:
-            return self.run(input_features=input_features)
-
-    for cls in (Image, Text, TextWithTypes, Audio, Mel):
-        if list(inspect.signature(cls.forward).parameters)[1:] == names:
-            return cls()
-    raise ValueError(f"no wrapper takes inputs {names}")
+_wrap = et._wrap  # a module whose forward has one named parameter per input, returning a tuple
 
 
 # ---- the architectures ----------------------------------------------------------------------------------

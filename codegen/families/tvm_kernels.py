@@ -30,6 +30,22 @@ from graphc.errors import CompileError
 
 log = logging.getLogger(__name__)
 
+
+@contextlib.contextmanager
+def _thread_per_index(total: int, threads: int) -> Iterator[Any]:
+    """Inside an IRBuilder: a 1-D launch of `threads`-wide blocks covering `total` indices; yields
+    the thread's index, the body guarded by index < total (the scatters' copy and update loops)."""
+    from tvm import te
+    from tvm.script.ir_builder import tirx as T
+
+    bx, tx = te.thread_axis("blockIdx.x"), te.thread_axis("threadIdx.x")
+    blocks = max(1, -(-total // threads))
+    with T.frame_scope([T.attr(bx, "thread_extent", blocks), T.attr(tx, "thread_extent", threads)]):
+        tid = bx * threads + tx
+        with T.If(tid < total), T.Then():
+            yield tid
+
+
 _ALLOWED: contextvars.ContextVar[bool] = contextvars.ContextVar("graphc_tvm_allowed", default=True)
 
 
@@ -104,43 +120,27 @@ def _scatter_nd(ctx: StepContext):
         data, idx, upd, out = (T.buffer_proxy(b) for b in (data_b, idx_b, upd_b, out_b))
         with IRBuilder() as ib:
             with T.seq_scope():
-                bx, tx = te.thread_axis("blockIdx.x"), te.thread_axis("threadIdx.x")
-                with T.frame_scope(
-                    [
-                        T.attr(bx, "thread_extent", max(1, -(-total // threads))),
-                        T.attr(tx, "thread_extent", threads),
-                    ]
-                ):
-                    tid = bx * threads + tx
-                    with T.If(tid < total), T.Then():
-                        out[tid] = data[tid]
-                bx2, tx2 = te.thread_axis("blockIdx.x"), te.thread_axis("threadIdx.x")
-                with T.frame_scope(
-                    [
-                        T.attr(bx2, "thread_extent", max(1, -(-inner // threads))),
-                        T.attr(tx2, "thread_extent", threads),
-                    ]
-                ):
-                    j = bx2 * threads + tx2
-                    with T.If(j < inner), T.Then(), T.serial(0, rows) as i:
-                        index = j.astype("int64")
-                        stride = inner
-                        for ax in reversed(range(k)):
-                            v = idx[i * k + ax].astype("int64")
-                            v = v + (v < 0).astype("int64") * dshape[ax]  # negative: from the end
-                            index = index + v * stride
-                            stride *= dshape[ax]
-                        u = upd[i * inner + j]
-                        if mode == "none":
-                            out[index] = u
-                        elif mode == "add":
-                            out[index] = out[index] + u
-                        elif mode == "mul":
-                            out[index] = out[index] * u
-                        elif mode == "max":
-                            out[index] = tirx.max(out[index], u)
-                        else:
-                            out[index] = tirx.min(out[index], u)
+                with _thread_per_index(total, threads) as tid:
+                    out[tid] = data[tid]
+                with _thread_per_index(inner, threads) as j, T.serial(0, rows) as i:
+                    index = j.astype("int64")
+                    stride = inner
+                    for ax in reversed(range(k)):
+                        v = idx[i * k + ax].astype("int64")
+                        v = v + (v < 0).astype("int64") * dshape[ax]  # negative: from the end
+                        index = index + v * stride
+                        stride *= dshape[ax]
+                    u = upd[i * inner + j]
+                    if mode == "none":
+                        out[index] = u
+                    elif mode == "add":
+                        out[index] = out[index] + u
+                    elif mode == "mul":
+                        out[index] = out[index] * u
+                    elif mode == "max":
+                        out[index] = tirx.max(out[index], u)
+                    else:
+                        out[index] = tirx.min(out[index], u)
             return ib.get()
 
     def compute(data, idx, upd):
@@ -343,21 +343,13 @@ def _max_unpool(ctx: StepContext):
         with IRBuilder() as ib:
             with T.seq_scope():
                 for total, body in ((n_out, "zero"), (n_in, "scatter")):
-                    bx, tx = te.thread_axis("blockIdx.x"), te.thread_axis("threadIdx.x")
-                    with T.frame_scope(
-                        [
-                            T.attr(bx, "thread_extent", max(1, -(-total // threads))),
-                            T.attr(tx, "thread_extent", threads),
-                        ]
-                    ):
-                        tid = bx * threads + tx
-                        with T.If(tid < total), T.Then():
-                            if body == "zero":
-                                out[tid] = tirx.const(0, out_b.dtype)
-                            else:
-                                j = idx[tid].astype("int64")
-                                with T.If(tirx.all(j >= 0, j < n_out)), T.Then():
-                                    out[j] = x[tid]
+                    with _thread_per_index(total, threads) as tid:
+                        if body == "zero":
+                            out[tid] = tirx.const(0, out_b.dtype)
+                        else:
+                            j = idx[tid].astype("int64")
+                            with T.If(tirx.all(j >= 0, j < n_out)), T.Then():
+                                out[j] = x[tid]
             return ib.get()
 
     def compute(x, idx):

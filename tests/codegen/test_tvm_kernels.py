@@ -85,15 +85,20 @@ def test_launch_geometry_is_tvms():
     assert [p.split("*")[0].strip() for p in params.split(",")] == ["const int64_t", "const float", "float"]
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if not c.startswith(GPU_ONLY) and c not in SLOW])
-def test_compute_matches_reference_on_tvm_cpu(case):
-    """TVM's CPU build of the very te compute the CUDA kernel comes from, against the reference."""
+def _tvm_step(case: str):
+    """A case's graph, feeds, reference outputs, lowered plan and weights, its one TVM step and that step's context."""
     model, feeds = CASES[case]()
     graph = graphc.load_onnx(model)
     ref = graphc.interpret(graph, feeds)
     plan, weights = plan_of(model)
     (step,) = [s for s in plan.steps if s.op in tvm_kernels.TVM_OPS]
-    ctx = plan.context(step, weights)
+    return graph, feeds, ref, plan, weights, step, plan.context(step, weights)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.startswith(GPU_ONLY) and c not in SLOW])
+def test_compute_matches_reference_on_tvm_cpu(case):
+    """TVM's CPU build of the very te compute the CUDA kernel comes from, against the reference."""
+    graph, feeds, ref, plan, weights, step, ctx = _tvm_step(case)
     ins, outs, compute = tvm_kernels.compute_of(ctx)
     arrays = [feeds[t.name] if t.name in feeds else weights[t.name] for t in ins]
     (got,) = tvm_source.run_on_cpu(arrays, compute)
@@ -141,12 +146,7 @@ def test_cuda_source_matches_reference_one_thread_at_a_time(case):
     every bit set (NaN for floats), so a kernel that writes too little fails."""
     from cuda_emulator import emulable, run_launches
 
-    model, feeds = CASES[case]()
-    graph = graphc.load_onnx(model)
-    ref = graphc.interpret(graph, feeds)
-    plan, weights = plan_of(model)
-    (step,) = [s for s in plan.steps if s.op in tvm_kernels.TVM_OPS]
-    ctx = plan.context(step, weights)
+    graph, feeds, ref, plan, weights, step, ctx = _tvm_step(case)
     srcs = family_for(ctx).generate(ctx)
     if not all(emulable(s.source) for s in srcs):
         pytest.skip("threads cooperate (shared memory / shuffles): checked by the TVM CPU build instead")
