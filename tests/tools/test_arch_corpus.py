@@ -148,8 +148,11 @@ def test_gpu_session_script_runs_its_non_gpu_path(corpus, tmp_path):
 def test_a_timed_out_child_takes_its_own_children_with_it(tmp_path):
     pid_file = tmp_path / "pid"
     cmd = ["bash", "-c", f"sleep 60 & echo $! > {pid_file}; wait"]
+    start = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
         CC.run_group(cmd, dict(os.environ), 2)
+    # a surviving grandchild keeps the pipes open, so run_group would wait out its 60 s sleep
+    assert time.monotonic() - start < 30
     grandchild = int(pid_file.read_text())
     assert _dead_within(grandchild, 10.0), f"pid {grandchild} (the child's own child) outlived the timeout"
 
