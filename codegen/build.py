@@ -292,6 +292,16 @@ def add_arch_kernels(kernels: KernelSet, arch: str, special: KernelSet) -> None:
     log.info("%s: %d step(s) with launches of its own", arch, len(own))
 
 
+def engine_archs(opts: Any) -> list[str]:
+    """The archs an engine for `opts` is built for: `opts.arch`, else this machine's GPU, else the
+    default list (with this machine's GPU added when absent)."""
+    local = local_gpu_arch()
+    archs = [check_arch(a) for a in (opts.arch or ([local] if local else list(DEFAULT_ARCHS)))]
+    if local and local not in archs and not opts.arch:
+        archs.append(local)
+    return archs
+
+
 def local_gpu_arch() -> str | None:
     try:
         import cupy
@@ -319,9 +329,7 @@ def build_cuda_engine(
     from graphc.runtime.engine import Engine
 
     local = local_gpu_arch()
-    archs = [check_arch(a) for a in (opts.arch or ([local] if local else list(DEFAULT_ARCHS)))]
-    if local and local not in archs and not opts.arch:
-        archs.append(local)
+    archs = engine_archs(opts)
     choices: dict[str, Any] = {}
     if opts.tune != "off":
         if local is None:

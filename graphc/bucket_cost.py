@@ -64,12 +64,10 @@ def why_no_estimate(opts: Any) -> str | None:
     """Why a compile with `opts` gets no time estimate (then its ladder bounds rows), or None."""
     if opts.target != "cuda":
         return f"target {opts.target} (the estimate follows the sm_90 kernel selection)"
-    from graphc.codegen.build import local_gpu_arch
-    from graphc.codegen.nvrtc import DEFAULT_ARCHS, check_arch
+    from graphc.codegen.build import engine_archs
 
-    local = local_gpu_arch()
-    archs = [check_arch(a) for a in (opts.arch or ([local] if local else list(DEFAULT_ARCHS)))]
-    if HOPPER not in archs and local != HOPPER:
+    archs = engine_archs(opts)
+    if HOPPER not in archs:
         return f"no sm_90 plan (archs {', '.join(archs)})"
     if opts.tune != "off":
         log.info("the bucket estimate follows the untuned kernel selection (tune=%s)", opts.tune)
