@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from graphc.runtime.errors import EngineError
+from graphc.runtime.output_ring import DEFAULT_SLOTS, OutputRing, OutputSlot, ring_roots, slot_views
 from graphc.runtime.pdl import arch_has_pdl, env_max_ctas, env_pdl, programmatic_launches
 from graphc.runtime.plan import ALIAS, ARENA, INPUT, WEIGHT, KernelPlan, MemoryPlan, alias_byte_offset
 from graphc.runtime.tensormap import TensorMapTable, is_tmap_arg, tmap_index, validate_launch
@@ -197,6 +198,8 @@ class DeviceWeights:
 class CUDAContext:
     """An execution context: its own arena, workspace, stream and CUDA graph; weights shared."""
 
+    output_ring = DEFAULT_SLOTS  # slots of the output ring (0: none; CUDAExecutor sets it per engine)
+
     def __init__(
         self,
         plan: KernelPlan,
@@ -235,30 +238,21 @@ class CUDAContext:
                     views[name] = cupy.ndarray(tuple(t.shape), dtype=_numpy_dtype(t.dtype), memptr=src.data + skip)
             self.views = views
             self.tensormaps = self._tensor_maps(plan, views)
-            self.launches = []
             need_sms = pdl_max_ctas == "sms" and bool(pdl_kernels)
             sms = (
                 _sm_count(cupy, device)
                 if need_sms or any(ln.params.get("persistent") for s in plan.steps for ln in s.launches)
                 else 0
             )
-            first = 0  # index of the launch's first tensor map in the context's table
             from graphc.runtime.tactics_cublaslt import VendorSteps
 
+            # what an output ring slot (runtime/output_ring.py) rebuilds its launch list from
+            self._memory, self._functions, self._sms = memory, functions, sms
+            self._pdl = (pdl_kernels, sms if pdl_max_ctas == "sms" else pdl_max_ctas)
             # vendor tactics (--tactics cublaslt): one library call each, in the step's place
             self.vendor = VendorSteps(plan, views, self.stream, cupy)
-            for step in plan.steps:
-                if step.vendor is not None:
-                    self.launches.append((self.vendor.calls[step.name], (1, 1, 1), (1, 1, 1), (), 0, step.name))
-                for ln in step.launches:
-                    fn = functions[ln.digest]
-                    args = tuple(self._arg(a, views, first, step.name) for a in ln.args)
-                    first += len(ln.params.get("tmaps", []))
-                    grid = tuple(ln.grid)
-                    if ln.params.get("persistent"):  # a CTA per SM at most: the kernel strides by gridDim
-                        grid = (min(grid[0], sms), *grid[1:])
-                    self.launches.append((fn, grid, tuple(ln.block), args, ln.shared_bytes, step.name))
-            self.programmatic = self._programmatic(plan, pdl_kernels, sms if pdl_max_ctas == "sms" else pdl_max_ctas)
+            self.launches = self._make_launches(views, self.tensormaps, self.vendor)
+            self.programmatic = self._programmatic(plan, *self._pdl, self.launches)
         self.graph = None
         self.lock = threading.Lock()
         self.prepare_io()
@@ -307,6 +301,17 @@ class CUDAContext:
         # a context whose launch_all is not the plain launch list (host-If: host decisions between
         # captured segments) cannot be captured whole: its copies stay memcpys around the replay
         self._capture_whole = type(self).launch_all is CUDAContext.launch_all
+        # the ordinary call's outputs written in place into slots the caller gave back (runtime/output_ring.py)
+        self._no_dsts = (0,) * len(self._outputs)
+        self.set_output_ring(self.output_ring)
+
+    def set_output_ring(self, size: int) -> None:
+        """Write the ordinary call's outputs in place into `size` slots the caller gives back (0:
+        copy them out of the arena into new arrays, the behaviour before the ring)."""
+        self.output_ring = size
+        memory = getattr(self, "_memory", None)  # None: a context made without __init__ (tests' fakes)
+        roots = ring_roots(self.plan, memory) if memory is not None and self._capture_whole and size > 0 else None
+        self._ring = OutputRing(roots, size) if roots else None
 
     def _weight_rooted(self, name: str) -> bool:
         seen = set()
@@ -330,27 +335,44 @@ class CUDAContext:
                 entries += [(s, int(views[s.tensor].data.ptr)) for s in specs]
         return TensorMapTable(self.cupy, entries) if entries else None
 
-    def _arg(self, a: str, views: dict[str, Any], first: int, step: str) -> Any:
+    def _make_launches(self, views: dict[str, Any], tensormaps: TensorMapTable | None, vendor: Any) -> list[tuple]:
+        """The launch list over `views`: per launch (function, grid, block, args, shared bytes, step)."""
+        launches: list[tuple] = []
+        first = 0  # index of the launch's first tensor map in the context's table
+        for step in self.plan.steps:
+            if step.vendor is not None:
+                launches.append((vendor.calls[step.name], (1, 1, 1), (1, 1, 1), (), 0, step.name))
+            for ln in step.launches:
+                fn = self._functions[ln.digest]
+                args = tuple(self._arg(a, views, first, step.name, tensormaps) for a in ln.args)
+                first += len(ln.params.get("tmaps", []))
+                grid = tuple(ln.grid)
+                if ln.params.get("persistent"):  # a CTA per SM at most: the kernel strides by gridDim
+                    grid = (min(grid[0], self._sms), *grid[1:])
+                launches.append((fn, grid, tuple(ln.block), args, ln.shared_bytes, step.name))
+        return launches
+
+    def _arg(self, a: str, views: dict[str, Any], first: int, step: str, tensormaps: TensorMapTable | None) -> Any:
         if a == "@workspace":
             return self.workspace
         if is_tmap_arg(a):
-            assert self.tensormaps is not None  # validate_launch saw the spec
-            return self.tensormaps.arg(first + tmap_index(a, f"step '{step}'"))
+            assert tensormaps is not None  # validate_launch saw the spec
+            return tensormaps.arg(first + tmap_index(a, f"step '{step}'"))
         return views[a]
 
     def _programmatic(
-        self, plan: KernelPlan, pdl_kernels: frozenset[str], max_ctas: int | None
+        self, plan: KernelPlan, pdl_kernels: frozenset[str], max_ctas: int | None, launches: list[tuple]
     ) -> list[ProgrammaticLaunch | None]:
-        """Per launch, its programmatic launcher, or None for an ordinary launch."""
+        """Per launch of `launches`, its programmatic launcher, or None for an ordinary launch."""
         digests = launch_digests(plan)
-        ctas = [int(np.prod(grid)) for _fn, grid, *_ in self.launches]
+        ctas = [int(np.prod(grid)) for _fn, grid, *_ in launches]
         chosen = programmatic_launches(digests, pdl_kernels, ctas, max_ctas)
         if not any(chosen):
-            return [None] * len(self.launches)
+            return [None] * len(launches)
         driver = _cuda_driver()
         if driver is None:
             log.warning("programmatic dependent launch off: cuda.bindings is not installed (pip install cuda-bindings)")
-            return [None] * len(self.launches)
+            return [None] * len(launches)
         # the driver API launches in the thread's current context: the one cupy made current here
         err, self._driver_ctx = driver.cuCtxGetCurrent()
         if err != driver.CUresult.CUDA_SUCCESS:
@@ -358,7 +380,7 @@ class CUDAContext:
         self._driver = driver
         return [
             ProgrammaticLaunch(driver, fn, grid, block, args, smem, self.stream, name) if pdl else None
-            for (fn, grid, block, args, smem, name), pdl in zip(self.launches, chosen, strict=True)
+            for (fn, grid, block, args, smem, name), pdl in zip(launches, chosen, strict=True)
         ]
 
     def _bind_driver_context(self) -> None:
@@ -514,6 +536,11 @@ class CUDAContext:
             outs = dict(out)
         elif reuse_outputs:
             dsts, outs = self._own_targets, dict(self._own_outputs)
+        elif use_graph and self._ring is not None and (slot := self._ring_slot()) is not None:
+            # the graph writes the outputs into a slot the caller gave back: nothing to copy out
+            self._launch_replay(slot, srcs)
+            outs = slot.arrays(self._ndarray)
+            return self._finish(outs, to_numpy, sync)
         else:  # new arrays, allocated on the engine's stream (cupy's pool keeps blocks per stream)
             empty, made, ptrs = self.cupy.empty, [], []
             with self.stream:  # the last output first: see prepare_io
@@ -526,26 +553,82 @@ class CUDAContext:
             outs = dict(zip(self._out_names, made, strict=True))
             dsts = tuple(ptrs)
         if use_graph:
-            key = (srcs, dsts)
-            graph = self._copy_graphs.get(key)
-            if graph is None:
-                graph = self._graph_for(key)
-            if graph is not None:
-                graph.launch(stream=self.stream)
-            else:  # copies by memcpy around the plain graph
-                self._memcpys(srcs, dsts, self._plain_graph())
+            self._launch_replay(self, srcs, dsts)
         else:
             self._bind_driver_context()
             self._memcpys(srcs, dsts, None)
+        return self._finish(outs, to_numpy, sync)
+
+    def _finish(self, outs: dict[str, Any], to_numpy: bool, sync: bool) -> dict[str, Any]:
         if to_numpy:
             return {k: self.cupy.asnumpy(v, stream=self.stream) for k, v in outs.items()}
         if sync:
             self.stream.synchronize()
         return outs
 
-    def _memcpys(self, srcs: tuple[int, ...], dsts: tuple[int, ...], graph: Any) -> None:
-        """The copies in, `graph`'s launch (None: the launch list itself), the copies out: one
-        cudaMemcpyAsync per copy on the stream."""
+    def _launch_replay(self, r: Any, srcs: tuple[int, ...], dsts: tuple[int, ...] | None = None) -> None:
+        """The graph of launch list `r` (the context itself, or an output slot) with the copies of
+        (srcs, dsts; None: no copy out), or its plain graph with the copies as memcpys around it."""
+        key = (srcs, self._no_dsts if dsts is None else dsts)
+        graph = r._copy_graphs.get(key)
+        if graph is None:
+            graph = self._graph_for(key, r)
+        if graph is not None:
+            graph.launch(stream=self.stream)
+        else:  # copies by memcpy around the plain graph
+            self._memcpys(*key, self._plain_graph(r))
+
+    def _ring_slot(self) -> OutputSlot | None:
+        """A slot of the output ring the caller holds nothing of (a new one while fewer than the
+        ring's size exist), or None: every slot is held, the call copies its outputs out."""
+        ring = self._ring
+        slot = ring.take()
+        if slot is None and len(ring.slots) < ring.size:
+            slot = self._new_slot(ring)
+            ring.slots.append(slot)
+            ring.next = 0 if len(ring.slots) == ring.size else len(ring.slots)
+        if slot is None and not ring.held_logged:
+            log.info("engine.run: the caller holds the outputs of all %d output slots; outputs are copied "
+                     "into new arrays while it does", ring.size)  # fmt: skip
+            ring.held_logged = True
+        return slot
+
+    def _new_slot(self, ring: OutputRing) -> OutputSlot:
+        """Output buffers outside the arena, the launch list with the outputs moved into them
+        (tensor maps and vendor calls rebuilt over the moved views), sealed."""
+        from graphc.runtime.tactics_cublaslt import VendorSteps
+
+        plan, cupy = self.plan, self.cupy
+        buffers = {root: cupy.empty(max(int(plan.tensors[root].nbytes), 1), dtype=cupy.uint8) for root in ring.roots}
+        views = slot_views(plan, self._memory, self.views, buffers, cupy, _numpy_dtype)
+        tensormaps = self._tensor_maps(plan, views)
+        vendor = VendorSteps(plan, views, self.stream, cupy) if self.vendor.calls else self.vendor
+        launches = self._make_launches(views, tensormaps, vendor)
+        outputs = [  # an output's own shape and dtype (a view's may differ from its root's), at offset 0
+            (public, tuple(views[name].shape), views[name].dtype, buffers[root].data)
+            for public, name, root in zip(plan.output_names, plan.outputs, ring.roots, strict=True)
+        ]
+        slot = OutputSlot(
+            list(buffers.values()), outputs, launches, self._programmatic(plan, *self._pdl, launches),
+            keep=[views, tensormaps, vendor],
+        )  # fmt: skip
+        slot.seal()
+        return slot
+
+    def _run_list(self, r: Any) -> None:
+        """Launch list `r`: the context's own (launch_all, which a subclass may override) or a slot's."""
+        if r is self:
+            self.launch_all()
+            return
+        for (fn, grid, block, args, smem, _name), pdl in zip(r.launches, r.programmatic, strict=True):
+            if pdl is None:
+                fn(grid, block, args, shared_mem=smem, stream=self.stream)
+            else:
+                pdl()
+
+    def _memcpys(self, srcs: tuple[int, ...], dsts: tuple[int, ...], graph: Any, r: Any = None) -> None:
+        """The copies in, `graph`'s launch (None: launch list `r`, default the context's), the
+        copies out: one cudaMemcpyAsync per copy on the stream."""
         copy, d2d, stream = self.cupy.cuda.runtime.memcpyAsync, self._d2d, self.stream.ptr
         for src, (slot, nbytes) in zip(srcs, self._in_copies, strict=True):
             if src:
@@ -553,37 +636,39 @@ class CUDAContext:
         if graph is not None:
             graph.launch(stream=self.stream)
         else:
-            self.launch_all()
+            self._run_list(self if r is None else r)
         for dst, (view, nbytes) in zip(dsts, self._out_copies, strict=True):
             if dst:
                 copy(dst, view, nbytes, d2d, stream)
 
-    def _plain_graph(self) -> Any:
-        """The launch sequence alone as a CUDA graph, captured on first use."""
-        if self.graph is None:
+    def _plain_graph(self, r: Any = None) -> Any:
+        """Launch list `r` (default the context's) alone as a CUDA graph, captured on first use."""
+        r = self if r is None else r
+        if r.graph is None:
             self._bind_driver_context()
             self.stream.begin_capture()
             try:
-                self.launch_all()
+                self._run_list(r)
             except BaseException:
                 self.stream.end_capture()  # no partial graph kept: it would replay without what failed
                 raise
-            self.graph = self.stream.end_capture()
-        return self.graph
+            r.graph = self.stream.end_capture()
+        return r.graph
 
-    def _graph_for(self, key: tuple) -> Any:
-        """The graph that runs the copies of `key` (sources, targets) and the launches, or None
-        (then run() makes the copies by memcpy around the plain graph). Nothing to copy: the plain
-        graph. Else a graph with the copies inside, captured the second time these addresses come
-        (an address seen once, such as a new output array kept by the caller, is not worth a
-        capture), up to MAX_COPY_GRAPHS per context."""
+    def _graph_for(self, key: tuple, r: Any = None) -> Any:
+        """The graph that runs the copies of `key` (sources, targets) and launch list `r` (default
+        the context's), or None (then run() makes the copies by memcpy around the plain graph).
+        Nothing to copy: the plain graph. Else a graph with the copies inside, captured the second
+        time these addresses come (an address seen once, such as a new output array kept by the
+        caller, is not worth a capture), up to MAX_COPY_GRAPHS per launch list."""
+        r = self if r is None else r
         srcs, dsts = key
         if not any(srcs) and not any(dsts):
-            return self._plain_graph()
+            return self._plain_graph(r)
         if not self._capture_whole:
             return None
-        seen = self._sightings.get(key, 0) + 1
-        if seen < 2 or len(self._copy_graphs) >= MAX_COPY_GRAPHS:
+        seen = r._sightings.get(key, 0) + 1
+        if seen < 2 or len(r._copy_graphs) >= MAX_COPY_GRAPHS:
             if seen >= 2 and not self._full_logged:
                 log.info(
                     "engine.run: %d address sets of inputs/outputs captured with their copies already; further "
@@ -591,15 +676,15 @@ class CUDAContext:
                     "avoid that)", MAX_COPY_GRAPHS,
                 )  # fmt: skip
                 self._full_logged = True
-            if len(self._sightings) >= 64:  # one-off addresses (new arrays every call) do not pile up
-                self._sightings.clear()
-            self._sightings[key] = seen
+            if len(r._sightings) >= 64:  # one-off addresses (new arrays every call) do not pile up
+                r._sightings.clear()
+            r._sightings[key] = seen
             return None
-        self._sightings.pop(key, None)
+        r._sightings.pop(key, None)
         self._bind_driver_context()
         self.stream.begin_capture()
         try:
-            self._memcpys(srcs, dsts, None)
+            self._memcpys(srcs, dsts, None, r)
             graph = self.stream.end_capture()
         except Exception as e:
             with contextlib.suppress(Exception):  # a partial graph would replay without the work that failed
@@ -609,7 +694,7 @@ class CUDAContext:
                         "copies by cudaMemcpyAsync around the graph from now on", e)  # fmt: skip
             self._capture_whole = False
             return None
-        self._copy_graphs[key] = graph
+        r._copy_graphs[key] = graph
         return graph
 
 
@@ -628,8 +713,10 @@ class CUDAExecutor:
         device_weights: DeviceWeights | None = None,
         pdl_ready: Iterable[str] = (),
         pdl: bool | None = None,
+        output_ring: int | None = None,
     ):
         # device_weights: weights already on the device (a shape bucket shares the engine's)
+        # output_ring: slots of each context's output ring (runtime/output_ring.py; None: the default)
         # pdl_ready: digests of the PDL-ready kernels (runtime/pdl.py); pdl: launch them
         # programmatically (None: GRAPHC_PDL if set, else DEFAULT_PDL); only on sm_90+ cubins
         cupy = self.cupy = import_cupy()
@@ -659,16 +746,20 @@ class CUDAExecutor:
         with cupy.cuda.Device(device):
             self.functions, self.modules = self._load_functions()
             self.weights = device_weights if device_weights is not None else DeviceWeights(plan, weights, device)
+        self.output_ring = DEFAULT_SLOTS if output_ring is None else max(int(output_ring), 0)
         self.default = self._context(self.functions)
 
     def _context(self, functions: dict[str, Any]) -> CUDAContext:
         # a plan with data-dependent If steps gets a context that chooses branches on the host
         from graphc.runtime.host_if_cuda import make_context
 
-        return make_context(
+        ctx = make_context(
             self.plan, self.memory, self.weights, functions, self.device, self.launch_arch,
             self.pdl_kernels, self.pdl_max_ctas,
         )  # fmt: skip
+        if ctx.output_ring != self.output_ring:
+            ctx.set_output_ring(self.output_ring)
+        return ctx
 
     @staticmethod
     def _pdl_kernels(ready: set[str], pdl: bool | None, arch: str, short_kernels: Any = lambda: True) -> frozenset[str]:

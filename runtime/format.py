@@ -400,11 +400,14 @@ def load(
     verify_key: str | Path | None = None,
     limits: Limits | None = None,
     pdl: bool | None = None,
+    output_ring: int | None = None,
 ):
     """Load an engine file: validated first, then weights uploaded and kernels loaded.
     `verify_key`: a PEM ed25519 public key the engine's signature must verify against.
     `pdl`: launch the PDL-ready kernels programmatically on sm_90+ (None: GRAPHC_PDL if set, else
-    runtime/cuda.py DEFAULT_PDL; docs/launches.md)."""
+    runtime/cuda.py DEFAULT_PDL; docs/launches.md).
+    `output_ring`: output slots per CUDA context that engine.run's kernels write in place
+    (runtime/output_ring.py; None: 2; 0: outputs copied out of the arena into new arrays)."""
     from graphc.runtime.engine import Engine
 
     ef = read_engine(path, limits, verify_key)
@@ -420,7 +423,8 @@ def load(
         device_arch(device)  # no GPU (or no cupy) is said first, as before the memory check
         _check_device_memory(ef, device, Path(path))
     engine = Engine(m["target"], ef.plan, ef.memory, ef.weights, None, report, m["build"])
-    engine.executor = _executor(ef, ef.plan, ef.memory, ef.weights, device, Path(path), pdl=pdl)
+    ring = {"output_ring": output_ring} if output_ring is not None else {}
+    engine.executor = _executor(ef, ef.plan, ef.memory, ef.weights, device, Path(path), pdl=pdl, **ring)
     if ef.profiles is not None:
         from graphc.runtime.profiles import DynamicShapes
 
@@ -434,7 +438,7 @@ def load(
             shared = None
             if m["target"] == "cuda":
                 shared = _bucket_device_weights(engine.executor.weights, bucket, device)
-            ex = _executor(ef, bucket.plan, bucket.memory, weights, device, Path(path), shared, pdl=pdl)
+            ex = _executor(ef, bucket.plan, bucket.memory, weights, device, Path(path), shared, pdl=pdl, **ring)
             return Engine(m["target"], bucket.plan, bucket.memory, weights, ex, report, m["build"])
 
         engine.dynamic = DynamicShapes(ef.profiles, make_engine)
@@ -462,6 +466,7 @@ def _executor(
     path: Path,
     device_weights: Any = None,
     pdl: bool | None = None,
+    output_ring: int | None = None,
 ):
     """The executor of one (validated) plan of the engine: the CPU reference kernels, or this GPU's
     cubins (JIT-compiled from the sources where the engine has none for its arch)."""
@@ -497,6 +502,7 @@ def _executor(
         device_weights=device_weights,
         pdl_ready=pdl_kernels(m),
         pdl=pdl,
+        output_ring=output_ring,
     )
 
 

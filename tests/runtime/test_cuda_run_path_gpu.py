@@ -109,3 +109,30 @@ def test_host_overhead_tool_on_the_gpu(tmp_path):
     assert r["outputs_match"] and r["copy_graphs"] >= 1, r
     for k in ("run_out", "run_reuse", "run_numpy", "run_sync", "launch_sync", "run_noop_launch", "replay_gpu"):
         assert r[k] > 0, (k, r)
+
+
+def test_the_output_ring_writes_in_place_and_never_overwrites_a_held_result(bert):
+    """runtime/output_ring.py on a GPU: back-to-back calls return arrays over the ring's slots
+    (no copy out); a view or a DLPack export of a result keeps its slot from being reused."""
+    import cupy
+
+    eng, feeds, ref = bert
+    ctx = eng.executor.default
+    dev = {k: cupy.asarray(v) for k, v in feeds.items()}
+    name = next(iter(ref))
+    y = None
+    for _ in range(4):
+        y = eng.run(dev)
+        np.testing.assert_array_equal(cupy.asnumpy(y[name]), ref[name])
+    ring = ctx._ring
+    assert ring is not None and len(ring.slots) == 2
+    slot_ptrs = {int(b.data.ptr) for s in ring.slots for b in s.buffers}
+    assert int(y[name].data.ptr) in slot_ptrs
+    view = y[name][0]  # a view of a result, then the result dropped
+    exported = cupy.from_dlpack(eng.run(dev)[name])  # a DLPack consumer of another result
+    del y
+    other = {k: cupy.zeros_like(v) for k, v in dev.items()}  # different outputs from here on
+    for _ in range(4):
+        eng.run(other)
+    np.testing.assert_array_equal(cupy.asnumpy(view), ref[name][0])
+    np.testing.assert_array_equal(cupy.asnumpy(exported), ref[name])
