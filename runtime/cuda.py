@@ -578,6 +578,15 @@ class CUDAContext:
         else:  # copies by memcpy around the plain graph
             self._memcpys(*key, self._plain_graph(r))
 
+    def replay_graph(self) -> Any:
+        """The graph of the launch sequence alone (no copies; outputs in the arena), for timing a
+        replay (graphc bench, tools/bench_timing.py): the ordinary call replays a slot's graph of the
+        same kernels (runtime/output_ring.py), so this one is captured on first use."""
+        if self.graph is None and self._capture_whole:
+            with self.cupy.cuda.Device(self.device):
+                self._plain_graph()
+        return self.graph
+
     def _ring_slot(self) -> OutputSlot | None:
         """A slot of the output ring the caller holds nothing of (a new one while fewer than the
         ring's size exist), or None: every slot is held, the call copies its outputs out."""

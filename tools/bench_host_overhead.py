@@ -105,7 +105,7 @@ def gpu(model: str, size: str, calls: int, rounds: int) -> dict[str, Any]:
     host = {k: cupy.asnumpy(v) for k, v in dev.items()}
     engine.run(dev)  # captures the graph
     ctx = engine.executor.default
-    stream, graph = ctx.stream, ctx.graph
+    stream, graph = ctx.stream, ctx.replay_graph()
     out = {
         s.name: cupy.empty(tuple(s.shape), dtype=ctx.views[n].dtype)
         for s, n in zip(engine.outputs, ctx.plan.outputs, strict=True)
@@ -136,18 +136,24 @@ def gpu(model: str, size: str, calls: int, rounds: int) -> dict[str, Any]:
     end.synchronize()
     r["replay_gpu"] = cupy.cuda.get_elapsed_time(start, end) * 1000 / calls
     r["copy_graphs"] = len(getattr(ctx, "_copy_graphs", {}))
-    copy_graphs = dict(getattr(ctx, "_copy_graphs", {}))
-    ctx.graph = NoopGraph()
-    for k in copy_graphs:  # the graphs with the copies inside, too: the call's host work alone is left
-        ctx._copy_graphs[k] = NoopGraph()
+    # every graph a call may launch (the context's, with the copies inside, and the output ring's
+    # slots': runtime/output_ring.py) made a no-op: the call's host work alone is left
+    ring = getattr(ctx, "_ring", None)
+    lists = [ctx, *(ring.slots if ring is not None else [])]
+    saved = [(r.graph, dict(r._copy_graphs)) for r in lists]
+    for r in lists:
+        r.graph = NoopGraph() if r.graph is not None or r is ctx else None
+        for k in r._copy_graphs:
+            r._copy_graphs[k] = NoopGraph()
     try:
         r["run_noop_launch"] = per_call_us(lambda: engine.run(dev, sync=False), calls, rounds, sync)
         r["run_reuse_noop_launch"] = per_call_us(
             lambda: engine.run(dev, sync=False, reuse_outputs=True), calls, rounds, sync
         )
     finally:
-        ctx.graph = graph
-        ctx._copy_graphs.update(copy_graphs)
+        for r, (g, copies) in zip(lists, saved, strict=True):
+            r.graph = g
+            r._copy_graphs.update(copies)
     # the pieces of a call, each alone (what a fix would save)
     first_out = next(iter(out.values()))
     src = first_out

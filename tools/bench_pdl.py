@@ -67,7 +67,7 @@ def _replay_ms(cupy: Any, ctx: Any, calls: int) -> float:
     start, end = cupy.cuda.Event(), cupy.cuda.Event()
     start.record(ctx.stream)
     for _ in range(calls):
-        ctx.graph.launch(stream=ctx.stream)
+        ctx.replay_graph().launch(stream=ctx.stream)
     end.record(ctx.stream)
     end.synchronize()
     return cupy.cuda.get_elapsed_time(start, end) / calls

@@ -94,9 +94,10 @@ def torch_replay_ms(graph: Any, p: Protocol) -> float:
 
 
 def graphc_graph(engine: Any) -> tuple[Any, Any, int]:
-    """The CUDA graph that a graphc engine captured on its first run, with its stream and device."""
+    """The CUDA graph of a graphc engine's launch sequence (captured on its first run, or here:
+    the ordinary call replays an output slot's graph of the same kernels), with its stream and device."""
     ctx = getattr(engine.executor, "default", None)
-    graph = getattr(ctx, "graph", None)
+    graph = ctx.replay_graph() if hasattr(ctx, "replay_graph") else getattr(ctx, "graph", None)
     if graph is None or not hasattr(ctx, "stream"):
         raise RuntimeError("the engine holds no captured CUDA graph (was it run once with use_graph?)")
     return graph, ctx.stream, ctx.device
