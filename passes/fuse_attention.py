@@ -13,8 +13,9 @@ What is recognized, walking back from each Softmax over the last axis of a 4-D t
   at run time from attention_mask: it stays an input, computed as before), and/or
   Where(cond, scores, fill) with fill -inf or a large negative constant (finfo.min, -1e4...):
   cond is a boolean "keep" mask, as Attention's bool attn_mask is (Where(cond, fill, scores)
-  keeps Not(cond)). An additive mask that only adds 0 or such a fill (transformers' Where(keep,
-  0, finfo.min), or a constant of 0 / -inf) is the same boolean mask and becomes one. Constant
+  keeps Not(cond)). An additive mask that only adds 0 or -inf or a fill that absorbs the scores
+  (transformers' Where(keep, 0, finfo.min), a constant of 0 / -inf) is the same boolean mask and
+  becomes one (see Exactness for the rows it masks wholly). Constant
   terms of a boolean mask's And are dropped when all True, and turned into is_causal=1 when they
   are the causal pattern (GPT-2's causal & padding mask: is_causal=1 plus the padding mask).
   Several masks combine into one attn_mask: additive ones are summed, boolean ones joined with
@@ -41,7 +42,9 @@ left-padded row under a causal mask) is where the mask's fill matters:
   of V over all keys. Attention gives 0 there, so the fused node is followed by
   Where(dead, mean(V), Attention(...)) with dead = no key kept (computed from the same keep mask;
   left out when the mask is a constant with no such row). The bool mask and is_causal stay, so
-  the kernels keep their fast paths (see docs: the kernels could absorb this Where).
+  the kernels keep their fast paths; the price is a few small launches (the mask's row any,
+  shared by the layers, and per layer mean(V) and the Where), which an Attention kernel that
+  wrote mean(V) into rows with no kept key itself would save.
 - an added finite fill that does not absorb the scores (-1e4, -1e9) leaves such a row a softmax
   of the scores plus the fill: that mask stays additive (a float mask), which Attention adds as
   the decomposed graph did.
@@ -473,9 +476,13 @@ def _analyze(g: Graph, softmax: Node) -> _Plan | None:
         if c.ttype.dtype != DType.bool:
             raise _Decline(f"{where}: the Where condition '{c.name}' is not boolean")
     additive, keep, is_causal, uniform = _refine_masks(g, chain, dims, where)
-    if uniform and dims["kv_heads"] != dims["heads"] and not isinstance(dims["vdim"], int):
-        raise _Decline(f"{where}: grouped-query attention with a finite-fill mask needs a known V head size")
     _check_masks([*additive, *(c for c, _ in keep)], dims, where)
+    if uniform and dims["kv_heads"] != dims["heads"]:
+        # the uniform rows are written through views that split the heads axis: sizes must be known
+        shapes = [t.shape if isinstance(t, np.ndarray) else t.ttype.shape for t, _ in uniform]
+        heads_known = all(sh is not None and (len(sh) < 3 or isinstance(sh[-3], int)) for sh in shapes)
+        if not isinstance(dims["vdim"], int) or not heads_known:
+            raise _Decline(f"{where}: grouped-query attention with a finite-fill mask needs known head sizes")
     # The layout: 3-D when every operand is a head split of a (batch, seq, heads, dim) tensor.
     three_d = all(o.perm == _HEAD_SPLIT and o.view is None or _single_head_3d(o) for o in (q, k, v)) and all(
         isinstance(dims[d], int) for d in ("heads", "kv_heads", "dim", "vdim")
@@ -846,7 +853,8 @@ def _emit(g: Graph, b: GraphBuilder, plan: _Plan, mapv) -> Value:
         if plan.root.op != "Transpose":
             y = b.op("Transpose", [y], {"perm": list(_HEAD_SPLIT)}, name=f"{hint}/out_Transpose")
     if plan.uniform:
-        y = _emit_uniform_rows(b, plan, mapv, f"{hint}/uniform", y, seq_first=plan.root.op == "Transpose")
+        v3 = v if plan.three_d else None
+        y = _emit_uniform_rows(b, plan, mapv, f"{hint}/uniform", y, v3, seq_first=plan.root.op == "Transpose")
     return y
 
 
@@ -865,10 +873,12 @@ def _permute(b: GraphBuilder, x: Value, perm: tuple[int, ...], hint: str) -> Val
     return b.op("Transpose", [x], {"perm": list(perm)}, name=f"{hint}/Transpose")
 
 
-def _emit_uniform_rows(b: GraphBuilder, plan: _Plan, mapv, hint: str, y: Value, *, seq_first: bool) -> Value:
+def _emit_uniform_rows(
+    b: GraphBuilder, plan: _Plan, mapv, hint: str, y: Value, v3: Value | None, *, seq_first: bool
+) -> Value:
     """Where(dead, mean of V over the keys, y): the rows no key is kept in, as a finite fill
     makes them (a uniform softmax). y is (batch, heads, q_seq, vdim), or (batch, q_seq, heads,
-    vdim) with seq_first."""
+    vdim) with seq_first; v3 is Attention's 3-D V input in the 3-D form (the mean reads it)."""
 
     def val(x: Value | np.ndarray) -> Value:
         return mapv(x) if isinstance(x, Value) else b.add_constant(x, f"{hint}/keep_const")
@@ -892,16 +902,22 @@ def _emit_uniform_rows(b: GraphBuilder, plan: _Plan, mapv, hint: str, y: Value, 
     dead = _permute(b, dead, out_perm, f"{hint}/dead_bshd")
     # mean(V) over the keys, read in V's own layout, then in y's: (batch, kv_heads, 1, vdim) or
     # (batch, 1, kv_heads, vdim).
-    o = plan.v
-    src = mapv(o.base)
-    if o.view is not None:
-        src = b.op("Reshape", [src, _i64(b, list(o.view), f"{hint}/view")], name=f"{hint}/v_view")
-    axes = _i64(b, [o.perm[2]], f"{hint}/key_axis")
-    mean = b.op("ReduceMean", [src, axes], {"keepdims": 1}, name=f"{hint}/mean_v")
-    mean = _permute(b, mean, _compose(o.perm, out_perm), f"{hint}/mean_v_t")
+    heads, kv_heads = plan.dims["heads"], plan.dims["kv_heads"]
+    if v3 is not None:  # (batch, kv_seq, kv_heads * vdim): the mean as (batch, 1, kv_heads, vdim)
+        mean = b.op("ReduceMean", [v3, _i64(b, [1], f"{hint}/key_axis")], {"keepdims": 1}, name=f"{hint}/mean_v")
+        bshd = _i64(b, [0, 1, kv_heads, plan.dims["vdim"]], f"{hint}/mean_shape")
+        mean = b.op("Reshape", [mean, bshd], name=f"{hint}/mean_v_heads")
+        mean = _permute(b, mean, _compose(_HEAD_SPLIT, out_perm), f"{hint}/mean_v_t")
+    else:
+        o = plan.v
+        src = mapv(o.base)
+        if o.view is not None:
+            src = b.op("Reshape", [src, _i64(b, list(o.view), f"{hint}/view")], name=f"{hint}/v_view")
+        axes = _i64(b, [o.perm[2]], f"{hint}/key_axis")
+        mean = b.op("ReduceMean", [src, axes], {"keepdims": 1}, name=f"{hint}/mean_v")
+        mean = _permute(b, mean, _compose(o.perm, out_perm), f"{hint}/mean_v_t")
     if mean.ttype.dtype != y.ttype.dtype:
         mean = b.op("Cast", [mean], {"to": y.ttype.dtype.value}, name=f"{hint}/mean_cast")
-    heads, kv_heads = plan.dims["heads"], plan.dims["kv_heads"]
     if kv_heads == heads:
         return b.op("Where", [dead, mean, y], name=f"{hint}/rows")
     # Grouped-query: query head h reads kv head h // n. The heads axis of y and dead splits into
