@@ -889,11 +889,9 @@ def _emit_uniform_rows(
         if inverted:
             c = b.op("Not", [c], name=f"{hint}/not")
         keep = c if keep is None else b.op("And", [keep, c], name=f"{hint}/and")
-    # dead = no key kept: the row max of the mask (as 0 / 1) is 0; (..., q_seq, 1), rank 4.
-    kept = b.op("Cast", [keep], {"to": DType.float32.value}, name=f"{hint}/cast")
-    anyk = b.op("ReduceMax", [kept, _i64(b, [-1], f"{hint}/axes")], {"keepdims": 1}, name=f"{hint}/any")
-    zero = b.add_constant(np.array(0.0, dtype=np.float32), f"{hint}/zero")
-    dead = b.op("Equal", [anyk, zero], name=f"{hint}/dead")
+    # dead = no key kept: not the row max of the bool mask (one reduction, no cast); (..., q_seq, 1).
+    anyk = b.op("ReduceMax", [keep, _i64(b, [-1], f"{hint}/axes")], {"keepdims": 1}, name=f"{hint}/any")
+    dead = b.op("Not", [anyk], name=f"{hint}/dead")
     rank = len(dead.ttype.shape)
     if rank < 4:
         lead = _i64(b, list(range(4 - rank)), f"{hint}/lead_axes")
