@@ -24,4 +24,3 @@ def test_every_dtype_by_its_numpy_name_and_dtype(d):
 def test_unknown_names_raise(name):
     with pytest.raises(CompileError, match="unknown dtype"):
         dtype_from_numpy_name(name)
-
