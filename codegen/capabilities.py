@@ -27,21 +27,14 @@ class CudaCapabilities:
         # does not restrict the epilogue's ops today; the dtype must have a CUDA type.
         return self.renders(op) and self.stores(dtype)
 
-    # Ops whose only CUDA kernels are apache-tvm's computing ones (codegen/families/tvm_kernels.py),
-    # which take float32, not 16-bit floats (TVM's fp16 code needs cuda_fp16.h, which NVRTC from pip
-    # lacks): under fp16/bf16 the precision pass keeps them in float32 with Casts around them.
-    # tests/codegen/test_tvm_kernels.py checks this list against the family's.
-    fp32_ops: frozenset[str] = frozenset(
-        {
-            "GridSample",
-            "DFT",
-            "STFT",
-            "MeanVarianceNormalization",
-            "NegativeLogLikelihoodLoss",
-            "SoftmaxCrossEntropyLoss",
-            "Det",
-        }
-    )
+    @property
+    def fp32_ops(self) -> frozenset[str]:
+        """Ops whose only CUDA kernels are apache-tvm's computing ones, which take float32 (see
+        FP32_OPS in codegen/families/tvm_kernels.py, the one list): under fp16/bf16 the precision
+        pass keeps them in float32 with Casts around them."""
+        from graphc.codegen.families.tvm_kernels import FP32_OPS  # the families' import, on first use
+
+        return FP32_OPS
 
 
 CUDA = CudaCapabilities()

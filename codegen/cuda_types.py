@@ -54,7 +54,27 @@ def cuda_type(dtype: DType, where: str = "") -> CudaType:
         ) from None
 
 
+def _by_numpy_name() -> dict[str, DType]:
+    names: dict[str, DType] = {}
+    for d in DType:
+        if d is not DType.string:
+            names.setdefault(d.numpy.name, d)  # the first in DType's order, as the scan below finds
+    return names
+
+
+# numpy's dtype.name is computed in Python on every access (ml_dtypes' types too): scanning DType
+# for each lookup cost ~0.3 ms, and codegen asks for every tensor of every step (2.5 s of a
+# ResNet-50 bucket estimate, graphc/bucket_cost.py). Names are looked up once, here.
+_BY_NUMPY_NAME = _by_numpy_name()
+
+
 def dtype_from_numpy_name(name: str) -> DType:
+    if isinstance(name, str):
+        d = _BY_NUMPY_NAME.get(name)
+        if d is not None:
+            return d
+    # Not a known name: the scan, which also compares other objects (a numpy dtype equals its
+    # name) as this function always has, and raises for what matches nothing.
     for d in DType:
         if d is not DType.string and d.numpy.name == name:
             return d

@@ -13,8 +13,9 @@ What is recognized, walking back from each Softmax over the last axis of a 4-D t
   at run time from attention_mask: it stays an input, computed as before), and/or
   Where(cond, scores, fill) with fill -inf or a large negative constant (finfo.min, -1e4...):
   cond is a boolean "keep" mask, as Attention's bool attn_mask is (Where(cond, fill, scores)
-  keeps Not(cond)). An additive mask that only adds 0 or such a fill (transformers' Where(keep,
-  0, finfo.min), or a constant of 0 / -inf) is the same boolean mask and becomes one. Constant
+  keeps Not(cond)). An additive mask that only adds 0 or -inf or a fill that absorbs the scores
+  (transformers' Where(keep, 0, finfo.min), a constant of 0 / -inf) is the same boolean mask and
+  becomes one (see Exactness for the rows it masks wholly). Constant
   terms of a boolean mask's And are dropped when all True, and turned into is_causal=1 when they
   are the causal pattern (GPT-2's causal & padding mask: is_causal=1 plus the padding mask).
   Several masks combine into one attn_mask: additive ones are summed, boolean ones joined with
@@ -33,15 +34,37 @@ disappears; when the output goes through Transpose(0,2,1,3) (and a Reshape mergi
 goes too. Otherwise the 4-D form (batch, heads, seq, head_dim) is used.
 
 Exactness: the rewrite is exact up to float rounding on every row that attends to at least one
-key. A row whose every key is masked gives zeros from Attention, where the decomposed graph gave
-NaN (-inf fill) or a uniform average (a finite fill); such rows belong to padding queries,
-whose outputs models discard.
+key. A row whose every key is masked (a padding query whose window holds only padding keys, a
+left-padded row under a causal mask) is where the mask's fill matters:
+- a finite fill replacing the scores (Where(keep, scores, finfo.min)), or added to them and so
+  large that it absorbs every score (Where(keep, 0, finfo.min) + scores: score + fill == fill
+  below -1e30), makes such a row uniform: the decomposed graph (and ONNX Runtime) gives the mean
+  of V over all keys. Attention gives 0 there, so the fused node is followed by
+  Where(dead, mean(V), Attention(...)) with dead = no key kept (computed from the same keep mask;
+  left out when the mask is a constant with no such row). The bool mask and is_causal stay, so
+  the kernels keep their fast paths; the price is a few small launches (the mask's row any,
+  shared by the layers, and per layer mean(V) and the Where), which an Attention kernel that
+  wrote mean(V) into rows with no kept key itself would save.
+- an added finite fill that does not absorb the scores (-1e4, -1e9) leaves such a row a softmax
+  of the scores plus the fill: that mask stays additive (a float mask), which Attention adds as
+  the decomposed graph did.
+- a -inf fill gives NaN rows in the decomposed graph; Attention gives 0, as the "safe softmax"
+  and NaN guard forms below write it (without either, this is the one place the fused graph
+  differs: 0 where the decomposed graph is NaN).
+A finite-fill keep mask that can wholly mask a row must be the only mask term (one Where or one
+added mask; an And of conditions inside it is fine): combined with other terms (a -inf Where, a
+float mask, a second fill) such a row averages V over some subset of the keys, which this form
+does not express, so the Softmax is not fused. A constant term that leaves every row a key (the
+causal pattern) counts as a plain boolean one; combined with others, the rows those others mask
+wholly still give 0 here (legacy GPT-2's Where(causal, scores, finfo.min) + (1 - mask) * finfo.min
+is such a mix: its left-padding rows average V over an odd subset of keys in the decomposed graph).
 
 Attention nodes already in the model are left as they are.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -57,6 +80,10 @@ from graphc.passes.rewrite import RewriteContext, Rewritten, rewrite_graph
 # A Where fill at or below this is "masked": exp(fill - row max) is 0 in float32 for any
 # realistic score, so replacing it by -inf changes nothing on rows that attend somewhere.
 MASK_FILL_MAX = -1e4
+# An added fill at or below this absorbs every realistic score (score + fill == fill exactly in
+# float32 for |score| < 3e22; finfo(float32).min is -3.4e38), so a row it masks wholly is uniform.
+# float16's finfo.min (-65504) is no such fill: it stays an additive mask.
+ABSORBING_FILL = -1e30
 _HEAD_SPLIT = (0, 2, 1, 3)  # (batch, seq, heads, dim) <-> (batch, heads, seq, dim)
 _IDENTITY = (0, 1, 2, 3)
 _SWAP_LAST = (0, 1, 3, 2)
@@ -203,19 +230,20 @@ class _Chain:
     scale: float = 1.0
     softcap: float = 0.0
     additive: list[Value] = field(default_factory=list)
-    keep: list[tuple[Value, bool]] = field(default_factory=list)  # (cond, inverted)
+    keep: list[tuple[Value, bool, float]] = field(default_factory=list)  # (cond, inverted, fill)
 
 
 def _rank4(v: Value | None) -> bool:
     return v is not None and isinstance(v.type, TensorType) and v.type.shape is not None and len(v.type.shape) == 4
 
 
-def _is_fill(g: Graph, v: Value | None) -> bool:
+def _fill(g: Graph, v: Value | None) -> float | None:
+    """The masking fill v holds (a scalar constant at or below MASK_FILL_MAX, -inf included)."""
     data = None if v is None else g.const(v.name)
     if data is None or data.dtype.kind != "f":
-        return False
+        return None
     s = scalar(data)
-    return s is not None and s <= MASK_FILL_MAX
+    return s if s is not None and s <= MASK_FILL_MAX else None
 
 
 def _softcap(g: Graph, n: Node) -> tuple[Value, float, list[Node]] | None:
@@ -278,14 +306,15 @@ def _find_chain(g: Graph, v: Value, depth: int = 0) -> _Chain | None:
         return None
     if n.op == "Where" and len(n.inputs) == 3:
         cond, a, b = n.inputs
-        for inner, fill, inverted in ((a, b, False), (b, a, True)):
-            if inner is None or inner.type != n.outputs[0].type or not _is_fill(g, fill):
+        for inner, other, inverted in ((a, b, False), (b, a, True)):
+            fill = _fill(g, other)
+            if inner is None or inner.type != n.outputs[0].type or fill is None:
                 continue
             chain = _find_chain(g, inner, depth + 1)
             if chain is not None:
                 chain.nodes.append(n)
                 chain.kinds.append("mask")
-                chain.keep.append((cond, inverted))
+                chain.keep.append((cond, inverted, fill))
                 return chain
         return None
     return None
@@ -304,6 +333,8 @@ class _Plan:
     additive: list[Value | np.ndarray]
     keep: list[tuple[Value | np.ndarray, bool]]  # (keep mask, inverted); arrays are new constants
     is_causal: bool
+    # The keep masks (cond, inverted) of a finite fill: rows none of them keeps are the mean of V.
+    uniform: list[tuple[Value | np.ndarray, bool]]
     scale: float
     softcap: float
     three_d: bool
@@ -441,11 +472,17 @@ def _analyze(g: Graph, softmax: Node) -> _Plan | None:
     if not scale > 0:
         raise _Decline(f"{where}: the scale {scale} is not positive")
     dims = _check_shapes(q, k, v, chain.qk.outputs[0], where)
-    for c, _ in chain.keep:
+    for c, _, _ in chain.keep:
         if c.ttype.dtype != DType.bool:
             raise _Decline(f"{where}: the Where condition '{c.name}' is not boolean")
-    additive, keep, is_causal = _refine_masks(g, chain, dims)
+    additive, keep, is_causal, uniform = _refine_masks(g, chain, dims, where)
     _check_masks([*additive, *(c for c, _ in keep)], dims, where)
+    if uniform and dims["kv_heads"] != dims["heads"]:
+        # the uniform rows are written through views that split the heads axis: sizes must be known
+        shapes = [t.shape if isinstance(t, np.ndarray) else t.ttype.shape for t, _ in uniform]
+        heads_known = all(sh is not None and (len(sh) < 3 or isinstance(sh[-3], int)) for sh in shapes)
+        if not isinstance(dims["vdim"], int) or not heads_known:
+            raise _Decline(f"{where}: grouped-query attention with a finite-fill mask needs known head sizes")
     # The layout: 3-D when every operand is a head split of a (batch, seq, heads, dim) tensor.
     three_d = all(o.perm == _HEAD_SPLIT and o.view is None or _single_head_3d(o) for o in (q, k, v)) and all(
         isinstance(dims[d], int) for d in ("heads", "kv_heads", "dim", "vdim")
@@ -470,6 +507,7 @@ def _analyze(g: Graph, softmax: Node) -> _Plan | None:
         additive=additive,
         keep=keep,
         is_causal=is_causal,
+        uniform=uniform,
         scale=scale,
         softcap=chain.softcap,
         three_d=three_d,
@@ -546,18 +584,36 @@ def _check_masks(masks: list[Value | np.ndarray], dims: dict[str, object], where
             raise _Decline(f"{where}: the mask {what} has an unknown key length")
 
 
-def _keep_of_additive(g: Graph, m: Value) -> tuple[Value | np.ndarray, bool] | None:
-    """An additive mask that only ever adds 0 or a masking fill, as a boolean keep mask:
-    Where(cond, 0, fill) -> cond, Where(cond, fill, 0) -> not cond, a constant of 0 / fill
-    -> (m == 0). Adding a fill of -1e4 or less is masking, as Where(..., -inf) is."""
+def _dead_rows(keep: np.ndarray) -> bool:
+    """Some row of the constant keep mask keeps no key."""
+    keep = np.atleast_1d(keep)
+    return bool(keep.size) and not bool(np.all(np.any(keep, axis=-1)))
+
+
+def _keep_of_additive(g: Graph, m: Value) -> tuple[Value | np.ndarray, bool, float] | None:
+    """An additive mask that only ever adds 0 or a masking fill, as a boolean keep mask with its
+    fill: Where(cond, 0, fill) -> cond, Where(cond, fill, 0) -> not cond, a constant of 0 / fill
+    -> (m == 0). Adding a fill of -1e4 or less is masking, as Where(..., -inf) is. None where the
+    mask must stay additive to be exact on rows it masks wholly: a finite fill that does not
+    absorb the scores (those rows are then a softmax of the scores, not uniform), or a constant
+    with such rows and fills of more than one kind."""
     data = g.const(m.name)
     if data is not None:
         if data.dtype.kind != "f":
             return None
         with np.errstate(invalid="ignore"):
-            if not np.all((data == 0) | (data <= MASK_FILL_MAX)):
+            masked = data <= MASK_FILL_MAX
+            if not np.all((data == 0) | masked):
                 return None
-        return data == 0, False
+        keep = data == 0
+        if not _dead_rows(keep):
+            return keep, False, -np.inf  # no row is wholly masked: the fill does not matter
+        fills = data[masked]
+        if np.all(np.isneginf(fills)):
+            return keep, False, -np.inf
+        if np.all(np.isfinite(fills)) and np.all(fills <= ABSORBING_FILL):
+            return keep, False, float(fills.max())
+        return None
     n = g.producer(m.name)
     if not _onnx(n, "Where") or len(n.inputs) != 3 or n.inputs[0].ttype.dtype != DType.bool:
         return None
@@ -569,10 +625,13 @@ def _keep_of_additive(g: Graph, m: Value) -> tuple[Value | np.ndarray, bool] | N
         d = None if v is None else g.const(v.name)
         return d is not None and d.size == 1 and d.dtype.kind == "f" and float(d.reshape(())) == 0.0
 
-    if zero(a) and _is_fill(g, b):
-        return cond, False
-    if _is_fill(g, a) and zero(b):
-        return cond, True
+    for fill_v, other, inverted in ((b, a, False), (a, b, True)):
+        fill = _fill(g, fill_v)
+        if fill is None or not zero(other):
+            continue
+        if math.isinf(fill) or fill <= ABSORBING_FILL:
+            return cond, inverted, fill
+        return None
     return None
 
 
@@ -600,11 +659,12 @@ def _is_causal_const(c: np.ndarray, q_seq: object, kv_seq: object) -> bool:
     return bool(np.all(c == tril))
 
 
-def _refine_masks(g: Graph, chain: _Chain, dims: dict[str, object]):
+def _refine_masks(g: Graph, chain: _Chain, dims: dict[str, object], where: str):
     """The masks in their cheapest exact form: boolean where they only mask, constant all-True
-    terms and constant shifts dropped, a constant causal term turned into is_causal=1."""
+    terms and constant shifts dropped, a constant causal term turned into is_causal=1; and the
+    keep masks of a finite fill (see the module notes), whose wholly masked rows are uniform."""
     additive: list[Value | np.ndarray] = []
-    keep: list[tuple[Value | np.ndarray, bool]] = list(chain.keep)
+    keep: list[tuple[Value | np.ndarray, bool, float]] = list(chain.keep)
     for m in chain.additive:
         c = g.const(m.name)
         if c is not None and c.size == 1 and c.dtype.kind == "f" and np.isfinite(c).all():
@@ -614,9 +674,20 @@ def _refine_masks(g: Graph, chain: _Chain, dims: dict[str, object]):
             additive.append(m)
         else:
             keep.append(k)
+    # A constant keep mask that leaves every row a key: its fill never shows.
+    keep = [
+        (c, inv, -np.inf) if isinstance(c, np.ndarray) and not _dead_rows(c != inv) else (c, inv, fill)
+        for c, inv, fill in ((_const_or(g, c), inv, fill) for c, inv, fill in keep)
+    ]
+    uniform = _uniform_terms(g, [(c, inv) for c, inv, fill in keep if math.isfinite(fill)])
+    if uniform and (len(keep) > 1 or additive):
+        raise _Decline(
+            f"{where}: a finite-fill mask combined with other masks (its wholly masked rows average "
+            "over a subset of the keys)"
+        )
     is_causal = False
     refined: list[tuple[Value | np.ndarray, bool]] = []
-    for cond, inverted in keep:
+    for cond, inverted, _ in keep:
         if inverted:
             refined.append((cond, True))
             continue
@@ -633,7 +704,32 @@ def _refine_masks(g: Graph, chain: _Chain, dims: dict[str, object]):
             refined.append((cond, False))  # nothing to drop: the mask as it was computed
         else:
             refined += [(t, False) for t in kept]
-    return additive, refined, is_causal
+    return additive, refined, is_causal, uniform
+
+
+def _uniform_terms(g: Graph, keeps: list[tuple[Value | np.ndarray, bool]]) -> list[tuple[Value | np.ndarray, bool]]:
+    """The finite-fill keep masks as the terms of one And (all-True constants dropped), or []
+    when they are all constant and leave every row a key."""
+    terms: list[tuple[Value | np.ndarray, bool]] = []
+    for c, inverted in keeps:
+        parts = [c] if inverted else _conjuncts(g, c)
+        for t in parts:
+            if not inverted and isinstance(t, np.ndarray) and t.dtype == np.bool_ and bool(np.all(t)):
+                continue
+            terms.append((t, inverted))
+    if all(isinstance(t, np.ndarray) for t, _ in terms):
+        together = functools.reduce(np.logical_and, [t != inv for t, inv in terms], np.ones(1, bool))
+        if not _dead_rows(together):
+            return []
+    return terms
+
+
+def _const_or(g: Graph, v: Value | np.ndarray) -> Value | np.ndarray:
+    """v's constant data where it has one, else v."""
+    if isinstance(v, np.ndarray):
+        return v
+    data = g.const(v.name)
+    return v if data is None else data
 
 
 def _absorbed(g: Graph, core: list[Node], operands: list[_Operand]) -> tuple[Node, ...]:
@@ -748,16 +844,101 @@ def _emit(g: Graph, b: GraphBuilder, plan: _Plan, mapv) -> Value:
         v = _to_4d(b, plan.v, mapv, f"{hint}/v")
     mask = _emit_mask(b, plan, mapv, hint, dtype)
     y = b.op("Attention", [q, k, v, mask], attrs, name=f"{hint}/Attention")
-    if not plan.three_d:
-        return y
-    # Back to the (batch, seq, heads, vdim) the output Transpose gave (a Reshape merging the
-    # heads after it collapses with this one), or to (batch, heads, seq, vdim) for the P @ V
-    # output itself when its consumers need that layout.
-    split = _i64(b, [0, 0, plan.heads[0], plan.dims["vdim"]], f"{hint}/out_shape")
-    y = b.op("Reshape", [y, split], name=f"{hint}/out_Reshape")
-    if plan.root.op == "Transpose":
-        return y
-    return b.op("Transpose", [y], {"perm": list(_HEAD_SPLIT)}, name=f"{hint}/out_Transpose")
+    if plan.three_d:
+        # Back to the (batch, seq, heads, vdim) the output Transpose gave (a Reshape merging the
+        # heads after it collapses with this one), or to (batch, heads, seq, vdim) for the P @ V
+        # output itself when its consumers need that layout.
+        split = _i64(b, [0, 0, plan.heads[0], plan.dims["vdim"]], f"{hint}/out_shape")
+        y = b.op("Reshape", [y, split], name=f"{hint}/out_Reshape")
+        if plan.root.op != "Transpose":
+            y = b.op("Transpose", [y], {"perm": list(_HEAD_SPLIT)}, name=f"{hint}/out_Transpose")
+    if plan.uniform:
+        v3 = v if plan.three_d else None
+        y = _emit_uniform_rows(b, plan, mapv, f"{hint}/uniform", y, v3, seq_first=plan.root.op == "Transpose")
+    return y
+
+
+def _permute(b: GraphBuilder, x: Value, perm: tuple[int, ...], hint: str) -> Value:
+    """transpose(x, perm), as a Reshape (an alias, no kernel) when it only moves axes of size 1."""
+    if perm == _IDENTITY:
+        return x
+    shape = x.ttype.shape
+    moved = [a for a in perm if shape[a] != 1]
+    target: list[int] = []
+    for i, a in enumerate(perm):
+        d = shape[a]
+        target.append(1 if d == 1 else 0 if a == i else d if isinstance(d, int) else -1)
+    if moved == sorted(moved) and target.count(-1) <= 1:
+        return b.op("Reshape", [x, _i64(b, target, f"{hint}/shape")], name=f"{hint}/Reshape")
+    return b.op("Transpose", [x], {"perm": list(perm)}, name=f"{hint}/Transpose")
+
+
+def _emit_uniform_rows(
+    b: GraphBuilder, plan: _Plan, mapv, hint: str, y: Value, v3: Value | None, *, seq_first: bool
+) -> Value:
+    """Where(dead, mean of V over the keys, y): the rows no key is kept in, as a finite fill
+    makes them (a uniform softmax). y is (batch, heads, q_seq, vdim), or (batch, q_seq, heads,
+    vdim) with seq_first; v3 is Attention's 3-D V input in the 3-D form (the mean reads it)."""
+
+    def val(x: Value | np.ndarray) -> Value:
+        return mapv(x) if isinstance(x, Value) else b.add_constant(x, f"{hint}/keep_const")
+
+    keep: Value | None = None
+    for c, inverted in plan.uniform:
+        c = val(c)
+        if inverted:
+            c = b.op("Not", [c], name=f"{hint}/not")
+        keep = c if keep is None else b.op("And", [keep, c], name=f"{hint}/and")
+    # dead = no key kept: not the row max of the bool mask (one reduction, no cast); (..., q_seq, 1).
+    anyk = b.op("ReduceMax", [keep, _i64(b, [-1], f"{hint}/axes")], {"keepdims": 1}, name=f"{hint}/any")
+    dead = b.op("Not", [anyk], name=f"{hint}/dead")
+    rank = len(dead.ttype.shape)
+    if rank < 4:
+        lead = _i64(b, list(range(4 - rank)), f"{hint}/lead_axes")
+        dead = b.op("Unsqueeze", [dead, lead], name=f"{hint}/dead4")
+    out_perm = _HEAD_SPLIT if seq_first else _IDENTITY
+    dead = _permute(b, dead, out_perm, f"{hint}/dead_bshd")
+    # mean(V) over the keys, read in V's own layout, then in y's: (batch, kv_heads, 1, vdim) or
+    # (batch, 1, kv_heads, vdim).
+    heads, kv_heads = plan.dims["heads"], plan.dims["kv_heads"]
+    if v3 is not None:  # (batch, kv_seq, kv_heads * vdim): the mean as (batch, 1, kv_heads, vdim)
+        mean = b.op("ReduceMean", [v3, _i64(b, [1], f"{hint}/key_axis")], {"keepdims": 1}, name=f"{hint}/mean_v")
+        bshd = _i64(b, [0, 1, kv_heads, plan.dims["vdim"]], f"{hint}/mean_shape")
+        mean = b.op("Reshape", [mean, bshd], name=f"{hint}/mean_v_heads")
+        mean = _permute(b, mean, _compose(_HEAD_SPLIT, out_perm), f"{hint}/mean_v_t")
+    else:
+        o = plan.v
+        src = mapv(o.base)
+        if o.view is not None:
+            src = b.op("Reshape", [src, _i64(b, list(o.view), f"{hint}/view")], name=f"{hint}/v_view")
+        axes = _i64(b, [o.perm[2]], f"{hint}/key_axis")
+        mean = b.op("ReduceMean", [src, axes], {"keepdims": 1}, name=f"{hint}/mean_v")
+        mean = _permute(b, mean, _compose(o.perm, out_perm), f"{hint}/mean_v_t")
+    if mean.ttype.dtype != y.ttype.dtype:
+        mean = b.op("Cast", [mean], {"to": y.ttype.dtype.value}, name=f"{hint}/mean_cast")
+    if kv_heads == heads:
+        return b.op("Where", [dead, mean, y], name=f"{hint}/rows")
+    # Grouped-query: query head h reads kv head h // n. The heads axis of y and dead splits into
+    # (kv_heads, n) and the mean gets a 1 for n: views only, no copy of the mean per head.
+    n = heads // kv_heads
+    hp = out_perm.index(1)  # the heads axis
+
+    def split(x: Value, h: int, tag: str) -> Value:
+        shape = [0, 0, 0, 0, 0]
+        shape[hp : hp + 2] = [kv_heads, n] if h == heads else [h, 1]
+        rest = [i for i in range(4) if i != hp]  # the other axes keep their sizes
+        for j, i in zip([k for k in range(5) if k not in (hp, hp + 1)], rest, strict=True):
+            d = x.ttype.shape[i]
+            shape[j] = 0 if j == i else d if isinstance(d, int) else -1
+        return b.op("Reshape", [x, _i64(b, shape, f"{hint}/{tag}5")], name=f"{hint}/{tag}_split")
+
+    rows = b.op(
+        "Where",
+        [split(dead, dead.ttype.shape[hp], "dead"), split(mean, kv_heads, "mean"), split(y, heads, "y")],
+        name=f"{hint}/rows",
+    )
+    merged = [0] + [d if isinstance(d, int) else -1 for d in y.ttype.shape[1:]]  # one unknown at most: q_seq
+    return b.op("Reshape", [rows, _i64(b, merged, f"{hint}/merged")], name=f"{hint}/merge")
 
 
 # ---- the pass ----------------------------------------------------------------------------------

@@ -99,7 +99,9 @@ def _strip_unit_tail(shape: Shape) -> Shape:
 
 
 def _numel(shape: Shape) -> int | None:
-    return math.prod(shape) if known_shape(shape) else None
+    """The element count of a shape of ints; None with a named or unknown dim (math.prod of a
+    str would repeat it, or fail on two of them)."""
+    return math.prod(shape) if shape is not None and all(isinstance(d, int) for d in shape) else None
 
 
 def _frame_input(t: object, frame: Shape, shape: Shape) -> tuple[int, ...] | None:

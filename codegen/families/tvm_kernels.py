@@ -607,6 +607,10 @@ TVM_OPS: dict[str, Builder] = {
 BIT_COPY_OPS = frozenset({"ReverseSequence", "MaxUnpool"})
 # Ops a template family serves in some forms: TVM is asked only when that family refuses a step.
 FALLBACK_OPS = frozenset({"ScatterElements", "ScatterND", "BitShift", "BitCast"})
+# The ops whose only CUDA kernels are TVM's computing ones: TVM's fp16 code needs cuda_fp16.h,
+# which NVRTC from pip lacks, so they take float32 and, under fp16/bf16, the precision pass keeps
+# them in float32 with Casts around them. The CUDA capabilities' fp32_ops is this set.
+FP32_OPS = frozenset(TVM_OPS) - BIT_COPY_OPS - FALLBACK_OPS
 
 
 # ---- the family ------------------------------------------------------------------------------

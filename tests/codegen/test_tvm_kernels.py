@@ -23,6 +23,7 @@ from tvm_cases import CASES  # noqa: E402
 tvm = pytest.importorskip("tvm", reason="graphc[tvm] (apache-tvm) is not installed")
 
 from graphc import tvm_source  # noqa: E402
+from graphc.codegen.capabilities import CUDA, CudaCapabilities  # noqa: E402
 from graphc.codegen.families import tvm_kernels  # noqa: E402
 from graphc.codegen.kernel import family_for  # noqa: E402
 
@@ -168,11 +169,44 @@ def test_cuda_source_matches_reference_one_thread_at_a_time(case):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * scale, err_msg=f"{case}: {v.name}")
 
 
-def test_fp32_ops_are_the_computing_tvm_ops():
-    from graphc.codegen.capabilities import CUDA
+def _model_of(op: str):
+    """The model of the first case of `op` (the cases are built with onnx.helper)."""
+    for case in CASES:
+        model, _ = CASES[case]()
+        if case not in SLOW and any(n.op_type == op for n in model.graph.node):
+            return model
+    raise AssertionError(f"no case computes {op}")
 
-    computing = set(tvm_kernels.TVM_OPS) - tvm_kernels.FALLBACK_OPS - tvm_kernels.BIT_COPY_OPS
-    assert CUDA.fp32_ops == computing
+
+def _only_tvm_step(engine):
+    (step,) = _tvm_steps(engine)
+    return step, [engine.plan.tensors[n].dtype for n in [*step.inputs, *step.outputs] if n is not None]
+
+
+@pytest.mark.parametrize("op", sorted(CUDA.fp32_ops))
+def test_each_fp32_op_needs_its_float32_boundary(op, monkeypatch, tmp_path):
+    """The list (tvm_kernels.FP32_OPS, which the CUDA capabilities hand the precision pass) holds
+    what TVM cannot compute in float16: with it an fp16 compile gives the op's step float32
+    tensors; without it the same compile is refused. An op TVM learns to compute in float16
+    fails here as a stale entry."""
+    model = _model_of(op)
+    step, dtypes = _only_tvm_step(
+        graphc.compile(model, target="cuda", arch=ARCHS, precision="fp16", cache_dir=str(tmp_path))
+    )
+    assert step.op == op and "float16" not in dtypes, dtypes
+    monkeypatch.setattr(CudaCapabilities, "fp32_ops", property(lambda self: frozenset()))
+    with pytest.raises(CompileError, match="float16"):
+        graphc.compile(model, target="cuda", arch=ARCHS, precision="fp16", cache_dir=str(tmp_path))
+
+
+@pytest.mark.parametrize("op", sorted(tvm_kernels.BIT_COPY_OPS))
+def test_tvm_ops_left_off_the_list_compile_in_float16(op, tmp_path):
+    """The TVM ops not on the list need no float32 boundary: bit copies move 16-bit floats as
+    uint16, so their fp16 steps keep float16 tensors (an op wrongly left off would be refused)."""
+    assert op not in CUDA.fp32_ops
+    engine = graphc.compile(_model_of(op), target="cuda", arch=ARCHS, precision="fp16", cache_dir=str(tmp_path))
+    step, dtypes = _only_tvm_step(engine)
+    assert step.op == op and "float16" in dtypes, dtypes
 
 
 @pytest.mark.parametrize("case", ["grid_sample_linear_zeros_align0", "dft_onesided", "mvn_default_axes", "sce_mean"])

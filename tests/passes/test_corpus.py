@@ -106,9 +106,20 @@ def test_attention_fuses_and_matches_onnxruntime(key):
         np.testing.assert_allclose(got[name], w, rtol=0, atol=1e-4 * scale, err_msg=f"{key}: {name}")
 
 
+def _uniform_rows(graph) -> list:
+    """The nodes of passes/fuse_attention.py's Where(dead, mean(V), Attention(...)) correction
+    (the rows a finite-fill mask leaves no key), by their names."""
+    return [n for n in graph.nodes if "/uniform/" in n.name]
+
+
 def _fused_counts(graph) -> dict[str, int]:
+    """COUNTED ops of the graph, the uniform-rows correction left out: it exists where the
+    export's mask has a finite fill (eager masks, dynamo's SDPA) and not where it is -inf."""
     ops: collections.Counter = collections.Counter()
+    correction = {id(n) for n in _uniform_rows(graph)}
     for n in graph.nodes:
+        if id(n) in correction:
+            continue
         if n.op != "Fused":
             ops[n.op] += 1
             continue
@@ -133,6 +144,8 @@ def test_cuda_fp16_fusion_counts_are_the_same_for_every_export(key):
     g1 = optimize(graphc.bind_shapes(graphc.load_onnx(model), {}), OptimizeOptions(opt_level=2, target=target)).graph
     want = {k: 0 for k in COUNTED} | CUDA_FUSED[rec["model"]]
     assert _fused_counts(g1) == want, key
+    rows = [n for n in _uniform_rows(g1) if "/uniform/rows" in n.name]
+    assert len(rows) in (0, rec["layers"]), key  # every attention layer's mask is the same kind
     # The fp16 graph still computes the model: fp16 rounding is ~1e-3 of the output's scale, a
     # wrong mask, scale or layout is O(1).
     feeds = CASES[rec["model"]].inputs(np.random.default_rng(7))
@@ -142,3 +155,29 @@ def test_cuda_fp16_fusion_counts_are_the_same_for_every_export(key):
     for name, w in want_out.items():
         err = float(np.abs(got[name].astype(np.float32) - w).max()) / float(np.abs(w).max())
         assert err < 1e-2, f"{key}: {name}: {err:.2e}"
+
+
+@pytest.mark.parametrize(
+    "key",
+    sorted(
+        k for k, rec in MANIFEST.items() if "attention_mask" in CASES[rec["model"]].inputs(np.random.default_rng(0))
+    ),
+)
+def test_wholly_padded_rows_match_onnxruntime(key):
+    """Rows whose every key is masked (a wholly padded batch entry; left padding under the
+    decoders' causal mask): what each exporter's mask makes of them (the mean of V for a finite
+    fill, 0 for -inf and torch's NaN guard) is what the fused graph computes."""
+    rec = MANIFEST[key]
+    model, _, g1 = _optimized(key)
+    feeds = CASES[rec["model"]].inputs(np.random.default_rng(7))
+    mask = feeds["attention_mask"].copy()
+    mask[0] = 0
+    mask[1, :3] = 0
+    feeds["attention_mask"] = mask
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
+    got = graphc.interpret(g1, feeds)
+    for name, w in want.items():
+        assert not np.isnan(w).any(), f"{key}: {name}"
+        scale = float(np.abs(w).max())
+        np.testing.assert_allclose(got[name], w, rtol=0, atol=1e-4 * scale, err_msg=f"{key}: {name}")

@@ -1,0 +1,248 @@
+"""Attention fusion on rows whose every key is masked (padding queries: a sliding window that
+holds only padding, left padding under a causal mask, a wholly padded batch entry): the fused
+graph computes what the decomposed graph and ONNX Runtime compute, for each mask spelling the
+exporters write (hand-built with onnx.helper in transformers' eager forms and torch's SDPA form).
+
+A finite fill (finfo.min, through Where or added) makes such a row uniform: the mean of V over
+all keys. A -inf fill makes it NaN, which torch's NaN guard turns into 0."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import graphc
+from graphc.ir.graph import Graph
+from graphc.passes import OptimizeOptions, optimize, pipeline
+
+RNG = np.random.default_rng(5)
+B, S, H, D = 3, 7, 4, 8
+HID = H * D
+WINDOW = 2  # a key j is in query i's window when i - WINDOW < j <= i (Mistral's sliding window)
+FMIN = float(np.finfo(np.float32).min)
+
+
+class _Net:
+    def __init__(self) -> None:
+        self.nodes: list = []
+        self.inits: list = []
+        self.inputs: list = []
+        self.n = 0
+
+    def input(self, name: str, elem: int, shape) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, elem, shape))
+        return name
+
+    def c(self, value, dtype=np.float32) -> str:
+        self.n += 1
+        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), f"c{self.n}"))
+        return f"c{self.n}"
+
+    def op(self, op: str, *inputs: str, **attrs) -> str:
+        self.n += 1
+        out = f"{op.lower()}{self.n}"
+        self.nodes.append(helper.make_node(op, list(inputs), [out], name=f"layer/attn/{op}_{self.n}", **attrs))
+        return out
+
+
+def _heads(net: _Net, x: str, heads: int) -> str:
+    """x @ W -> (B, S, heads, D) -> (B, heads, S, D)."""
+    w = net.c(RNG.normal(0, HID**-0.5, (HID, heads * D)))
+    y = net.op("Reshape", net.op("MatMul", x, w), net.c([0, 0, heads, D], np.int64))
+    return net.op("Transpose", y, perm=[0, 2, 1, 3])
+
+
+def _keep(net: _Net, pattern: str) -> str:
+    """transformers' boolean keep mask from the int64 attention_mask input: a constant pattern
+    (all True, causal, causal sliding window) And the padding of the keys, (B, 1, S, S)."""
+    i, j = np.arange(S)[:, None], np.arange(S)[None, :]
+    const = {"full": np.ones((S, S), bool), "causal": j <= i, "window": (j <= i) & (i - j < WINDOW)}[pattern]
+    am = net.input("attention_mask", TensorProto.INT64, [B, S])
+    pad = net.op("Unsqueeze", net.op("Cast", am, to=TensorProto.BOOL), net.c([1, 2], np.int64))
+    return net.op("And", net.c(const[None, None], np.bool_), pad)
+
+
+def _model(spelling: str, *, kv_heads: int = H, softcap: float | None = None, out: str = "merge") -> onnx.ModelProto:
+    net = _Net()
+    x = net.input("x", TensorProto.FLOAT, [B, S, HID])
+    q, k, v = _heads(net, x, H), _heads(net, x, kv_heads), _heads(net, x, kv_heads)
+    if kv_heads != H:  # transformers' repeat_kv
+        rep = H // kv_heads
+        copies = net.c([B, kv_heads, rep, S, D], np.int64)
+        merged = net.c([B, H, S, D], np.int64)
+        k, v = (
+            net.op("Reshape", net.op("Expand", net.op("Unsqueeze", t, net.c([2], np.int64)), copies), merged)
+            for t in (k, v)
+        )
+    s = net.op("Mul", net.op("MatMul", q, net.op("Transpose", k, perm=[0, 1, 3, 2])), net.c(1 / math.sqrt(D)))
+    if softcap:  # Gemma-2's logit softcapping, before the mask
+        s = net.op("Mul", net.op("Tanh", net.op("Div", s, net.c(softcap))), net.c(softcap))
+    guard = False
+    form, _, pattern = spelling.partition(":")
+    if form == "eager":  # Where(keep, 0, finfo.min), sliced to the key length, added
+        m = net.op("Where", _keep(net, pattern), net.c(0.0), net.c(FMIN))
+        m = net.op("Slice", m, net.c([0], np.int64), net.c([S], np.int64), net.c([3], np.int64))
+        s = net.op("Add", s, m)
+    elif form == "where_min":  # the scores replaced by finfo.min where not kept
+        s = net.op("Where", _keep(net, pattern), s, net.c(FMIN))
+    elif form == "where_min_inverted":  # masked_fill(~keep, finfo.min)
+        s = net.op("Where", net.op("Not", _keep(net, pattern)), net.c(FMIN), s)
+    elif form in ("sdpa", "ninf"):  # torch's SDPA: Where(keep, 0, -inf) added (+ the NaN guard)
+        s = net.op("Add", s, net.op("Where", _keep(net, pattern), net.c(0.0), net.c(-np.inf)))
+        guard = form == "sdpa"
+    elif form == "additive_1e4":  # a fill that does not absorb the scores
+        s = net.op("Add", s, net.op("Where", _keep(net, pattern), net.c(0.0), net.c(-1e4)))
+    else:
+        raise AssertionError(spelling)
+    p = net.op("Softmax", s, axis=-1)
+    if guard:
+        p = net.op("Where", net.op("IsNaN", p), net.c(0.0), p)
+    o = net.op("MatMul", p, v)
+    if out == "merge":
+        o = net.op("Reshape", net.op("Transpose", o, perm=[0, 2, 1, 3]), net.c([0, 0, HID], np.int64))
+        shape = [B, S, HID]
+    else:  # the (B, H, S, D) result read directly
+        o = net.op("Relu", o)
+        shape = [B, H, S, D]
+    outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, shape)]
+    m = helper.make_model(
+        helper.make_graph(net.nodes, "t", net.inputs, outs, net.inits), opset_imports=[helper.make_opsetid("", 18)]
+    )
+    m.ir_version = 9
+    return m
+
+
+def _feeds() -> dict[str, np.ndarray]:
+    am = np.ones((B, S), np.int64)
+    am[0, 4:] = 0  # right padding: queries 6 (window 5-6) see only padding keys
+    am[1, :3] = 0  # left padding: queries 0-2 see only padding under a causal mask
+    am[2] = 0  # a wholly padded batch entry
+    return {"x": RNG.normal(0, 1, (B, S, HID)).astype(np.float32), "attention_mask": am}
+
+
+def _fused(model: onnx.ModelProto, *, elementwise: bool = True) -> Graph:
+    """The optimized graph; without `elementwise`, before epilogue and elementwise fusion (which
+    would fold the nodes a test counts into Fused nodes)."""
+    stages = [s for s in pipeline.stages() if elementwise or s.name not in ("fuse_epilogues", "fuse_elementwise")]
+    g = optimize(graphc.load_onnx(model), OptimizeOptions(opt_level=2, verify=True), stages=stages).graph
+    assert g.op_counts().get("Attention") == 1, (g.op_counts(), g.meta.get("near_misses"))
+    return g
+
+
+def _ort(model: onnx.ModelProto, feeds) -> np.ndarray:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)[0]
+
+
+SPELLINGS = [
+    "eager:full",
+    "eager:causal",
+    "eager:window",
+    "where_min:causal",
+    "where_min:window",
+    "where_min_inverted:window",
+    "sdpa:window",
+    "additive_1e4:window",
+]
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+@pytest.mark.parametrize(("kv_heads", "softcap", "out"), [(H, None, "merge"), (2, None, "merge"), (H, 30.0, "relu4d")])
+def test_wholly_masked_rows_match_onnxruntime(spelling, kv_heads, softcap, out):
+    model = _model(spelling, kv_heads=kv_heads, softcap=softcap, out=out)
+    onnx.checker.check_model(model, full_check=True)
+    feeds = _feeds()
+    want = _ort(model, feeds)
+    assert not np.isnan(want).any()
+    g = _fused(model)
+    # -1e4 added to a logit rounds it to float32's spacing there (~1e-3): its wholly masked rows
+    # (a softmax of the scores) agree to that, whichever order the scale and the mask came in.
+    tol = 2e-3 if spelling.startswith("additive_1e4") else 1e-5
+    got = next(iter(graphc.interpret(g, feeds).values()))
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    cpu = graphc.compile(model, target="cpu")
+    np.testing.assert_allclose(next(iter(cpu.run(feeds).values())), want, rtol=tol, atol=tol)
+    # The feeds do make such rows: batch entry 2 keeps no key. Finite fills make them the
+    # mean of V (not 0), -inf under the NaN guard makes them 0.
+    if spelling.startswith("sdpa"):
+        assert np.all(want[2] == 0)
+    elif not spelling.startswith("additive"):
+        assert np.abs(want[2]).max() > 1e-3
+
+
+@pytest.mark.parametrize("spelling", ["eager:causal", "eager:window", "where_min:window", "sdpa:window"])
+def test_fast_paths_stay(spelling):
+    # The boolean mask (and is_causal for a causal pattern) stays on Attention; the rows a
+    # finite fill makes uniform are one Where after it, whose condition reads that mask.
+    g = _fused(_model(spelling), elementwise=False)
+    att = next(n for n in g.nodes if n.op == "Attention")
+    assert att.inputs[3].ttype.dtype.name == "bool"
+    assert att.attrs.is_causal == (1 if spelling.endswith("causal") else 0)
+    uniform = [n for n in g.nodes if n.op == "Where" and "/uniform/" in n.name]
+    assert len(uniform) == (0 if spelling.startswith("sdpa") else 1)
+
+
+def test_additive_fill_that_does_not_absorb_stays_a_float_mask():
+    g = _fused(_model("additive_1e4:window"), elementwise=False)
+    att = next(n for n in g.nodes if n.op == "Attention")
+    assert att.inputs[3].ttype.dtype.name == "float32"
+    assert not any("/uniform/" in n.name for n in g.nodes)
+
+
+def test_ninf_without_guard_gives_zero_where_onnxruntime_gives_nan():
+    # The one documented difference: a -inf fill with no NaN guard leaves NaN rows in the
+    # decomposed graph; Attention writes 0 there. Every other row agrees.
+    model = _model("ninf:window")
+    feeds = _feeds()
+    want = _ort(model, feeds)
+    got = next(iter(graphc.interpret(_fused(model), feeds).values()))
+    dead = np.isnan(want)
+    assert dead[2].all() and dead.any(axis=-1).sum() < dead.shape[0] * dead.shape[1]
+    assert np.all(got[dead] == 0)
+    np.testing.assert_allclose(got[~dead], want[~dead], rtol=1e-5, atol=1e-5)
+
+
+def test_finite_fill_mixed_with_another_mask_is_not_fused():
+    # Where(keep, scores, finfo.min) then + Where(keep2, 0, finfo.min): a row both mask wholly
+    # averages V over the keys only one of them masks; Attention's form cannot say that.
+    net = _Net()
+    x = net.input("x", TensorProto.FLOAT, [B, S, HID])
+    q, k, v = _heads(net, x, H), _heads(net, x, H), _heads(net, x, H)
+    s = net.op("MatMul", q, net.op("Transpose", k, perm=[0, 1, 3, 2]))
+    keep2 = net.input("keep2", TensorProto.BOOL, [B, 1, S, S])
+    s = net.op("Where", _keep(net, "causal"), s, net.c(FMIN))
+    s = net.op("Add", s, net.op("Where", keep2, net.c(0.0), net.c(FMIN)))
+    o = net.op("MatMul", net.op("Softmax", s, axis=-1), v)
+    outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, [B, H, S, D])]
+    model = helper.make_model(
+        helper.make_graph(net.nodes, "t", net.inputs, outs, net.inits), opset_imports=[helper.make_opsetid("", 18)]
+    )
+    model.ir_version = 9
+    res = optimize(graphc.load_onnx(model), OptimizeOptions(opt_level=2, verify=True))
+    assert "Attention" not in res.graph.op_counts()
+    assert any("finite-fill mask combined" in m for m in res.graph.meta.get("near_misses", []))
+    feeds = {**_feeds(), "keep2": RNG.random((B, 1, S, S)) < 0.5}
+    np.testing.assert_allclose(
+        next(iter(graphc.interpret(res.graph, feeds).values())), _ort(model, feeds), rtol=1e-5, atol=1e-5
+    )
+
+
+@pytest.mark.parametrize(
+    ("spelling", "out"), [("eager:causal", "merge"), ("where_min:window", "merge"), ("where_min:causal", "relu4d")]
+)
+def test_symbolic_batch(spelling, out):
+    # The graph as exported with a symbolic batch (optimized before shapes are bound): the
+    # uniform rows are written through views that copy the unknown dim (or, where the mask is
+    # still sliced to the key length, it stays a float mask): either way what ORT computes.
+    model = _model(spelling, out=out)
+    for vi in [*model.graph.input, *model.graph.output]:
+        vi.type.tensor_type.shape.dim[0].dim_param = "batch"
+    g = _fused(model)
+    feeds = _feeds()
+    got = next(iter(graphc.interpret(g, feeds).values()))
+    np.testing.assert_allclose(got, _ort(model, feeds), rtol=1e-5, atol=1e-5)
