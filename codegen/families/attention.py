@@ -20,6 +20,10 @@ Kernel paths (templates/attention.cu.j2):
 - "flash": fp16/bf16 with equal Q/K and V head dims, a multiple of 16 up to 128: tensor cores,
   online softmax, K/V tiles double-buffered through shared memory by cp.async.
 - "simple": everything else (fp32, fp64, odd head dims, mixed V dtype): one warp per query row.
+- "sm90" (templates/attention_sm90.cu.j2): the sm_90 plan of an engine (codegen/build.py asks
+  `select_sm90`), fp16/bf16 with head dim 64 or 128 (Q/K and V alike): warpgroup MMA (wgmma) from
+  128-byte swizzled shared memory, P from registers; every feature of "flash" (masks, band, GQA,
+  nonpad_kv_seqlen, softcap). Other head dims on sm_90 keep "flash".
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ FLASH_DTYPES = (DType.float16, DType.bfloat16)
 ATTN_DTYPES = (DType.float16, DType.bfloat16, DType.float32, DType.float64)
 LOG2E = 1.4426950408889634
 SIMPLE_BN = 32  # keys a tile of the simple kernel: one a lane
+SM90_HEAD_DIMS = (64, 128)
 
 
 # ---- the normalized problem ---------------------------------------------------------------------
@@ -244,11 +249,20 @@ def flash_ok(prob: AttnProblem) -> bool:
     return all(s % 8 == 0 for s in strides)
 
 
+def sm90_ok(prob: AttnProblem) -> bool:
+    """The wgmma kernel: what "flash" takes, with head dim 64 or 128 (one or two 128-byte swizzled
+    column blocks)."""
+    return flash_ok(prob) and prob.d in SM90_HEAD_DIMS
+
+
 def path_of(prob: AttnProblem) -> str:
     return "flash" if flash_ok(prob) else "simple"
 
 
 def shared_bytes(prob: AttnProblem, p: dict[str, Any]) -> int:
+    if p["path"] == "sm90":
+        # Q, STAGES x (K, V), and 1 KB to align the swizzled tiles
+        return (64 * p["WG"] * prob.d + p["STAGES"] * p["BN"] * (prob.d + prob.dv)) * 2 + 1024
     if p["path"] == "flash":
         dp, dvp = prob.d + 8, prob.dv + 8
         return (p["BM"] * dp + 2 * p["BN"] * dp + 2 * p["BN"] * dvp) * 2
@@ -268,6 +282,8 @@ def valid(prob: AttnProblem, p: dict[str, Any]) -> bool:
         return False
     if p["path"] == "simple":
         return p["WARPS"] in (1, 2, 4, 8, 16) and shared_bytes(prob, p) <= SMEM_PER_BLOCK
+    if p["path"] == "sm90":
+        return sm90_valid(prob, p)
     if not flash_ok(prob):
         return False
     bm, bn, w = p["BM"], p["BN"], p["WARPS"]
@@ -279,6 +295,57 @@ def valid(prob: AttnProblem, p: dict[str, Any]) -> bool:
     if _acc_floats(prob, p) > 160:
         return False
     return shared_bytes(prob, p) <= SMEM_PER_BLOCK
+
+
+def sm90_valid(prob: AttnProblem, p: dict[str, Any]) -> bool:
+    if not sm90_ok(prob) or p["WG"] not in (1, 2) or p["BN"] not in (64, 128) or p["STAGES"] not in (1, 2):
+        return False
+    if p["STAGES"] == 1 and prob.kv_limit > p["BN"]:
+        return False  # one stage holds one tile: every key must fit in it
+    # S (BN / 2), O (DV / 2) and P (BN / 4) registers a thread: BN 128 with head dim 128 is 160
+    if p["BN"] // 2 + prob.dv // 2 + p["BN"] // 4 > 160:
+        return False
+    return shared_bytes(prob, p) <= SMEM_PER_BLOCK
+
+
+# (WG, BN): consumer warpgroups of 64 query rows, keys a tile
+SM90_TILES = [(1, 128), (2, 128), (1, 64), (2, 64)]
+
+
+def sm90_candidates(prob: AttnProblem) -> list[dict[str, Any]]:
+    """Every valid parameter set of the wgmma kernel (the fewest stages that hold the keys)."""
+    out = []
+    for wg, bn in SM90_TILES:
+        p = {"path": "sm90", "WG": wg, "BN": bn, "STAGES": 1 if prob.kv_limit <= bn else 2}
+        if valid(prob, p):
+            out.append(p)
+    return out
+
+
+def sm90_heuristic(prob: AttnProblem) -> dict[str, Any] | None:
+    """The wgmma kernel's default for this problem, or None where it does not apply: 128-key tiles
+    (64 for head dim 128: registers), two warpgroups (K and V read once for 128 rows) where that
+    still gives every SM a block, one where it does not (short or few sequences)."""
+    if not sm90_ok(prob) or prob.q_heads > MAX_GRID_YZ or prob.batch > MAX_GRID_YZ:
+        return None
+    heads = prob.batch * prob.q_heads
+    wg = 2 if prob.sq > 64 and ceil_div(prob.sq, 128) * heads >= SM_COUNT else 1
+    bn = 128 if prob.d <= 64 else 64
+    for w, b in [(wg, bn), *SM90_TILES]:
+        p = {"path": "sm90", "WG": w, "BN": b, "STAGES": 1 if prob.kv_limit <= b else 2}
+        if valid(prob, p):
+            return p
+    return None
+
+
+def select_sm90(ctx: StepContext) -> list[KernelSource]:
+    """The sm_90 plan's attention kernels: the wgmma kernel where it applies, else [] (the caller
+    then generates the default, "flash" or "simple")."""
+    if not _matches(ctx) or ctx.params is not None:
+        return []
+    prob = problem_of(ctx)
+    p = sm90_heuristic(prob)
+    return [] if p is None else _generate(ctx.with_params(p))
 
 
 FLASH_TILES = [  # (BM, BN, WARPS)
@@ -380,7 +447,9 @@ def _choose(ctx: StepContext, prob: AttnProblem) -> dict[str, Any]:
     p.setdefault("path", path_of(prob))
     if p["path"] == "flash" and not flash_ok(prob):
         raise ctx.fail(f"forced attention path 'flash' does not fit this node ({prob.dtype.name}, head dim {prob.d})")
-    if p["path"] not in ("flash", "simple") or not valid(prob, p):
+    if p["path"] == "sm90" and not sm90_ok(prob):
+        raise ctx.fail(f"forced attention path 'sm90' does not fit this node ({prob.dtype.name}, head dim {prob.d})")
+    if p["path"] not in ("flash", "simple", "sm90") or not valid(prob, p):
         raise ctx.fail(f"forced attention parameters {ctx.params} are not valid for this node")
     return p
 
@@ -398,7 +467,7 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
     flash = p["path"] == "flash"
     # exp2 of scale * log2(e) * (score - max), one FFMA a score, unless a float mask or softcap
     # must be applied to scaled logits first (or a zero scale would meet -inf)
-    log2 = flash and prob.scale > 0 and not prob.softcap and (prob.mask is None or prob.mask.boolean)
+    log2 = p["path"] != "simple" and prob.scale > 0 and not prob.softcap and (prob.mask is None or prob.mask.boolean)
     scale = prob.scale * LOG2E if log2 else prob.scale
     mask = None
     if prob.mask is not None:
@@ -438,7 +507,23 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         "inv_softcap_lit": lit(1.0 / prob.softcap, cname) if prob.softcap > 0 else None,
         "log2": log2,
     }
-    if flash:
+    requires = None
+    if p["path"] == "sm90":
+        threads = p["WG"] * 128
+        source = render(
+            "attention_sm90.cu.j2",
+            threads=threads,
+            wg=p["WG"],
+            BN=p["BN"],
+            stages=p["STAGES"],
+            reverse=hi is not None and prob.nonpad_index is None,
+            ab_type="bf16" if prob.dtype is DType.bfloat16 else "f16",
+            pack_fn="gc_pack_bf2" if prob.dtype is DType.bfloat16 else "gc_pack_h2",
+            **common,
+        )
+        grid = (ceil_div(prob.sq, 64 * p["WG"]), prob.q_heads, prob.batch)
+        requires = "sm_90a"
+    elif flash:
         threads = p["WARPS"] * 32
         source = render(
             "attention.cu.j2",
@@ -473,6 +558,8 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         )
         grid = (ceil_div(prob.sq, p["WARPS"]), prob.q_heads, prob.batch)
     params = dict(p, d=prob.d, dv=prob.dv, sq=prob.sq, sk=prob.sk, heads=prob.q_heads, kv_heads=prob.kv_heads)
+    if requires:
+        params["requires_arch"] = requires
     return [KernelSource("attention", name, source, grid, (threads, 1, 1), names, shared_bytes(prob, p), params)]
 
 
