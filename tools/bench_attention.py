@@ -55,6 +55,36 @@ def parse_shape(s: str) -> tuple[str, int, int, int, int]:
     return (s, b, h, n, d)
 
 
+def problem_context(mode: str, b: int, h: int, s: int, d: int, causal: bool, params: dict[str, Any] | None):
+    """The one-step plan of a case (no GPU needed)."""
+    from graphc.codegen.families.attention import standalone_context
+    from graphc.ir.types import DType
+    from graphc.ops.registry import get_op
+
+    dtype = {"fp16": DType.float16, "bf16": DType.bfloat16}[mode]
+    attrs = get_op("Attention").attrs(scale=d**-0.5, is_causal=int(causal))
+    return standalone_context("Attention", [((b, h, s, d), dtype)] * 3, attrs, params=params)
+
+
+def precompile(jobs: list[tuple[str, tuple, dict[str, Any] | None]], arch: str) -> None:
+    """NVRTC for every (mode, case, params) at once, in parallel, into the kernel cache that
+    Runner.build then reads (one compile at a time there would dominate a sweep's time)."""
+    from graphc.codegen.kernel import family_for
+    from graphc.codegen.nvrtc import CompileJob, compile_all
+
+    todo = []
+    for mode, case, params in jobs:
+        ctx = problem_context(mode, *case, params)
+        try:
+            todo += [
+                CompileJob(k.name, k.source, k.params.get("requires_arch") or arch)
+                for k in family_for(ctx).generate(ctx)
+            ]
+        except Exception as e:  # noqa: BLE001  (reported again when the candidate is built)
+            print(f"  does not render: {params}: {str(e)[:200]}")
+    compile_all(todo)
+
+
 class Runner:
     """Builds, loads and times one attention problem, graphc's kernel and torch's."""
 
@@ -81,12 +111,7 @@ class Runner:
         self.scale = d**-0.5
 
     def context(self, params: dict[str, Any] | None):
-        from graphc.codegen.families.attention import standalone_context
-        from graphc.ops.registry import get_op
-
-        shape = (self.b, self.h, self.s, self.d)
-        attrs = get_op("Attention").attrs(scale=self.scale, is_causal=int(self.causal))
-        return standalone_context("Attention", [(shape, self.dtype)] * 3, attrs, params=params)
+        return problem_context(self.mode, self.b, self.h, self.s, self.d, self.causal, params)
 
     def build(self, params: dict[str, Any] | None, arch: str):
         import cupy
@@ -233,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{'torch ms':>9} {'(backend)':11} {'ratio':>6} {'rel err':>8}  params"
     )
     print(header)
+    precompile(
+        [(mode, c[1:], p) for mode in modes for c in cases for _, p in _graphc_candidates(mode, c[1:], arch, args)],
+        arch,
+    )
     rows = []
     for mode in modes:
         for name, b, h, s, d, causal in cases:
@@ -246,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             best_be = min(torch_ms, key=torch_ms.__getitem__)
             t_ref = torch_ms[best_be]
             print("  torch: " + ", ".join(f"{be} {ms:.4f} ms" for be, ms in torch_ms.items()))
-            for label, params in _graphc_candidates(r, arch, args):
+            for label, params in _graphc_candidates(mode, (b, h, s, d, causal), arch, args):
                 try:
                     launch, k = r.build(params, arch)
                     err = r.check(launch)
@@ -254,7 +283,11 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as e:  # a failing candidate is infinitely slow
                     print(f"  failed {label} {params}: {str(e)[:300]}")
                     continue
-                p = {key: k.params[key] for key in ("path", "BM", "BN", "WARPS", "WG", "STAGES") if key in k.params}
+                p = {
+                    key: k.params[key]
+                    for key in ("path", "BM", "BN", "WARPS", "WG", "STAGES", "MINB", "SKIPEXP")
+                    if key in k.params
+                }
                 row = {
                     "mode": mode,
                     "case": name,
@@ -278,22 +311,28 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _graphc_candidates(r: Runner, arch: str, args) -> list[tuple[str, dict[str, Any] | None]]:
+def _graphc_candidates(mode: str, case: tuple, arch: str, args) -> list[tuple[str, dict[str, Any] | None]]:
     """(label, forced parameters) of the graphc kernels to time: "flash" and, on sm_90, "sm90" with
     their defaults; --tune adds the search space (flash tiles), --sweep every sm_90 tile."""
-    from graphc.codegen.families.attention import problem_of, search_space, sm90_candidates, sm90_heuristic
+    from graphc.codegen.families.attention import (
+        SM90_SWEEP,
+        problem_of,
+        search_space,
+        sm90_candidates,
+        sm90_heuristic,
+    )
 
     if args.params is not None:
         return [(args.params.get("path", "forced"), args.params)]
-    prob = problem_of(r.context(None))
+    prob = problem_of(problem_context(mode, *case, None))
     out: list[tuple[str, dict[str, Any] | None]] = [("flash", None)]
     sm90 = arch == "sm_90" and sm90_heuristic(prob) is not None
     if sm90:
         out.append(("sm90", sm90_heuristic(prob)))
     if args.tune:
-        out += [("tune", p) for p in search_space(r.context(None))]
+        out += [("tune", p) for p in search_space(problem_context(mode, *case, None))]
     if args.sweep and sm90:
-        out += [("sweep", p) for p in sm90_candidates(prob) if p != sm90_heuristic(prob)]
+        out += [("sweep", p) for p in sm90_candidates(prob, SM90_SWEEP) if p != sm90_heuristic(prob)]
     return out
 
 

@@ -43,6 +43,7 @@ from graphc.ops.registry import get_op
 # The machine the heuristic aims to fill (an H200: 132 SMs, 227 KB of shared memory a block).
 SM_COUNT = 132
 SMEM_PER_BLOCK = 227 * 1024
+SMEM_PER_SM = 228 * 1024
 MAX_GRID_YZ = 65535
 
 FLASH_DTYPES = (DType.float16, DType.bfloat16)
@@ -297,42 +298,81 @@ def valid(prob: AttnProblem, p: dict[str, Any]) -> bool:
     return shared_bytes(prob, p) <= SMEM_PER_BLOCK
 
 
+def _sm90_registers(prob: AttnProblem, bn: int) -> int:
+    """The live fp32 accumulators S and O and the packed P of a thread of the wgmma kernel."""
+    return bn // 2 + prob.dv // 2 + bn // 4
+
+
 def sm90_valid(prob: AttnProblem, p: dict[str, Any]) -> bool:
     if not sm90_ok(prob) or p["WG"] not in (1, 2) or p["BN"] not in (64, 128) or p["STAGES"] not in (1, 2):
         return False
+    # MINB: CTAs an SM must hold (__launch_bounds__' second argument: caps registers), 0 for none
+    # MINB: CTAs an SM must hold (__launch_bounds__' second argument), so registers are capped at
+    # 64K / (MINB x threads): at least the live fp32 accumulators S and O and the packed P a thread
+    # (below that ptxas fails: seen at 128 with head dim 128 and 128-key tiles)
+    minb = p.get("MINB", 0)
+    need = _sm90_registers(prob, p["BN"])
+    if minb not in range(9) or (minb and 65536 // (minb * 128 * p["WG"]) < need) or p.get("SKIPEXP", 0) not in (0, 1):
+        return False
     if p["STAGES"] == 1 and prob.kv_limit > p["BN"]:
         return False  # one stage holds one tile: every key must fit in it
-    # S (BN / 2), O (DV / 2) and P (BN / 4) registers a thread: BN 128 with head dim 128 is 160
-    if p["BN"] // 2 + prob.dv // 2 + p["BN"] // 4 > 160:
-        return False
     return shared_bytes(prob, p) <= SMEM_PER_BLOCK
 
 
 # (WG, BN): consumer warpgroups of 64 query rows, keys a tile
 SM90_TILES = [(1, 128), (2, 128), (1, 64), (2, 64)]
+# Every tile with no register cap and each with the heuristic's, and variants of the default tiles:
+# other caps (MINB: CTAs an SM must hold), exp2 skipped on masked groups (SKIPEXP). tools/bench_attention.py
+# --sweep times them all.
+SM90_SWEEP: list[dict[str, Any]] = [
+    *({"WG": w, "BN": b, "MINB": m} for w, b in SM90_TILES for m in (0, None)),
+    *({"WG": 1, "BN": b, "MINB": m} for b in (128, 64) for m in (2, 4)),
+    *({"WG": 1, "BN": b, "SKIPEXP": 1} for b in (128, 64)),
+]
 
 
-def sm90_candidates(prob: AttnProblem) -> list[dict[str, Any]]:
-    """Every valid parameter set of the wgmma kernel (the fewest stages that hold the keys)."""
-    out = []
-    for wg, bn in SM90_TILES:
-        p = {"path": "sm90", "WG": wg, "BN": bn, "STAGES": 1 if prob.kv_limit <= bn else 2}
-        if valid(prob, p):
+def sm90_params(prob: AttnProblem, wg: int, bn: int, minb: int | None = None, skip_exp: int = 0) -> dict[str, Any]:
+    """The wgmma kernel's parameters for a tile: the fewest stages that hold the keys; registers
+    capped (MINB) for as many CTAs an SM as shared memory allows, at most 3 for one warpgroup (168
+    registers: more, 4 CTAs at 128, spilled in the causal kernel) and 2 for two, where minb is None."""
+    p: dict[str, Any] = {"path": "sm90", "WG": wg, "BN": bn, "STAGES": 1 if prob.kv_limit <= bn else 2}
+    if minb is None:
+        by_smem = SMEM_PER_SM // (shared_bytes(prob, p) + 1024)  # (+ the 1 KB the runtime reserves a CTA)
+        minb = min(3 if wg == 1 else 2, by_smem)
+        while minb > 1 and 65536 // (minb * 128 * wg) < _sm90_registers(prob, bn):
+            minb -= 1
+        minb = minb if minb > 1 else 0
+    if minb:
+        p["MINB"] = minb
+    if skip_exp:
+        p["SKIPEXP"] = 1
+    return p
+
+
+def sm90_candidates(prob: AttnProblem, sweep: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The valid parameter sets of the wgmma kernel: each tile with the heuristic's register cap, or
+    the variants of `sweep` (SM90_SWEEP), duplicates dropped."""
+    variants = sweep if sweep is not None else [{"WG": w, "BN": b} for w, b in SM90_TILES]
+    out: list[dict[str, Any]] = []
+    for v in variants:
+        p = sm90_params(prob, v["WG"], v["BN"], v.get("MINB"), v.get("SKIPEXP", 0))
+        if valid(prob, p) and p not in out:
             out.append(p)
     return out
 
 
 def sm90_heuristic(prob: AttnProblem) -> dict[str, Any] | None:
-    """The wgmma kernel's default for this problem, or None where it does not apply: 128-key tiles
-    (64 for head dim 128: registers), two warpgroups (K and V read once for 128 rows) where that
-    still gives every SM a block, one where it does not (short or few sequences)."""
+    """The wgmma kernel's default for this problem, or None where it does not apply: one warpgroup
+    of 64 rows a CTA, 128-key tiles (64 for head dim 128: 138 registers a thread against 208), the
+    register cap of sm90_params.
+
+    Measured on an H200 (2026-12-02, tools/bench_attention.py --done-when --sweep, fp16, d64, 12
+    heads): one warpgroup was fastest at batch 1 and 32 for BERT s128, ViT s197 and GPT-2 causal
+    s128 (two: up to 1.3x slower, register-bound to one or two CTAs an SM)."""
     if not sm90_ok(prob) or prob.q_heads > MAX_GRID_YZ or prob.batch > MAX_GRID_YZ:
         return None
-    heads = prob.batch * prob.q_heads
-    wg = 2 if prob.sq > 64 and ceil_div(prob.sq, 128) * heads >= SM_COUNT else 1
-    bn = 128 if prob.d <= 64 else 64
-    for w, b in [(wg, bn), *SM90_TILES]:
-        p = {"path": "sm90", "WG": w, "BN": b, "STAGES": 1 if prob.kv_limit <= b else 2}
+    for w, b in [(1, 128 if prob.d <= 64 else 64), *SM90_TILES]:
+        p = sm90_params(prob, w, b)
         if valid(prob, p):
             return p
     return None
@@ -516,6 +556,8 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
             wg=p["WG"],
             BN=p["BN"],
             stages=p["STAGES"],
+            minb=p.get("MINB", 0),
+            skip_exp=bool(p.get("SKIPEXP", 0)),
             reverse=hi is not None and prob.nonpad_index is None,
             ab_type="bf16" if prob.dtype is DType.bfloat16 else "f16",
             pack_fn="gc_pack_bf2" if prob.dtype is DType.bfloat16 else "gc_pack_h2",

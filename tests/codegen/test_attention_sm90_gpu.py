@@ -1,10 +1,10 @@
 """The sm_90a wgmma flash-attention kernel (templates/attention_sm90.cu.j2) on an sm_90 GPU against
 graphc's numpy reference: sequence lengths 1, 7, 128, 197, 300 (one key tile, several, a partial
 last one), head dims 64 and 128, fp16 and bf16, every tile of its search space (1 or 2 consumer
-warpgroups, 64 or 128 keys a tile, 1 or 2 stages), causal and windowed bands, bool and additive
-masks of several broadcast shapes (rows whose every key is masked: exactly 0), grouped- and
-multi-query attention, nonpad_kv_seqlen, softcap, both layouts; then one engine end to end, whose
-attention must run on this kernel.
+warpgroups, 64 or 128 keys a tile, 1 or 2 stages; exp2 skipped on masked groups or not), causal
+and windowed bands, bool and additive masks of several broadcast shapes (rows whose every key is
+masked: exactly 0), grouped- and multi-query attention, nonpad_kv_seqlen, softcap, both layouts;
+then one engine end to end, whose attention must run on this kernel.
 
 Outputs are poisoned with NaN, so an element no kernel writes fails. Error measures and tolerances
 are test_attention_gpu's (relative norm and elementwise).
@@ -38,12 +38,18 @@ def _on_sm90() -> bool:
     return device_arch() == "sm_90"
 
 
+# the tiles of the search space, then the default tiles with exp2 skipped on masked column groups
+VARIANTS = [{"WG": w, "BN": b} for w, b in SM90_TILES] + [{"WG": 1, "BN": b, "SKIPEXP": 1} for b in (128, 64)]
+
+
 def _tile(case: Case, i: int) -> Case:
-    """`case` forced onto tile i (cycling) of SM90_TILES, with the stages its key length needs."""
-    wg, bn = SM90_TILES[i % len(SM90_TILES)]
+    """`case` forced onto variant i (cycling) of VARIANTS, with the stages its key length needs and
+    the heuristic's register cap."""
+    v = VARIANTS[i % len(VARIANTS)]
     ctx, _, _ = _context(case)
-    (p,) = [p for p in sm90_candidates(problem_of(ctx)) if (p["WG"], p["BN"]) == (wg, bn)]
-    return dataclasses.replace(case, id=f"{case.id}-w{wg}n{bn}s{p['STAGES']}", params=p)
+    (p,) = sm90_candidates(problem_of(ctx), [v])
+    tag = f"-w{p['WG']}n{p['BN']}s{p['STAGES']}m{p.get('MINB', 0)}" + ("x" if p.get("SKIPEXP") else "")
+    return dataclasses.replace(case, id=case.id + tag, params=p)
 
 
 def _cases() -> list[Case]:
