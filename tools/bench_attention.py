@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 p = {
                     key: k.params[key]
-                    for key in ("path", "BM", "BN", "WARPS", "WG", "STAGES", "MINB", "SKIPEXP")
+                    for key in ("path", "BM", "BN", "WARPS", "WG", "STAGES", "MINB", "OVERLAP")
                     if key in k.params
                 }
                 row = {

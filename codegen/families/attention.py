@@ -312,7 +312,10 @@ def sm90_valid(prob: AttnProblem, p: dict[str, Any]) -> bool:
     # (below that ptxas fails: seen at 128 with head dim 128 and 128-key tiles)
     minb = p.get("MINB", 0)
     need = _sm90_registers(prob, p["BN"])
-    if minb not in range(9) or (minb and 65536 // (minb * 128 * p["WG"]) < need) or p.get("SKIPEXP", 0) not in (0, 1):
+    if minb not in range(9) or (minb and 65536 // (minb * 128 * p["WG"]) < need):
+        return False
+    # OVERLAP: the schedule with both tiles loaded up front (every key must fit the two stages)
+    if p.get("OVERLAP", 0) not in (0, 1) or (p.get("OVERLAP") and (p["STAGES"] != 2 or prob.kv_limit > 2 * p["BN"])):
         return False
     if p["STAGES"] == 1 and prob.kv_limit > p["BN"]:
         return False  # one stage holds one tile: every key must fit in it
@@ -321,17 +324,17 @@ def sm90_valid(prob: AttnProblem, p: dict[str, Any]) -> bool:
 
 # (WG, BN): consumer warpgroups of 64 query rows, keys a tile
 SM90_TILES = [(1, 128), (2, 128), (1, 64), (2, 64)]
-# Every tile with no register cap and each with the heuristic's, and variants of the default tiles:
-# other caps (MINB: CTAs an SM must hold), exp2 skipped on masked groups (SKIPEXP). tools/bench_attention.py
-# --sweep times them all.
+# Every tile with no register cap and each with the heuristic's, other caps of the one-warpgroup tiles
+# (MINB: CTAs an SM must hold), and each tile with the overlapped schedule where it applies (OVERLAP).
+# tools/bench_attention.py --sweep times them all.
 SM90_SWEEP: list[dict[str, Any]] = [
     *({"WG": w, "BN": b, "MINB": m} for w, b in SM90_TILES for m in (0, None)),
     *({"WG": 1, "BN": b, "MINB": m} for b in (128, 64) for m in (2, 4)),
-    *({"WG": 1, "BN": b, "SKIPEXP": 1} for b in (128, 64)),
+    *({"WG": w, "BN": b, "OVERLAP": 1} for w, b in SM90_TILES),
 ]
 
 
-def sm90_params(prob: AttnProblem, wg: int, bn: int, minb: int | None = None, skip_exp: int = 0) -> dict[str, Any]:
+def sm90_params(prob: AttnProblem, wg: int, bn: int, minb: int | None = None, overlap: int = 0) -> dict[str, Any]:
     """The wgmma kernel's parameters for a tile: the fewest stages that hold the keys; registers
     capped (MINB) for as many CTAs an SM as shared memory allows, at most 3 for one warpgroup (168
     registers: more, 4 CTAs at 128, spilled in the causal kernel) and 2 for two, where minb is None."""
@@ -344,8 +347,8 @@ def sm90_params(prob: AttnProblem, wg: int, bn: int, minb: int | None = None, sk
         minb = minb if minb > 1 else 0
     if minb:
         p["MINB"] = minb
-    if skip_exp:
-        p["SKIPEXP"] = 1
+    if overlap:
+        p["OVERLAP"] = 1
     return p
 
 
@@ -355,7 +358,7 @@ def sm90_candidates(prob: AttnProblem, sweep: list[dict[str, Any]] | None = None
     variants = sweep if sweep is not None else [{"WG": w, "BN": b} for w, b in SM90_TILES]
     out: list[dict[str, Any]] = []
     for v in variants:
-        p = sm90_params(prob, v["WG"], v["BN"], v.get("MINB"), v.get("SKIPEXP", 0))
+        p = sm90_params(prob, v["WG"], v["BN"], v.get("MINB"), v.get("OVERLAP", 0))
         if valid(prob, p) and p not in out:
             out.append(p)
     return out
@@ -557,7 +560,7 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
             BN=p["BN"],
             stages=p["STAGES"],
             minb=p.get("MINB", 0),
-            skip_exp=bool(p.get("SKIPEXP", 0)),
+            overlap=bool(p.get("OVERLAP", 0)),
             reverse=hi is not None and prob.nonpad_index is None,
             ab_type="bf16" if prob.dtype is DType.bfloat16 else "f16",
             pack_fn="gc_pack_bf2" if prob.dtype is DType.bfloat16 else "gc_pack_h2",

@@ -85,6 +85,10 @@ def test_sm90_parameters():
     assert not valid(prob, {"path": "sm90", "WG": 1, "BN": 128, "STAGES": 2, "MINB": 4})
     assert valid(prob, {"path": "sm90", "WG": 1, "BN": 128, "STAGES": 2, "MINB": 3})
     assert all(valid(prob, p) for p in sm90_candidates(prob, SM90_SWEEP))
+    # the overlapped schedule only where every key fits the two stages
+    vit = problem_of(_ctx((32, 12, 197, 64)))
+    assert valid(vit, {"path": "sm90", "WG": 1, "BN": 128, "STAGES": 2, "OVERLAP": 1})
+    assert not valid(vit, {"path": "sm90", "WG": 1, "BN": 64, "STAGES": 2, "OVERLAP": 1})
     with pytest.raises(CompileError, match="sm90"):
         ctx = _ctx((1, 2, 64, 80), params={"path": "sm90", "WG": 1, "BN": 64, "STAGES": 1})
         family_for(ctx).generate(ctx)
@@ -97,6 +101,21 @@ def _variants() -> list[tuple[str, Any]]:
         ("bert-default", _ctx((32, 12, 128, 64))),
         ("vit-default", _ctx((32, 12, 197, 64))),
         ("gpt2-default", _ctx((32, 12, 128, 64), is_causal=1)),
+        # the overlapped schedule (both tiles up front): head dims 64 / 128, with a mask and the band
+        (
+            "vit-overlap-w1n128",
+            _ctx((32, 12, 197, 64), params={"path": "sm90", "WG": 1, "BN": 128, "STAGES": 2, "OVERLAP": 1}),
+        ),
+        (
+            "d128-bf16-overlap-causal-bool-w2n64",
+            _ctx(
+                (2, 4, 100, 128),
+                BF16,
+                extra=[((2, 1, 1, 100), DType.bool)],
+                is_causal=1,
+                params={"path": "sm90", "WG": 2, "BN": 64, "STAGES": 2, "OVERLAP": 1},
+            ),
+        ),
         ("d64-fp16-w1n128", _ctx((2, 12, 128, 64), params={"path": "sm90", "WG": 1, "BN": 128, "STAGES": 1})),
         (
             "d64-bf16-causal-w2n64",

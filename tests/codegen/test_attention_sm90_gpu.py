@@ -1,7 +1,7 @@
 """The sm_90a wgmma flash-attention kernel (templates/attention_sm90.cu.j2) on an sm_90 GPU against
 graphc's numpy reference: sequence lengths 1, 7, 128, 197, 300 (one key tile, several, a partial
 last one), head dims 64 and 128, fp16 and bf16, every tile of its search space (1 or 2 consumer
-warpgroups, 64 or 128 keys a tile, 1 or 2 stages; exp2 skipped on masked groups or not), causal
+warpgroups, 64 or 128 keys a tile, 1 or 2 stages; the overlapped schedule or not), causal
 and windowed bands, bool and additive masks of several broadcast shapes (rows whose every key is
 masked: exactly 0), grouped- and multi-query attention, nonpad_kv_seqlen, softcap, both layouts;
 then one engine end to end, whose attention must run on this kernel.
@@ -38,8 +38,9 @@ def _on_sm90() -> bool:
     return device_arch() == "sm_90"
 
 
-# the tiles of the search space, then the default tiles with exp2 skipped on masked column groups
-VARIANTS = [{"WG": w, "BN": b} for w, b in SM90_TILES] + [{"WG": 1, "BN": b, "SKIPEXP": 1} for b in (128, 64)]
+# the tiles of the search space, each also with the overlapped schedule (where every key fits two
+# stages; elsewhere the plain one)
+VARIANTS = [{"WG": w, "BN": b, "OVERLAP": o} for o in (0, 1) for w, b in SM90_TILES]
 
 
 def _tile(case: Case, i: int) -> Case:
@@ -47,8 +48,9 @@ def _tile(case: Case, i: int) -> Case:
     the heuristic's register cap."""
     v = VARIANTS[i % len(VARIANTS)]
     ctx, _, _ = _context(case)
-    (p,) = sm90_candidates(problem_of(ctx), [v])
-    tag = f"-w{p['WG']}n{p['BN']}s{p['STAGES']}m{p.get('MINB', 0)}" + ("x" if p.get("SKIPEXP") else "")
+    prob = problem_of(ctx)
+    (p,) = sm90_candidates(prob, [v]) or sm90_candidates(prob, [dict(v, OVERLAP=0)])
+    tag = f"-w{p['WG']}n{p['BN']}s{p['STAGES']}m{p.get('MINB', 0)}" + ("o" if p.get("OVERLAP") else "")
     return dataclasses.replace(case, id=case.id + tag, params=p)
 
 
@@ -127,6 +129,15 @@ def _cases() -> list[Case]:
         i += 1
     # the heuristic's own choice (select_sm90) on the issue's shapes
     cases += [dataclasses.replace(c, id=c.id + "-default") for c in extra[-3:]]
+    # the overlapped schedule on every extra case whose keys fit two stages of some tile
+    for j, c in enumerate(extra):
+        prob = problem_of(_context(c)[0])
+        for w, b in SM90_TILES[j % 2 :] + SM90_TILES[: j % 2]:
+            ps = sm90_candidates(prob, [{"WG": w, "BN": b, "OVERLAP": 1}])
+            if ps:
+                tag = f"-w{w}n{b}m{ps[0].get('MINB', 0)}-overlap"
+                cases.append(dataclasses.replace(c, id=c.id + tag, params=ps[0]))
+                break
     return cases
 
 
