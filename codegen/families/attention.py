@@ -365,16 +365,20 @@ def sm90_candidates(prob: AttnProblem, sweep: list[dict[str, Any]] | None = None
 
 
 def sm90_heuristic(prob: AttnProblem) -> dict[str, Any] | None:
-    """The wgmma kernel's default for this problem, or None where it does not apply: one warpgroup
-    of 64 rows a CTA, 128-key tiles (64 for head dim 128: 138 registers a thread against 208), the
-    register cap of sm90_params.
+    """The wgmma kernel's default for this problem, or None where it does not apply: 128-key tiles
+    (64 for head dim 128: 138 registers a thread against 208), the register cap of sm90_params; one
+    warpgroup a CTA for short sequences, two (K and V read once for 128 rows) for long ones with
+    enough CTAs to fill the GPU.
 
-    Measured on an H200 (2026-12-02, tools/bench_attention.py --done-when --sweep, fp16, d64, 12
-    heads): one warpgroup was fastest at batch 1 and 32 for BERT s128, ViT s197 and GPT-2 causal
-    s128 (two: up to 1.3x slower, register-bound to one or two CTAs an SM)."""
+    Measured on an H200 (2026-12-02, tools/bench_attention.py --sweep, fp16, d64 unless said):
+    one warpgroup fastest for BERT s128, ViT s197 and GPT-2 causal s128 at batch 1 and 32 (two: up
+    to 1.3x slower); two for BERT s512 batch 8 (0.0270 against 0.0279 ms), GPT-2 causal s1024 batch
+    8 (0.0685 / 0.0710), d128 causal 2x32x2048 (0.248 / 0.284) and d128 1x16x4096 (0.357 / 0.459);
+    one for GPT-2 causal s1024 at batch 1 (96 CTAs of two: fewer than the SMs)."""
     if not sm90_ok(prob) or prob.q_heads > MAX_GRID_YZ or prob.batch > MAX_GRID_YZ:
         return None
-    for w, b in [(1, 128 if prob.d <= 64 else 64), *SM90_TILES]:
+    wg = 2 if prob.sq > 256 and ceil_div(prob.sq, 128) * prob.batch * prob.q_heads >= SM_COUNT else 1
+    for w, b in [(wg, 128 if prob.d <= 64 else 64), *SM90_TILES]:
         p = sm90_params(prob, w, b)
         if valid(prob, p):
             return p

@@ -80,6 +80,12 @@ def test_sm90_parameters():
     assert (p["WG"], p["BN"], p["STAGES"], p["MINB"]) == (1, 128, 2, 3)  # 73 KB: 3
     p = sm90_heuristic(problem_of(_ctx((1, 12, 512, 128))))
     assert (p["WG"], p["BN"], p["STAGES"], p["MINB"]) == (1, 64, 2, 2)  # 82 KB: 2
+    # long sequences with CTAs enough for every SM: two warpgroups (K and V read once for 128 rows)
+    p = sm90_heuristic(problem_of(_ctx((8, 12, 1024, 64), is_causal=1)))
+    assert (p["WG"], p["BN"], p["MINB"]) == (2, 128, 2)
+    p = sm90_heuristic(problem_of(_ctx((2, 32, 2048, 128))))
+    assert (p["WG"], p["BN"], p["MINB"]) == (2, 64, 2)
+    assert sm90_heuristic(problem_of(_ctx((1, 12, 1024, 64), is_causal=1)))["WG"] == 1  # 96 CTAs of two
     # a cap below the live accumulators is not offered (ptxas fails to allocate)
     prob = problem_of(_ctx((1, 12, 512, 128)))
     assert not valid(prob, {"path": "sm90", "WG": 1, "BN": 128, "STAGES": 2, "MINB": 4})
