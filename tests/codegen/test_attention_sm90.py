@@ -177,9 +177,9 @@ def test_sm90_variant_compiles_to_hgmma(tmp_path, name, ctx):
     f = tmp_path / f"{name}.cubin"
     f.write_bytes(compile_cubin(k.source, k.name, "sm_90a"))
     sass = subprocess.run([CUOBJDUMP, "-sass", str(f)], capture_output=True, text=True, check=True).stdout
-    # S: D / 16 shared-memory products of 64 x BN issued back to back (one wgmma batch, no
-    # WARPGROUP.ARRIVE between them: not serialized); O: BN / 16 register-A products of 64 x D with V
-    # transposed, likewise (the last tile's path, which skips k16 steps, may issue them one by one)
+    # S: D / 16 shared-memory products of 64 x BN; O: BN / 16 register-A products of 64 x D with V
+    # transposed; each issued back to back (one wgmma batch, no WARPGROUP.ARRIVE between them: not
+    # serialized; the last tile's path, which skips k16 steps, may issue them one by one)
     d, bn = k.params["d"], k.params["BN"]
     runs, run = [], []
     for ln in sass.splitlines():
@@ -190,6 +190,13 @@ def test_sm90_variant_compiles_to_hgmma(tmp_path, name, ctx):
     runs.append(run)
     qk = f"HGMMA.64x{bn}x16"
     pv = f"HGMMA.64x{d}x16"
+    lines = [ln for r in runs for ln in r]
+    assert sum(qk in ln and "tnspB" not in ln for ln in lines) >= d // 16, lines
+    assert sum(pv in ln and "tnspB" in ln for ln in lines) >= bn // 16, lines
+    if k.params.get("OVERLAP") and k.params.get("MINB"):
+        # the overlapped schedule under a register cap: ptxas serializes its wgmmas (C7512,
+        # "insufficient register resources"); measured the fastest anyway (ViT s197, H200)
+        return
     assert any(len(r) == d // 16 and all(qk in ln and "tnspB" not in ln for ln in r) for r in runs), runs
     assert any(len(r) == bn // 16 and all(pv in ln and "tnspB" in ln for ln in r) for r in runs), runs
     ops = set(_opcodes(sass))
