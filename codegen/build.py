@@ -118,6 +118,10 @@ def generate_kernels(
                 from graphc.codegen.families.conv_sm90 import select as select_conv
 
                 sources = select_conv(ctx)  # a 1x1 conv as the TMA GEMM where the rules say so, else []
+            if hopper and fam.name == "attention" and ctx.params is None:
+                from graphc.codegen.families.attention import select_sm90
+
+                sources = select_sm90(ctx)  # the wgmma flash attention (head dims 64, 128), else []
             if not sources and hopper_gemm and _large_gemm(ctx):
                 # An engine for Hopper alone: the sm_90a wgmma GEMM for large problems (on an H200,
                 # 0.67x cuBLAS at 4096^3 against 0.36x for mma.sync, 0.86x against 0.52x at

@@ -298,8 +298,13 @@ def ort_optimize(key: str, rec: dict[str, Any], out: Path) -> tuple[str, dict[st
         **rec,
         "file": dst.name,
         "source": key,
-        "ort_optimizer": {"model_type": ORT_TYPES[rec["model"]], "num_heads": HEADS, "hidden_size": HIDDEN,
-                          "opt_level": 0, "onnxruntime": onnxruntime.__version__},  # fmt: skip
+        "ort_optimizer": {
+            "model_type": ORT_TYPES[rec["model"]],
+            "num_heads": HEADS,
+            "hidden_size": HIDDEN,
+            "opt_level": 0,
+            "onnxruntime": onnxruntime.__version__,
+        },  # fmt: skip
         "bytes": size,
         "ort_vs_source_max_abs": diff,
         "ops": dict(sorted(ops.items())),

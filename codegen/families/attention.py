@@ -20,6 +20,10 @@ Kernel paths (templates/attention.cu.j2):
 - "flash": fp16/bf16 with equal Q/K and V head dims, a multiple of 16 up to 128: tensor cores,
   online softmax, K/V tiles double-buffered through shared memory by cp.async.
 - "simple": everything else (fp32, fp64, odd head dims, mixed V dtype): one warp per query row.
+- "sm90" (templates/attention_sm90.cu.j2): the sm_90 plan of an engine (codegen/build.py asks
+  `select_sm90`), fp16/bf16 with head dim 64 or 128 (Q/K and V alike): warpgroup MMA (wgmma) from
+  128-byte swizzled shared memory, P from registers; every feature of "flash" (masks, band, GQA,
+  nonpad_kv_seqlen, softcap). Other head dims on sm_90 keep "flash".
 """
 
 from __future__ import annotations
@@ -39,12 +43,14 @@ from graphc.ops.registry import get_op
 # The machine the heuristic aims to fill (an H200: 132 SMs, 227 KB of shared memory a block).
 SM_COUNT = 132
 SMEM_PER_BLOCK = 227 * 1024
+SMEM_PER_SM = 228 * 1024
 MAX_GRID_YZ = 65535
 
 FLASH_DTYPES = (DType.float16, DType.bfloat16)
 ATTN_DTYPES = (DType.float16, DType.bfloat16, DType.float32, DType.float64)
 LOG2E = 1.4426950408889634
 SIMPLE_BN = 32  # keys a tile of the simple kernel: one a lane
+SM90_HEAD_DIMS = (64, 128)
 
 
 # ---- the normalized problem ---------------------------------------------------------------------
@@ -244,11 +250,20 @@ def flash_ok(prob: AttnProblem) -> bool:
     return all(s % 8 == 0 for s in strides)
 
 
+def sm90_ok(prob: AttnProblem) -> bool:
+    """The wgmma kernel: what "flash" takes, with head dim 64 or 128 (one or two 128-byte swizzled
+    column blocks)."""
+    return flash_ok(prob) and prob.d in SM90_HEAD_DIMS
+
+
 def path_of(prob: AttnProblem) -> str:
     return "flash" if flash_ok(prob) else "simple"
 
 
 def shared_bytes(prob: AttnProblem, p: dict[str, Any]) -> int:
+    if p["path"] == "sm90":
+        # Q, STAGES x (K, V), and 1 KB to align the swizzled tiles
+        return (64 * p["WG"] * prob.d + p["STAGES"] * p["BN"] * (prob.d + prob.dv)) * 2 + 1024
     if p["path"] == "flash":
         dp, dvp = prob.d + 8, prob.dv + 8
         return (p["BM"] * dp + 2 * p["BN"] * dp + 2 * p["BN"] * dvp) * 2
@@ -268,6 +283,8 @@ def valid(prob: AttnProblem, p: dict[str, Any]) -> bool:
         return False
     if p["path"] == "simple":
         return p["WARPS"] in (1, 2, 4, 8, 16) and shared_bytes(prob, p) <= SMEM_PER_BLOCK
+    if p["path"] == "sm90":
+        return sm90_valid(prob, p)
     if not flash_ok(prob):
         return False
     bm, bn, w = p["BM"], p["BN"], p["WARPS"]
@@ -279,6 +296,112 @@ def valid(prob: AttnProblem, p: dict[str, Any]) -> bool:
     if _acc_floats(prob, p) > 160:
         return False
     return shared_bytes(prob, p) <= SMEM_PER_BLOCK
+
+
+def _sm90_registers(prob: AttnProblem, bn: int) -> int:
+    """The live fp32 accumulators S and O and the packed P of a thread of the wgmma kernel."""
+    return bn // 2 + prob.dv // 2 + bn // 4
+
+
+def sm90_valid(prob: AttnProblem, p: dict[str, Any]) -> bool:
+    if not sm90_ok(prob) or p["WG"] not in (1, 2) or p["BN"] not in (64, 128) or p["STAGES"] not in (1, 2):
+        return False
+    # MINB: CTAs an SM must hold (__launch_bounds__' second argument: caps registers), 0 for none
+    # MINB: CTAs an SM must hold (__launch_bounds__' second argument), so registers are capped at
+    # 64K / (MINB x threads): at least the live fp32 accumulators S and O and the packed P a thread
+    # (below that ptxas fails: seen at 128 with head dim 128 and 128-key tiles)
+    minb = p.get("MINB", 0)
+    need = _sm90_registers(prob, p["BN"])
+    if minb not in range(9) or (minb and 65536 // (minb * 128 * p["WG"]) < need):
+        return False
+    # OVERLAP: the schedule with both tiles loaded up front (every key must fit the two stages)
+    if p.get("OVERLAP", 0) not in (0, 1) or (p.get("OVERLAP") and (p["STAGES"] != 2 or prob.kv_limit > 2 * p["BN"])):
+        return False
+    if p["STAGES"] == 1 and prob.kv_limit > p["BN"]:
+        return False  # one stage holds one tile: every key must fit in it
+    return shared_bytes(prob, p) <= SMEM_PER_BLOCK
+
+
+# (WG, BN): consumer warpgroups of 64 query rows, keys a tile
+SM90_TILES = [(1, 128), (2, 128), (1, 64), (2, 64)]
+# Every tile with no register cap and each with the heuristic's, other caps of the one-warpgroup tiles
+# (MINB: CTAs an SM must hold), and each tile without the overlapped schedule where the default has
+# it (OVERLAP 0). tools/bench_attention.py --sweep times them all.
+SM90_SWEEP: list[dict[str, Any]] = [
+    *({"WG": w, "BN": b, "MINB": m} for w, b in SM90_TILES for m in (0, None)),
+    *({"WG": 1, "BN": b, "MINB": m} for b in (128, 64) for m in (2, 4)),
+    *({"WG": w, "BN": b, "OVERLAP": 0} for w, b in SM90_TILES),
+]
+
+
+def sm90_params(
+    prob: AttnProblem, wg: int, bn: int, minb: int | None = None, overlap: int | None = None
+) -> dict[str, Any]:
+    """The wgmma kernel's parameters for a tile: the fewest stages that hold the keys; registers
+    capped (MINB) for as many CTAs an SM as shared memory allows, at most 3 for one warpgroup (168
+    registers: more, 4 CTAs at 128, spilled in the causal kernel) and 2 for two, where minb is None;
+    the overlapped schedule wherever it applies (every key in the two stages), where overlap is None.
+
+    Measured on an H200 (2026-12-02, fp16, d64, 12 heads): the overlapped schedule took ViT s197
+    from 0.0282 to 0.0242 ms at batch 32 (cuDNN: 0.0262) and from 0.0047 to 0.0042 at batch 1."""
+    p: dict[str, Any] = {"path": "sm90", "WG": wg, "BN": bn, "STAGES": 1 if prob.kv_limit <= bn else 2}
+    if minb is None:
+        by_smem = SMEM_PER_SM // (shared_bytes(prob, p) + 1024)  # (+ the 1 KB the runtime reserves a CTA)
+        minb = min(3 if wg == 1 else 2, by_smem)
+        while minb > 1 and 65536 // (minb * 128 * wg) < _sm90_registers(prob, bn):
+            minb -= 1
+        minb = minb if minb > 1 else 0
+    if minb:
+        p["MINB"] = minb
+    if overlap is None:
+        overlap = int(p["STAGES"] == 2 and prob.kv_limit <= 2 * bn)
+    if overlap:
+        p["OVERLAP"] = 1
+    return p
+
+
+def sm90_candidates(prob: AttnProblem, sweep: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The valid parameter sets of the wgmma kernel: each tile with the heuristic's register cap and
+    schedule, or the variants of `sweep` (SM90_SWEEP; a key left out takes the default), duplicates
+    dropped."""
+    variants = sweep if sweep is not None else [{"WG": w, "BN": b} for w, b in SM90_TILES]
+    out: list[dict[str, Any]] = []
+    for v in variants:
+        p = sm90_params(prob, v["WG"], v["BN"], v.get("MINB"), v.get("OVERLAP"))
+        if valid(prob, p) and p not in out:
+            out.append(p)
+    return out
+
+
+def sm90_heuristic(prob: AttnProblem) -> dict[str, Any] | None:
+    """The wgmma kernel's default for this problem, or None where it does not apply: 128-key tiles
+    (64 for head dim 128: 138 registers a thread against 208), the register cap of sm90_params; one
+    warpgroup a CTA for short sequences, two (K and V read once for 128 rows) for long ones with
+    enough CTAs to fill the GPU.
+
+    Measured on an H200 (2026-12-02, tools/bench_attention.py --sweep, fp16, d64 unless said):
+    one warpgroup fastest for BERT s128, ViT s197 and GPT-2 causal s128 at batch 1 and 32 (two: up
+    to 1.3x slower); two for BERT s512 batch 8 (0.0270 against 0.0279 ms), GPT-2 causal s1024 batch
+    8 (0.0685 / 0.0710), d128 causal 2x32x2048 (0.248 / 0.284) and d128 1x16x4096 (0.357 / 0.459);
+    one for GPT-2 causal s1024 at batch 1 (96 CTAs of two: fewer than the SMs)."""
+    if not sm90_ok(prob) or prob.q_heads > MAX_GRID_YZ or prob.batch > MAX_GRID_YZ:
+        return None
+    wg = 2 if prob.sq > 256 and ceil_div(prob.sq, 128) * prob.batch * prob.q_heads >= SM_COUNT else 1
+    for w, b in [(wg, 128 if prob.d <= 64 else 64), *SM90_TILES]:
+        p = sm90_params(prob, w, b)
+        if valid(prob, p):
+            return p
+    return None
+
+
+def select_sm90(ctx: StepContext) -> list[KernelSource]:
+    """The sm_90 plan's attention kernels: the wgmma kernel where it applies, else [] (the caller
+    then generates the default, "flash" or "simple")."""
+    if not _matches(ctx) or ctx.params is not None:
+        return []
+    prob = problem_of(ctx)
+    p = sm90_heuristic(prob)
+    return [] if p is None else _generate(ctx.with_params(p))
 
 
 FLASH_TILES = [  # (BM, BN, WARPS)
@@ -380,7 +503,9 @@ def _choose(ctx: StepContext, prob: AttnProblem) -> dict[str, Any]:
     p.setdefault("path", path_of(prob))
     if p["path"] == "flash" and not flash_ok(prob):
         raise ctx.fail(f"forced attention path 'flash' does not fit this node ({prob.dtype.name}, head dim {prob.d})")
-    if p["path"] not in ("flash", "simple") or not valid(prob, p):
+    if p["path"] == "sm90" and not sm90_ok(prob):
+        raise ctx.fail(f"forced attention path 'sm90' does not fit this node ({prob.dtype.name}, head dim {prob.d})")
+    if p["path"] not in ("flash", "simple", "sm90") or not valid(prob, p):
         raise ctx.fail(f"forced attention parameters {ctx.params} are not valid for this node")
     return p
 
@@ -398,7 +523,7 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
     flash = p["path"] == "flash"
     # exp2 of scale * log2(e) * (score - max), one FFMA a score, unless a float mask or softcap
     # must be applied to scaled logits first (or a zero scale would meet -inf)
-    log2 = flash and prob.scale > 0 and not prob.softcap and (prob.mask is None or prob.mask.boolean)
+    log2 = p["path"] != "simple" and prob.scale > 0 and not prob.softcap and (prob.mask is None or prob.mask.boolean)
     scale = prob.scale * LOG2E if log2 else prob.scale
     mask = None
     if prob.mask is not None:
@@ -438,7 +563,25 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         "inv_softcap_lit": lit(1.0 / prob.softcap, cname) if prob.softcap > 0 else None,
         "log2": log2,
     }
-    if flash:
+    requires = None
+    if p["path"] == "sm90":
+        threads = p["WG"] * 128
+        source = render(
+            "attention_sm90.cu.j2",
+            threads=threads,
+            wg=p["WG"],
+            BN=p["BN"],
+            stages=p["STAGES"],
+            minb=p.get("MINB", 0),
+            overlap=bool(p.get("OVERLAP", 0)),
+            reverse=hi is not None and prob.nonpad_index is None,
+            ab_type="bf16" if prob.dtype is DType.bfloat16 else "f16",
+            pack_fn="gc_pack_bf2" if prob.dtype is DType.bfloat16 else "gc_pack_h2",
+            **common,
+        )
+        grid = (ceil_div(prob.sq, 64 * p["WG"]), prob.q_heads, prob.batch)
+        requires = "sm_90a"
+    elif flash:
         threads = p["WARPS"] * 32
         source = render(
             "attention.cu.j2",
@@ -473,6 +616,8 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         )
         grid = (ceil_div(prob.sq, p["WARPS"]), prob.q_heads, prob.batch)
     params = dict(p, d=prob.d, dv=prob.dv, sq=prob.sq, sk=prob.sk, heads=prob.q_heads, kv_heads=prob.kv_heads)
+    if requires:
+        params["requires_arch"] = requires
     return [KernelSource("attention", name, source, grid, (threads, 1, 1), names, shared_bytes(prob, p), params)]
 
 

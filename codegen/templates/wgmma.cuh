@@ -22,3 +22,9 @@ __device__ __forceinline__ void gc_wgmma_wait() {
 // (wgmma reads shared memory through it).
 __device__ __forceinline__ void gc_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 {% endraw %}
+{% raw %}
+// A wgmma accumulator (or register operand) as an asm operand: the compiler may not move a read of
+// it above an earlier wgmma wait, nor a write below a later wgmma issue (the wait names no register).
+__device__ __forceinline__ void gc_fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void gc_fence_operand(unsigned& r) { asm volatile("" : "+r"(r)::"memory"); }
+{% endraw %}

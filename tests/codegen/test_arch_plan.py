@@ -59,7 +59,12 @@ def test_default_arch_engine_has_sm90_launches(built):
     assert eng.build_info["archs"] == list(DEFAULT_ARCHS)
     assert plan.launch_archs() == ["sm_90"]
     own = [s for s in plan.steps if s.arch_launches]
-    # q/k/v (one batched GEMM: passes/fuse_horizontal.py), attention output, FFN in and out
+    # q/k/v (one batched GEMM: passes/fuse_horizontal.py), attention output, FFN in and out; and the
+    # attention itself (the wgmma kernel, templates/attention_sm90.cu.j2)
+    attn = [s for s in own if s.op == "Attention"]
+    assert len(attn) == 1 and [ln.params["path"] for ln in attn[0].arch_launches["sm_90"]] == ["sm90"]
+    assert [ln.params["path"] for ln in attn[0].launches] == ["flash"]
+    own = [s for s in own if s.op != "Attention"]
     assert len(own) == 4, [s.name for s in own]
     for s in own:
         assert _paths(s.arch_launches["sm_90"])[0] == "tma", s.name
@@ -75,7 +80,7 @@ def test_default_arch_engine_has_sm90_launches(built):
     hopper_only = {d for d, a in ks.requires.items() if a == "sm_90a"}
     assert hopper_only and hopper_only <= set(ks.cubins["sm_90"])
     assert not hopper_only & (set(ks.cubins["sm_80"]) | set(ks.cubins["sm_89"]))
-    assert eng.report["cuda"]["arch_steps"] == {"sm_80": 0, "sm_86": 0, "sm_89": 0, "sm_90": 4}
+    assert eng.report["cuda"]["arch_steps"] == {"sm_80": 0, "sm_86": 0, "sm_89": 0, "sm_90": 5}
 
 
 def test_one_memory_plan_sized_for_every_arch(built):
@@ -97,7 +102,7 @@ def test_manifest_round_trips_arch_launches(built):
     text = describe_engine(ef, "bert.engine")
     launches_80 = sum(len(s.launches) for s in eng.plan.steps)
     assert f"sm_80: {launches_80} launches of" in text
-    assert "(4 steps with launches of their own)" in text
+    assert "(5 steps with launches of their own)" in text  # 4 GEMMs and the attention
     assert "sm_90 gemm:" in text  # the per-arch launch lines
 
 

@@ -11,9 +11,10 @@ bottleneck block per stage, batch 32 at 224) are compiled for sm_80, sm_86, sm_8
   1x1 convs, the wgmma implicit GEMM for the others) uses HGMMA, UTMALDG where it loads its weights
   by TMA, and at least half of all its conv cubins hold both (issue 10's done-when); its sm_80 convs
   hold neither.
-Not asserted, but measured and printed (docs/results/sass_default_arch.md records them): the
-attention kernels, and the CNN's one GEMM (the classifier, M = 32: mma.sync by the measured
-selection rules).
+- the transformer's sm_90 attention kernels all use HGMMA (the wgmma flash attention,
+  templates/attention_sm90.cu.j2: issue 10 item 3), its sm_80 ones none.
+Not asserted, but measured and printed (docs/results/sass_default_arch.md records them): the CNN's
+one GEMM (the classifier, M = 32: mma.sync by the measured selection rules).
 
 cuobjdump comes from the `nvidia-cuda-cuobjdump` package (the test extra); without it the test is
 skipped with that reason.
@@ -40,8 +41,6 @@ try:
     HAVE_NVRTC = True
 except Exception:
     HAVE_NVRTC = False
-
-
 
 
 CUOBJDUMP = cuobjdump_path()
@@ -158,3 +157,16 @@ def test_transformer_sm90_gemms_all_hgmma_half_tma(model_rows):
     old = _kernels(eng, "sm_80", tmp)
     assert not any({"HGMMA", "UTMALDG"} & r["ops"] for r in old)
     assert any("HMMA" in r["ops"] for r in old if r["family"] == "gemm")
+
+
+def test_transformer_sm90_attention_hgmma(model_rows):
+    """Every attention cubin of the transformer's sm_90 plan runs on warpgroup MMA; the sm_80 plan's
+    are the mma.sync kernel (HMMA, no HGMMA)."""
+    model, eng, rows, tmp = model_rows
+    if model != "bert":
+        pytest.skip("the transformer's assertion")
+    attn = [r for r in rows if r["family"] == "attention"]
+    assert attn, "the transformer's attention was not fused into Attention steps"
+    assert all(r["path"] == "sm90" and "HGMMA" in r["ops"] for r in attn), attn
+    old = [r for r in _kernels(eng, "sm_80", tmp) if r["family"] == "attention"]
+    assert old and all("HMMA" in r["ops"] and "HGMMA" not in r["ops"] for r in old), old
