@@ -201,7 +201,6 @@ TMA_SWEEP = [
     {"BN": 128, "PINGPONG": 1},
     {"BN": 192, "PINGPONG": 1},
     {"BN": 256, "WARP_EPI": 1},
-    {"BN": 128, "WARP_EPI": 1},
 ]
 
 
