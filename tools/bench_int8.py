@@ -301,11 +301,11 @@ def main(argv: list[str] | None = None) -> int:
         flops = 2.0 * args.batch * co * o * o * c * k * k
         problems.append(("conv", f"{name} (N={args.batch})", None, flops, conv_models(args.batch, c, hw, co, k, s)))
     jobs = []
-    for kind, _, _, _, (fp, i8, _, _) in problems:
+    for kind, _, mnk, _, (fp, i8, _, _) in problems:
         jobs += [(fp, "fp16", arch, {}), (i8, "fp32", arch, {})]
         if kind == "gemm" and hopper:
             jobs.append((i8, "fp32", arch, {"int8_kernel": "wgmma"}))
-            if args.tma_sweep:
+            if args.tma_sweep and np.prod(mnk) <= CPU_CHECK_MAX_MACS:  # (8192^3: the default only)
                 jobs += [(i8, "fp32", arch, {"forced_tma": f}) for f in TMA_SWEEP]
         if args.mma:
             jobs.append((i8, "fp32", arch, {"hopper": False}))
@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         if args.sweep and kind == "gemm":
             row["sweep"] = sweep(i8, i8_feeds, arch, args.iterations)
-        if args.tma_sweep and kind == "gemm" and hopper and want is not None:
+        if args.tma_sweep and kind == "gemm" and hopper and np.prod(mnk) <= CPU_CHECK_MAX_MACS:
             row["tma_sweep"] = tma_sweep(i8, i8_feeds, arch, args.iterations, want)
         rows.append(row)
         wg = f"  int8 wgmma {t_wg:8.4f} ms (x{t_fp / t_wg:.2f})" if t_wg else ""

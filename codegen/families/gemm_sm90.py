@@ -31,6 +31,7 @@ from graphc.codegen.epilogue import broadcast_index, render_epilogue, step_opera
 from graphc.codegen.expr import lit
 from graphc.codegen.families.gemm import (
     SM_COUNT,
+    OperandLayout,
     Problem,
     _c_expr,
     _generate,
@@ -46,6 +47,7 @@ from graphc.codegen.families.gemm import (
 from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, render
 from graphc.errors import CompileError
 from graphc.ir.types import DType
+from graphc.ops.fused import ACC
 
 log = logging.getLogger(__name__)
 
@@ -904,3 +906,116 @@ def generate_int8(ctx: StepContext, prob, params: dict[str, Any] | None = None) 
             params=kp,
         )
     ]
+
+
+# ---- FP8 E4M3 (standalone: no fp8 dtype in the IR yet, so no engine step takes it) -------------
+
+
+@dataclass
+class RowsProblem:
+    """A GEMM of K-major operands outside any plan: out [M, N] = A [M, K] . B [N, K]^T."""
+
+    M: int
+    N: int
+    K: int
+    epilogue: tuple = ()
+    outputs: tuple = (ACC,)
+    batch_dims: tuple = ()
+    conv: None = None
+    batch: int = 1
+
+    @property
+    def a(self) -> OperandLayout:
+        return OperandLayout(self.M, self.K, 1, [])
+
+    @property
+    def b(self) -> OperandLayout:
+        return OperandLayout(self.N, self.K, 1, [])
+
+    @property
+    def out_shape(self) -> tuple[int, int]:
+        return (self.M, self.N)
+
+
+@dataclass(frozen=True)
+class _OutSpec:
+    dtype: str  # numpy name: what render_epilogue reads of an output's TensorSpec
+
+
+def fp8_gemm(
+    M: int, N: int, K: int, out_dtype: DType = DType.float16, alpha: float = 1.0, params: dict | None = None
+) -> KernelSource:
+    """The TMA GEMM on FP8 E4M3 operands: out [M, N] (fp16 or bf16) = alpha * A [M, K] . B [N, K]^T
+    with wgmma m64nBNk32.f32.e4m3.e4m3 (fp32 accumulators); A and B raw e4m3 bytes, K-major, read
+    through 1-byte tensor maps ("uint8") of the tensors named "a" and "b"; alpha folds in the
+    per-tensor scales of A and B (scale_a * scale_b). Arguments: "@tmap:0", "@tmap:1", "out".
+    `params`: INT8_KEYS, else int8_heuristic (the same K steps of 128 bytes). Not yet an engine
+    step (no fp8 dtype in the IR): tools/bench_fp8.py launches it."""
+    if out_dtype not in (DType.float16, DType.bfloat16):
+        raise CompileError(f"FP8 GEMM output {out_dtype.name}: float16 or bfloat16")
+    prob = RowsProblem(M, N, K)
+    why = int8_unsupported(prob)
+    if why is not None:
+        raise CompileError(f"no FP8 TMA GEMM: {why}")
+    where = f"FP8 GEMM {M}x{N}x{K}"
+    params = {k: v for k, v in (params or {}).items() if k in INT8_KEYS}
+    vec_epi = params.pop("VEC_EPI", 1)
+    out_specs = [_OutSpec(out_dtype.numpy.name)]
+    if "BN" in params:
+        stages = max_stages(params["BN"]) if params["BN"] in BNS else 0
+        p = {"SPLITS": 1, "PINGPONG": 0, "OVERLAP": 0, "STAGES": stages, **params}
+    else:
+        p = {**int8_heuristic(prob, vec_epi == 1 and vec_epilogue_ok(prob, {}, out_specs)), **params}
+    if not int8_valid(prob, p):
+        raise CompileError(f"{where}: TMA GEMM parameters {p} are not valid")
+    name = f"gc_gemm_fp8_{M}x{N}x{K}"
+    rendered = render_epilogue((), (ACC,), {}, out_specs, prob.out_shape, out_dtype, where=where, name=f"{name}_epi")
+    vec = None
+    if vec_epi:
+        vec = _vec_epilogue_vars(prob, {}, out_specs, rendered, 1, name, where, vec_epi, acc_dtype=out_dtype)
+    p["VEC_EPI"] = vec["mode"] if vec is not None else 0
+    overlap, warp_epi = int(p.pop("OVERLAP", 0)), int(p.pop("WARP_EPI", 0))
+    if (overlap or warp_epi) and p["VEC_EPI"] != 1:
+        raise CompileError(f"{where}: OVERLAP / WARP_EPI need the 8-column vector epilogue (N % 8 == 0)")
+    p.update({k: 1 for k, on in (("OVERLAP", overlap), ("WARP_EPI", warp_epi)) if on})
+    ct = cuda_type(out_dtype)
+    common = {
+        "epilogue": rendered,
+        "epilogue_name": f"{name}_epi",
+        "st": ct.storage,
+        "ct": ct.compute,
+        "alpha_lit": None if alpha == 1.0 else lit(alpha, ct.compute),
+        "c_param": False,
+        "c_expr": None,
+        "out_args": list(rendered.args),
+    }
+    kparams = ["const gc_tmap* __restrict__ tA", "const gc_tmap* __restrict__ tB", *rendered.params]
+    ktiles = ceil_div(K, E4M3.bk)
+    source = _render(
+        common,
+        name,
+        kparams,
+        prob,
+        E4M3,
+        p,
+        vec,
+        overlap=overlap,
+        warp_epi=warp_epi,
+        ktiles=ktiles,
+        kt_per=ktiles,
+        a_batched=False,
+        b_batched=False,
+    )
+    ta, _ = _tmap("a", DType.int8, prob.a, K, BM, 1)
+    tb, _ = _tmap("b", DType.int8, prob.b, K, p["BN"], 1)
+    kp = {"path": "fp8_tma", **p, "M": M, "N": N, "K": K, "alpha": alpha, "requires_arch": "sm_90a", "tmaps": [ta, tb]}
+    return KernelSource(
+        "gemm_fp8",
+        name,
+        source,
+        (min(units(prob, p["BN"], 1), SM_COUNT), 1, 1),
+        (THREADS, 1, 1),
+        ["@tmap:0", "@tmap:1", "out"],
+        shared_bytes(p["BN"], p["STAGES"]),
+        params=kp,
+    )
