@@ -72,6 +72,53 @@ def _requant(acc: str, co: int, inits: list) -> list:
     ]
 
 
+def epilogue_model(m: int, n: int, k: int, kind: str):
+    """The int8 layer of gemm_models with another epilogue: "int32" (none: the int32 sums out),
+    "dequant" (Cast, per-channel Mul: float32 out), "requant" (gemm_models' Relu + QuantizeLinear),
+    "requant-norelu" (QuantizeLinear of the dequantized value, no Relu)."""
+    inits = [numpy_helper.from_array(RNG.integers(-127, 128, (n, k, 1, 1)).astype(np.int8), "w")]
+    nodes = [helper.make_node("ConvInteger", ["x", "w"], ["acc" if kind != "int32" else "y"], name="layer")]
+    y_type = {"int32": TensorProto.INT32, "dequant": TensorProto.FLOAT}.get(kind, TensorProto.INT8)
+    if kind != "int32":
+        nodes += _requant("acc", n, inits)
+        if kind == "dequant":
+            nodes = nodes[:3]
+            nodes[-1] = helper.make_node("Mul", ["f", "s"], ["y"])
+        elif kind == "requant-norelu":
+            nodes = [nd for nd in nodes if nd.op_type != "Relu"]
+            nodes[-1] = helper.make_node("QuantizeLinear", ["d", "ys", "yz"], ["y"])
+    return _model(nodes, [_vi("x", TensorProto.INT8, (m, k, 1, 1))], [_vi("y", y_type, (m, n, 1, 1))], inits)
+
+
+EPILOGUES = ["int32", "dequant", "requant-norelu", "requant"]
+
+
+def epilogue_rows(m: int, n: int, k: int, arch: list[str], iterations: int) -> list[str]:
+    """The TMA kernel's time with each EPILOGUES epilogue, with and without FAST_DIV, each output
+    equal to the CPU int8 engine's (int32 and float32: exactly; int8: within 1 LSB)."""
+    import graphc
+
+    feeds = {"x": _i8((m, k, 1, 1))}
+    lines = []
+    for kind in EPILOGUES:
+        model = epilogue_model(m, n, k, kind)
+        want = graphc.compile(model, target="cpu").run(feeds)
+        for fast in (1, 0) if kind.startswith("requant") else (1,):
+            ms, info = layer_ms(model, feeds, "fp32", arch, iterations, forced_tma={"FAST_DIV": fast})
+            got = info["outputs"]
+            if kind.startswith("requant"):
+                ok = check_int8(got, want, f"{kind} FAST_DIV {fast}")
+            elif not np.array_equal(got["y"], want["y"]):
+                raise SystemExit(f"epilogue {kind}: outputs differ from the CPU engine's")
+            else:
+                ok = "equal"
+            tma = next(q for q in info["params"] if q.get("path"))
+            line = f"- epilogue {m}x{n}x{k} {kind} FAST_DIV {tma.get('FAST_DIV')}: {ms:.4f} ms ({ok}; {tma['path']})"
+            print(line, flush=True)
+            lines.append(line)
+    return lines
+
+
 def gemm_models(m: int, n: int, k: int):
     w = (RNG.standard_normal((k, n)) * 0.05).astype(np.float32)
     fp = _model(
@@ -201,6 +248,8 @@ TMA_SWEEP = [
     {"BN": 128, "PINGPONG": 1},
     {"BN": 192, "PINGPONG": 1},
     {"BN": 256, "WARP_EPI": 1},
+    {"BN": 192, "OVERLAP": 1, "FAST_DIV": 0},
+    {"BN": 256, "FAST_DIV": 0},
 ]
 
 
@@ -285,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         "--tma-sweep", action="store_true", help="also time the GEMMs' int8 TMA kernel at the TMA_SWEEP schedules"
     )
     ap.add_argument("--mma", action="store_true", help="also time the int8 mma.sync kernels where sm_90a has wgmma")
+    ap.add_argument("--epilogues", action="store_true", help="the TMA kernel at 4096x3072x768 with EPILOGUES")
     ap.add_argument("--workers", type=int, default=12, help="processes compiling the engines before the timed runs")
     args = ap.parse_args(argv)
     import subprocess
@@ -384,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"- tma sweep {r['problem']}: {forced} {ms:.4f} ms (fp16 / int8 {r['fp16_ms'] / ms:.2f})")
         for forced, ms in r.get("sweep", []):
             lines.append(f"- sweep {r['problem']}: {forced} {ms:.4f} ms (fp16 / int8 {r['fp16_ms'] / ms:.2f})")
+    if args.epilogues and hopper:
+        lines += ["", *epilogue_rows(4096, 3072, 768, arch, args.iterations)]
     lines += ["", "Output checks:", *[f"- {c}" for c in checks]]
     args.out.write_text("\n".join(lines) + "\n")
     for r in rows:

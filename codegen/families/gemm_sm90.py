@@ -23,8 +23,11 @@ VEC_EPI 1).
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from graphc.codegen.cuda_types import cuda_type, dtype_from_numpy_name
 from graphc.codegen.epilogue import broadcast_index, render_epilogue, step_operands
@@ -313,10 +316,13 @@ def _vec_epilogue_vars(
     mode: int = 1,
     acc_dtype: DType | None = None,
     byte_outputs: bool = False,
+    fast_div: bool = False,
 ) -> dict | None:
     """The template variables of the vector epilogue (VEC_EPI `mode`), or None (logged) where it
     does not apply. `acc_dtype`: the accumulator's type as the epilogue sees it (default: the
-    problem's dtype; int32 for the int8 GEMM); `byte_outputs`: 1-byte outputs are packed too."""
+    problem's dtype; int32 for the int8 GEMM); `byte_outputs`: 1-byte outputs are packed too;
+    `fast_div`: also a version with the divisions by constants through gc_div_const ("fast", or
+    None where there is none)."""
     width = WIDTHS[mode]
     vins = vector_epilogue(prob, ops, splits, width)
     if isinstance(vins, str):
@@ -353,7 +359,42 @@ def _vec_epilogue_vars(
             log.info("%s: element-wise epilogue stores: output %d is %s", where, k, dt.name)
             return None
         outs.append({"storage": cuda_type(dt).storage, "quads": quads, "itemsize": dt.itemsize})
-    return {"function": fn, "call": call, "inputs": vins, "outputs": outs, "width": width, "mode": mode}
+    fast = _fast_div_function(fn.function, f"{name}_epi_v") if fast_div else None
+    return {"function": fn, "call": call, "inputs": vins, "outputs": outs, "width": width, "mode": mode, "fast": fast}
+
+
+# A division by a float literal as codegen/expr.py renders it in an epilogue: ((v2) / (0.05f)).
+_DIV_BY_LITERAL = re.compile(r"\(\(([vx]\d+)\) / \(([0-9][0-9.eE+-]*f)\)\)")
+
+
+def _fast_div_function(function: str, name: str) -> str | None:
+    """`function` (the vector epilogue NAME(...)) as NAME + "f"(..., bool& bad), its divisions by
+    float literals c through gc_div_const with y = RN(1/c) (a hex literal, exact); None where it has
+    none, or a divisor outside gc_div_const's range."""
+    head = f"void {name}("
+    if head not in function:
+        return None
+
+    def sub(m: re.Match) -> str:
+        c = np.float32(float(m.group(2)[:-1]))
+        if not 2.0**-60 <= abs(float(c)) <= 2.0**60:
+            raise _NoFastDiv
+        y = np.float32(1.0) / c  # IEEE: RN(1/c)
+        return f"gc_div_const({m.group(1)}, {m.group(2)}, {float(y).hex()}f, bad)"
+
+    try:
+        body, n = _DIV_BY_LITERAL.subn(sub, function)
+    except _NoFastDiv:
+        return None
+    if n == 0:
+        return None
+    first, rest = body.split("\n", 1)
+    assert first.endswith(") {"), first
+    return first.replace(head, f"void {name}f(")[: -len(") {")] + ", bool& bad) {\n" + rest
+
+
+class _NoFastDiv(Exception):
+    pass
 
 
 def _packed_words(
@@ -748,7 +789,7 @@ def small_m(prob: Problem) -> bool:
 # need int32 partials and a reduce kernel of its own). Convolutions through a patch matrix in the
 # workspace keep gemm_int8's cp.async kernels (the workspace has no tensor map).
 
-INT8_KEYS = ("BN", "STAGES", "PINGPONG", "OVERLAP", "WARP_EPI", "VEC_EPI")
+INT8_KEYS = ("BN", "STAGES", "PINGPONG", "OVERLAP", "WARP_EPI", "VEC_EPI", "FAST_DIV")
 INT8_BK = ELEMS[DType.int8].bk
 
 
@@ -826,9 +867,9 @@ def generate_int8(ctx: StepContext, prob, params: dict[str, Any] | None = None) 
     if why is not None:
         raise ctx.fail(f"no int8 TMA GEMM: {why}")
     params = {k: v for k, v in (params or {}).items() if k in INT8_KEYS}
-    vec_epi = params.pop("VEC_EPI", 1)
-    if vec_epi not in (0, 1, 2):
-        raise ctx.fail(f"int8 TMA GEMM parameter VEC_EPI={vec_epi!r} (0, 1, 2)")
+    vec_epi, fast_div = params.pop("VEC_EPI", 1), params.pop("FAST_DIV", 1)
+    if vec_epi not in (0, 1, 2) or fast_div not in (0, 1):
+        raise ctx.fail(f"int8 TMA GEMM parameters VEC_EPI={vec_epi!r} (0, 1, 2), FAST_DIV={fast_div!r} (0, 1)")
     prob, ops = _rows_view(prob, step_operands(ctx))
     out_specs = [ctx.tensors[o] for o in step.outputs]
     if "BN" in params:
@@ -849,9 +890,20 @@ def generate_int8(ctx: StepContext, prob, params: dict[str, Any] | None = None) 
     vec = None
     if vec_epi:
         vec = _vec_epilogue_vars(
-            prob, ops, out_specs, rendered, 1, name, where, vec_epi, acc_dtype=DType.int32, byte_outputs=True
+            prob,
+            ops,
+            out_specs,
+            rendered,
+            1,
+            name,
+            where,
+            vec_epi,
+            acc_dtype=DType.int32,
+            byte_outputs=True,
+            fast_div=bool(fast_div),
         )
     p["VEC_EPI"] = vec["mode"] if vec is not None else 0
+    p["FAST_DIV"] = int(vec is not None and vec["fast"] is not None)
     overlap, warp_epi = _schedule(ctx, p)
     ta, _ = _tmap(prob.inputs[0], DType.int8, prob.a, prob.K, BM, 1)
     tb, _ = _tmap(prob.inputs[1], DType.int8, prob.b, prob.K, bn, 1)

@@ -252,6 +252,7 @@ TMA_VARIANTS = [
     {"BN": 256, "WARP_EPI": 1},
     {"BN": 128, "VEC_EPI": 0},
     {"BN": 256, "VEC_EPI": 2, "STAGES": 3},
+    {"BN": 192, "OVERLAP": 1, "FAST_DIV": 0},
 ]
 
 
@@ -325,3 +326,31 @@ def test_tma_gemm_is_exact(shape, forced, monkeypatch):
     diff = np.abs(got["y"].astype(np.int32) - want["y"].astype(np.int32))
     assert got["y"].dtype == np.int8 and diff.max() <= 1 and (diff == 0).mean() > 0.999, (diff.max(), diff.mean())
     assert len(np.unique(want["y"])) > 50
+
+
+@pytest.mark.parametrize("scale", [2e-4, 1e30, 1e-25, "mixed"])
+def test_fast_division_matches_the_cpu(scale):
+    """The vector epilogue divides by a constant through gc_div_const, and redoes a group of 8 with
+    the IEEE division where a dividend leaves [2^-64, 2^64] (huge and tiny scales; "mixed": channels
+    of all three, so some groups take the fallback): the float32 quotients equal the CPU's bit for bit."""
+    m, n, k = 512, 256, 384
+    if scale == "mixed":
+        s = np.array([2e-4, 1e30, 1e-25, 1.0], np.float32)[RNG.integers(0, 4, n)]
+    else:
+        s = np.full(n, scale, np.float32)
+    inits = [
+        numpy_helper.from_array(_i8((n, k, 1, 1)), "w"),
+        numpy_helper.from_array(s.reshape(1, n, 1, 1), "s"),
+        numpy_helper.from_array(np.array(3.0, np.float32), "c"),
+    ]
+    nodes = [
+        helper.make_node("ConvInteger", ["x", "w"], ["acc"]),
+        helper.make_node("Cast", ["acc"], ["f"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["f", "s"], ["d"]),
+        helper.make_node("Div", ["d", "c"], ["y"]),
+    ]
+    model = _model(nodes, (m, k, 1, 1), (m, n, 1, 1), inits, y_type=TensorProto.FLOAT)
+    _, gpu, want, got = _both(model, {"x": _i8((m, k, 1, 1))})
+    used = [ln.params for s in gpu.plan.steps for ln in s.launches if ln.family == "gemm_int8"]
+    assert used and used[0]["path"] == "int8_tma" and used[0]["FAST_DIV"] == 1, used
+    assert got["y"].dtype == np.float32 and np.array_equal(got["y"], want["y"])
