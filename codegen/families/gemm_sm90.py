@@ -821,10 +821,29 @@ def int8_valid(prob, p: dict[str, Any]) -> bool:
     return int8_unsupported(prob) is None
 
 
-def int8_heuristic(prob, vec_ok: bool = True) -> dict[str, Any]:
-    """The tile width by the wave model of heuristic() (K steps of 128), then OVERLAP BN 192 where
-    the vector epilogue applies and every CTA gets at least two tiles (a next tile's main loop to
-    run the previous one's epilogue under)."""
+# The 1-byte schedules, measured on an H200 (2026-12-02, tools/bench_int8.py --tma-sweep and
+# tools/bench_fp8.py --sweep, single launches, ms; docs/results/int8_cuda.md). int8 with the
+# requantizing epilogue (bias, per-channel dequantize, Relu, QuantizeLinear), FAST_DIV on:
+#   4096 x 3072 x 768: ping-pong BN 192 0.0415, BN 128 0.0423; cooperative BN 128 0.0459, BN 192
+#     0.0467; OVERLAP BN 192 0.0550 (3.9 tiles a CTA)
+#   4096 x 2304 x 768: cooperative BN 192 0.0371; ping-pong BN 192 0.0380; OVERLAP 0.0458 (2.9 a CTA)
+#   4096 x 768 x 3072: cooperative BN 192 0.0255; ping-pong 0.0288; OVERLAP 0.0300 (one tile a CTA)
+#   4096 x 768 x 768: cooperative BN 192 0.0180; OVERLAP 0.0196; ping-pong 0.0210
+#   8192^3: OVERLAP BN 192 0.917 (the only schedule measured there)
+# -> ping-pong BN 192 from INT8_PINGPONG_TILES tiles (of BN 192) a CTA with K within the measured
+# 3072, OVERLAP BN 192 for larger K from two tiles a CTA, else cooperative at the wave model's
+# width (BN 192 at the shapes above but 4096 x 3072 x 768, where it takes 256).
+# FP8 (fp16 out, no epilogue inputs) behaves as fp16 does: OVERLAP BN 192 was the fastest or within
+# 6% at every shape with two or more tiles a CTA (4096 x 2304 x 768 0.0338 against 0.0406-0.0428
+# for the others), the cooperative BN 192 otherwise (4096 x 768 x 3072 0.0361).
+INT8_PINGPONG_TILES = 3.5
+INT8_PINGPONG_MAX_K = 3072
+
+
+def int8_heuristic(prob, vec_ok: bool = True, light_epilogue: bool = False) -> dict[str, Any]:
+    """The tile width by the wave model of heuristic() (K steps of 128), then the schedule by the
+    rules above (`light_epilogue`: FP8's, else int8's); OVERLAP only where the vector epilogue
+    applies (`vec_ok`)."""
     ktiles = ceil_div(prob.K, INT8_BK)
     best, best_cost = 0, float("inf")
     for bn in BNS:
@@ -832,8 +851,13 @@ def int8_heuristic(prob, vec_ok: bool = True) -> dict[str, Any]:
         if cost < best_cost * 0.999:
             best, best_cost = bn, cost
     p: dict[str, Any] = {"BN": best, "SPLITS": 1, "PINGPONG": 0}
-    if vec_ok and prob.N % 8 == 0 and units(prob, OVERLAP_RULE_BN, 1) >= 2 * SM_COUNT:
-        p = {"BN": OVERLAP_RULE_BN, "SPLITS": 1, "PINGPONG": 0, "OVERLAP": 1}
+    per_cta = units(prob, OVERLAP_RULE_BN, 1) / SM_COUNT
+    overlap_ok = vec_ok and prob.N % 8 == 0 and per_cta >= 2
+    if light_epilogue or prob.K > INT8_PINGPONG_MAX_K:
+        if overlap_ok:
+            p = {"BN": OVERLAP_RULE_BN, "SPLITS": 1, "PINGPONG": 0, "OVERLAP": 1}
+    elif per_cta >= INT8_PINGPONG_TILES:
+        p = {"BN": OVERLAP_RULE_BN, "SPLITS": 1, "PINGPONG": 1}
     p["STAGES"] = max_stages(p["BN"])
     return p
 
@@ -1017,7 +1041,10 @@ def fp8_gemm(
         stages = max_stages(params["BN"]) if params["BN"] in BNS else 0
         p = {"SPLITS": 1, "PINGPONG": 0, "OVERLAP": 0, "STAGES": stages, **params}
     else:
-        p = {**int8_heuristic(prob, vec_epi == 1 and vec_epilogue_ok(prob, {}, out_specs)), **params}
+        p = {
+            **int8_heuristic(prob, vec_epi == 1 and vec_epilogue_ok(prob, {}, out_specs), light_epilogue=True),
+            **params,
+        }
     if not int8_valid(prob, p):
         raise CompileError(f"{where}: TMA GEMM parameters {p} are not valid")
     name = f"gc_gemm_fp8_{M}x{N}x{K}"

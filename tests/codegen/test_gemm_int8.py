@@ -373,6 +373,28 @@ def test_tma_gemm_tensor_maps_are_validated(tmp_path):
     ln.params = good
 
 
+@pytest.mark.parametrize(
+    ("m", "n", "k", "light", "want"),
+    [
+        (4096, 3072, 768, False, {"BN": 192, "PINGPONG": 1}),  # 3.9 tiles a CTA
+        (4096, 2304, 768, False, {"BN": 192, "PINGPONG": 0}),  # 2.9: cooperative
+        (4096, 768, 3072, False, {"BN": 192, "PINGPONG": 0}),
+        (8192, 8192, 8192, False, {"BN": 192, "OVERLAP": 1}),  # K above the measured 3072
+        (4096, 3072, 768, True, {"BN": 192, "OVERLAP": 1}),  # FP8: OVERLAP from two tiles a CTA
+        (4096, 768, 3072, True, {"BN": 192, "PINGPONG": 0}),
+    ],
+)
+def test_tma_heuristic_rules(m, n, k, light, want):
+    """gemm_sm90.int8_heuristic follows the schedules measured on an H200 (see the rules there)."""
+    from graphc.codegen.families.gemm_sm90 import int8_heuristic, int8_valid
+
+    prob = Int8Problem(m, n, k, OperandLayout(m, k, 1, []), OperandLayout(n, k, 1, []), [], (m, n))
+    p = int8_heuristic(prob, vec_ok=True, light_epilogue=light)
+    assert {key: p.get(key, 0) for key in want} == want, p
+    assert int8_valid(prob, p)
+    assert not int8_heuristic(prob, vec_ok=False, light_epilogue=light).get("OVERLAP")
+
+
 def test_tma_selection():
     """hopper_path: the TMA kernel for K-major operands with 16-byte rows and no patch matrix;
     otherwise the cp.async wgmma kernel."""
