@@ -7,6 +7,9 @@ A launch whose kernel reads an operand through the bulk tensor copy engine names
     {"tensor": name, "dtype": "float16", "dims": [inner, ...], "strides": [bytes of dim 1, ...],
      "box": [inner, ...], "swizzle": "128B"}
 
+"dtype" is the tensor's own dtype, or "uint8" for any 1-byte tensor (int8 GEMM operands, FP8 bytes):
+the copy engine moves bits, and the driver's 1-byte map type is UINT8.
+
 A tensor map holds the tensor's device address, so it is encoded per execution context (each has its
 own arena) when the context is created: cuTensorMapEncodeTiled, then the 128 bytes are copied into a
 small device buffer of the context, and the kernel gets a pointer to its map (PTX allows the tensor
@@ -28,7 +31,9 @@ TMAP_ALIGN = 64
 PREFIX = "@tmap:"
 
 # Closed tables: a spec names one of these, never a driver enum value.
-_DTYPES = {"float16": ("FLOAT16", 2), "bfloat16": ("BFLOAT16", 2), "float32": ("FLOAT32", 4)}
+_DTYPES = {"float16": ("FLOAT16", 2), "bfloat16": ("BFLOAT16", 2), "float32": ("FLOAT32", 4), "uint8": ("UINT8", 1)}
+# The tensor dtypes a map of each dtype may read: its own, and for raw bytes every 1-byte type.
+_READS = {"uint8": frozenset({"uint8", "int8"})}
 _SWIZZLES = {"none": ("NONE", 0), "32B": ("32B", 32), "64B": ("64B", 64), "128B": ("128B", 128)}
 
 
@@ -128,7 +133,7 @@ def validate_launch(
         t = tensors.get(s.tensor)
         if t is None:
             raise EngineError(f"{where}: tensor map {i} reads unknown tensor '{s.tensor}'")
-        if getattr(t, "dtype", None) != s.dtype:
+        if getattr(t, "dtype", None) not in _READS.get(s.dtype, {s.dtype}):
             raise EngineError(f"{where}: tensor map {i} reads '{s.tensor}' as {s.dtype}, it is {t.dtype}")
         nbytes = int(getattr(t, "nbytes", 0))
         if s.footprint() > nbytes:

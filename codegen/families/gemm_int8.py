@@ -12,6 +12,12 @@ sum is exact (the CPU target's int32 accumulation gives the same integers) and t
 the CPU's float32 operations one by one (an a * b + c may contract to one FMA: 1 ulp, which after
 requantization is at most 1 LSB).
 
+Paths ("path" of the parameters): "mma" (gemm_int8.cu.j2, sm_80+), "wgmma" (gemm_int8_wgmma.cu.j2:
+wgmma s8 from a cp.async pipeline, sm_90a) and "tma" (the Hopper TMA GEMM, gemm_sm90.cu.j2 with s8
+operands: TMA loads, mbarrier ring, producer + two consumer warpgroups, persistent tiles; see
+gemm_sm90.generate_int8). An sm_90 engine asks for {"path": "wgmma"} alone (codegen/build.py); that
+request takes the TMA kernel wherever its operands allow (hopper_path), else the cp.async one.
+
 Normalized problems (both operands staged K-contiguous by the kernel):
 - MatMulInteger(A [..., M, K], B [K, N]) -> [..., M, N]: the leading dims fold into M; A is read
   in place (K contiguous), B (a [K, N] weight, N contiguous) by byte loads that transpose it.
@@ -216,8 +222,20 @@ def threads_of(p: dict[str, Any]) -> int:
     return p["WM"] * p["WN"] * 32
 
 
+def hopper_path(prob: Int8Problem) -> str:
+    """The sm_90a kernel of an sm_90 engine's int8 GEMM: "tma" wherever the TMA GEMM takes the
+    operands (K-major, 16-byte rows, no patch matrix), else "wgmma"."""
+    from graphc.codegen.families.gemm_sm90 import int8_unsupported
+
+    return "tma" if int8_unsupported(prob) is None else "wgmma"
+
+
 def valid(prob: Int8Problem, p: dict[str, Any]) -> bool:
     path = p.get("path", "mma")
+    if path == "tma":
+        from graphc.codegen.families.gemm_sm90 import int8_valid
+
+        return int8_valid(prob, p)
     keys = WGMMA_KEYS if path == "wgmma" else KEYS
     if path not in ("mma", "wgmma") or any(not isinstance(p.get(k), int) or p[k] <= 0 for k in keys):
         return False
@@ -317,8 +335,10 @@ def _params(ctx: StepContext, prob: Int8Problem) -> dict[str, Any]:
     {"path": "wgmma"} completed by that path's heuristic."""
     forced = dict(ctx.params or {})
     path = forced.get("path", "mma")
-    if path not in ("mma", "wgmma"):
-        raise ctx.fail(f"int8 GEMM path {path!r} is not one of mma, wgmma")
+    if path not in ("mma", "wgmma", "tma"):
+        raise ctx.fail(f"int8 GEMM path {path!r} is not one of mma, wgmma, tma")
+    if path == "tma":
+        return forced  # gemm_sm90.generate_int8 completes and checks them
     try:
         base = _public(heuristic(prob, path))
     except ValueError as e:
@@ -373,7 +393,13 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
     prob = problem_of(ctx)
     if prob.batch * prob.M * prob.N == 0:
         return []
+    if ctx.params == {"path": "wgmma"} and hopper_path(prob) == "tma":  # the sm_90 engine's request
+        ctx = ctx.with_params({"path": "tma"})
     p = _params(ctx, prob)
+    if p["path"] == "tma":
+        from graphc.codegen.families.gemm_sm90 import generate_int8
+
+        return generate_int8(ctx, prob, p)
     ops = step_operands(ctx)
     name = ctx.kernel_name()
     out_specs = [ctx.tensors[o] for o in step.outputs]

@@ -23,14 +23,18 @@ VEC_EPI 1).
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from graphc.codegen.cuda_types import cuda_type, dtype_from_numpy_name
 from graphc.codegen.epilogue import broadcast_index, render_epilogue, step_operands
 from graphc.codegen.expr import lit
 from graphc.codegen.families.gemm import (
     SM_COUNT,
+    OperandLayout,
     Problem,
     _c_expr,
     _generate,
@@ -46,6 +50,7 @@ from graphc.codegen.families.gemm import (
 from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, render
 from graphc.errors import CompileError
 from graphc.ir.types import DType
+from graphc.ops.fused import ACC
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +191,22 @@ def valid(prob: Problem, p: dict[str, Any]) -> bool:
     return unsupported(prob) is None
 
 
+def _schedule(ctx: StepContext, p: dict[str, Any]) -> tuple[int, int]:
+    """OVERLAP and WARP_EPI taken out of `p` (and put back only where set, so the parameters and
+    cache keys of the other forms stay as they were), checked against the epilogue p["VEC_EPI"]."""
+    overlap, warp_epi = int(p.pop("OVERLAP", 0)), int(p.pop("WARP_EPI", 0))
+    for key, on in (("OVERLAP", overlap), ("WARP_EPI", warp_epi)):
+        if on not in (0, 1):
+            raise ctx.fail(f"TMA GEMM parameter {key}={on!r} (0, 1)")
+        if on:
+            p[key] = 1
+        if on and p["VEC_EPI"] != 1:
+            raise ctx.fail(
+                f"TMA GEMM {key}=1 needs the 8-column vector epilogue (VEC_EPI 1), which this step cannot have"
+            )
+    return overlap, warp_epi
+
+
 # Output columns per call of the vector epilogue: VEC_EPI 1 reads 8 from the shared-memory buffer;
 # VEC_EPI 2 takes the 2 consecutive columns each thread holds in the wgmma accumulator layout.
 WIDTHS = {1: 8, 2: 2}
@@ -245,27 +266,32 @@ def pingpong_wide(p: dict[str, Any], bn: int) -> bool:
     return bool(p.get("PINGPONG")) and bn > 128
 
 
-def vec_epilogue_ok(prob: Problem, ops: dict, out_specs) -> bool:
+def vec_epilogue_ok(prob: Problem, ops: dict, out_specs, byte_outputs: bool = False) -> bool:
     """Whether a one-slice launch of the problem gets the 8-column vector epilogue (VEC_EPI 1):
-    its inputs broadcast along rows (vector_epilogue) and every output 2 or 4 bytes wide."""
+    its inputs broadcast along rows (vector_epilogue) and every output 2 or 4 bytes wide (or 1,
+    with `byte_outputs`: the int8 GEMM's requantized outputs)."""
     if isinstance(vector_epilogue(prob, ops, 1, WIDTHS[1]), str):
         return False
-    return all(dtype_from_numpy_name(s.dtype).itemsize in (2, 4) for s in out_specs)
+    sizes = (1, 2, 4) if byte_outputs else (2, 4)
+    return all(dtype_from_numpy_name(s.dtype).itemsize in sizes for s in out_specs)
 
 
 def _tmap(tensor: str, dtype: DType, lay, k: int, tile_rows: int, batch: int) -> tuple[dict[str, Any], bool]:
-    """The tensor-map spec of one operand and whether its batch coordinate moves."""
+    """The tensor-map spec of one operand and whether its batch coordinate moves. A box row is one
+    128-byte swizzled line: BK elements of K (128 for 1-byte operands, which the map reads as raw
+    bytes, "uint8": runtime/tensormap.py)."""
     e = dtype.itemsize
+    bk = 128 // e
     bstride = lay.batch_strides[0] if lay.batch_strides else 0
     nb = batch if bstride else 1
     if lay.kcontig:
-        dims, box = [k, lay.rows, nb], [BK, tile_rows, 1]
+        dims, box = [k, lay.rows, nb], [bk, tile_rows, 1]
     else:
-        dims, box = [lay.rows, k, nb], [64, BK, 1]
+        dims, box = [lay.rows, k, nb], [64, bk, 1]
     plane = bstride * e if bstride else dims[1] * lay.pitch * e
     return {
         "tensor": tensor,
-        "dtype": dtype.numpy.name,
+        "dtype": dtype.numpy.name if e > 1 else "uint8",
         "dims": dims,
         "strides": [lay.pitch * e, plane],
         "box": box,
@@ -280,10 +306,23 @@ def _fast_gelu(function: str) -> str:
 
 
 def _vec_epilogue_vars(
-    prob, ops, out_specs, rendered, splits: int, name: str, where: str, mode: int = 1
+    prob,
+    ops,
+    out_specs,
+    rendered,
+    splits: int,
+    name: str,
+    where: str,
+    mode: int = 1,
+    acc_dtype: DType | None = None,
+    byte_outputs: bool = False,
+    fast_div: bool = False,
 ) -> dict | None:
     """The template variables of the vector epilogue (VEC_EPI `mode`), or None (logged) where it
-    does not apply."""
+    does not apply. `acc_dtype`: the accumulator's type as the epilogue sees it (default: the
+    problem's dtype; int32 for the int8 GEMM); `byte_outputs`: 1-byte outputs are packed too;
+    `fast_div`: also a version with the divisions by constants through gc_div_const ("fast", or
+    None where there is none)."""
     width = WIDTHS[mode]
     vins = vector_epilogue(prob, ops, splits, width)
     if isinstance(vins, str):
@@ -296,7 +335,7 @@ def _vec_epilogue_vars(
         ops,
         out_specs,
         prob.out_shape,
-        prob.dtype,
+        prob.dtype if acc_dtype is None else acc_dtype,
         where=where,
         name=f"{name}_epi_v",
         value_inputs=frozenset(v.index for v in vins),
@@ -315,19 +354,59 @@ def _vec_epilogue_vars(
     outs = []
     for k, spec in enumerate(out_specs):
         dt = dtype_from_numpy_name(spec.dtype)
-        quads = _packed_words(f"w{k}", cuda_type(dt).storage, dt.itemsize, width)
+        quads = _packed_words(f"w{k}", cuda_type(dt).storage, dt.itemsize, width, byte_outputs)
         if quads is None:
             log.info("%s: element-wise epilogue stores: output %d is %s", where, k, dt.name)
             return None
         outs.append({"storage": cuda_type(dt).storage, "quads": quads, "itemsize": dt.itemsize})
-    return {"function": fn, "call": call, "inputs": vins, "outputs": outs, "width": width, "mode": mode}
+    fast = _fast_div_function(fn.function, f"{name}_epi_v") if fast_div else None
+    return {"function": fn, "call": call, "inputs": vins, "outputs": outs, "width": width, "mode": mode, "fast": fast}
 
 
-def _packed_words(var: str, storage: str, itemsize: int, width: int) -> list[list[str]] | None:
+# A division by a float literal as codegen/expr.py renders it in an epilogue: ((v2) / (0.05f)).
+_DIV_BY_LITERAL = re.compile(r"\(\(([vx]\d+)\) / \(([0-9][0-9.eE+-]*f)\)\)")
+
+
+def _fast_div_function(function: str, name: str) -> str | None:
+    """`function` (the vector epilogue NAME(...)) as NAME + "f"(..., bool& bad), its divisions by
+    float literals c through gc_div_const with y = RN(1/c) (a hex literal, exact); None where it has
+    none, or a divisor outside gc_div_const's range."""
+    head = f"void {name}("
+    if head not in function:
+        return None
+
+    def sub(m: re.Match) -> str:
+        c = np.float32(float(m.group(2)[:-1]))
+        if not 2.0**-60 <= abs(float(c)) <= 2.0**60:
+            raise _NoFastDiv
+        y = np.float32(1.0) / c  # IEEE: RN(1/c)
+        return f"gc_div_const({m.group(1)}, {m.group(2)}, {float(y).hex()}f, bad)"
+
+    try:
+        body, n = _DIV_BY_LITERAL.subn(sub, function)
+    except _NoFastDiv:
+        return None
+    if n == 0:
+        return None
+    first, rest = body.split("\n", 1)
+    assert first.endswith(") {"), first
+    return first.replace(head, f"void {name}f(")[: -len(") {")] + ", bool& bad) {\n" + rest
+
+
+class _NoFastDiv(Exception):
+    pass
+
+
+def _packed_words(
+    var: str, storage: str, itemsize: int, width: int, byte_outputs: bool = False
+) -> list[list[str]] | None:
     """The 32-bit words of the `width` elements var[0..], at most four per store (one 4-, 8- or
     16-byte store per group). Packed by shifts: a union of a vector and the elements would be split
-    by the compiler into 16-bit stores."""
-    if itemsize == 2:
+    by the compiler into 16-bit stores. 1-byte elements only with `byte_outputs` (4 a word)."""
+    if itemsize == 1 and byte_outputs and width % 4 == 0:
+        b = [f"(unsigned)(unsigned char){var}[{j}]" for j in range(width)]
+        w = ["(" + " | ".join(f"({b[4 * j + i]} << {8 * i})" for i in range(4)) + ")" for j in range(width // 4)]
+    elif itemsize == 2:
         w = [
             f"((unsigned)(unsigned short){var}[{2 * j}] | ((unsigned)(unsigned short){var}[{2 * j + 1}] << 16))"
             for j in range(width // 2)
@@ -337,6 +416,95 @@ def _packed_words(var: str, storage: str, itemsize: int, width: int) -> list[lis
     else:
         return None
     return [w[i : i + 4] for i in range(0, len(w), 4)]
+
+
+@dataclass(frozen=True)
+class Elem:
+    """The operand element type as the kernel's wgmma reads it: a stage row is one 128-byte
+    swizzled line (BK = 128 / itemsize elements of K), one wgmma takes 32 bytes of K."""
+
+    ptx: str  # the wgmma operand type: f16, bf16, s8, e4m3
+    itemsize: int
+    acc: str  # the accumulators' C type: float (f32) or int (s32)
+
+    @property
+    def bk(self) -> int:
+        return 128 // self.itemsize
+
+    @property
+    def wk(self) -> int:
+        return 32 // self.itemsize
+
+    def wgmma_imm(self, trans_a: int, trans_b: int) -> str:
+        """The wgmma operands after scale-d: imm-scale-a/b (1: no negation) and, for 16-bit types,
+        the transpose flags; s8 takes none, e4m3 no transpose (K-major operands only)."""
+        if self.ptx in ("f16", "bf16"):
+            return f", 1, 1, {trans_a}, {trans_b}"
+        return "" if self.ptx == "s8" else ", 1, 1"
+
+
+ELEMS = {
+    DType.float16: Elem("f16", 2, "float"),
+    DType.bfloat16: Elem("bf16", 2, "float"),
+    DType.int8: Elem("s8", 1, "int"),
+}
+E4M3 = Elem("e4m3", 1, "float")
+
+
+def _render(
+    common: dict[str, Any],
+    name: str,
+    kparams: list[str],
+    prob,
+    elem: Elem,
+    p: dict[str, Any],
+    vec: dict | None,
+    *,
+    overlap: int,
+    warp_epi: int,
+    ktiles: int,
+    kt_per: int,
+    a_batched: bool,
+    b_batched: bool,
+) -> str:
+    """The kernel source of gemm_sm90.cu.j2 for a problem of `elem` operands (fp16/bf16: the same
+    source as before the element type became a parameter)."""
+    bn = p["BN"]
+    trans_a, trans_b = int(not prob.a.kcontig), int(not prob.b.kcontig)
+    return render(
+        "gemm_sm90.cu.j2",
+        **common,
+        name=name,
+        kparams=kparams,
+        M=prob.M,
+        N=prob.N,
+        K=prob.K,
+        BN=bn,
+        STAGES=p["STAGES"],
+        splits=p["SPLITS"],
+        kt_per_split=kt_per,
+        batch=prob.batch,
+        group_m=8,
+        pingpong=bool(p.get("PINGPONG", 0)),
+        overlap=bool(overlap),
+        warp_epi=bool(warp_epi and not overlap),  # OVERLAP's epilogue is per warp already
+        ov_late=bool(vec and vec["inputs"] and (overlap and bn > 128 or pingpong_wide(p, bn))),
+        overlap_every=overlap_every(ktiles, bn),
+        a_kcontig=prob.a.kcontig,
+        b_kcontig=prob.b.kcontig,
+        ab_type=elem.ptx,
+        d_type="f32" if elem.acc == "float" else "s32",
+        acc_t=elem.acc,
+        acc_c="f" if elem.acc == "float" else "r",
+        zero="0.f" if elem.acc == "float" else "0",
+        BK=elem.bk,
+        ES=elem.itemsize,
+        WK=elem.wk,
+        wgmma_imm=elem.wgmma_imm(trans_a, trans_b),
+        a_batched=a_batched,
+        b_batched=b_batched,
+        vec=vec,
+    )
 
 
 def generate(
@@ -392,16 +560,7 @@ def generate(
     if vec is not None and fast_gelu:
         vec["function"].function = _fast_gelu(vec["function"].function)
     p["VEC_EPI"] = vec["mode"] if vec is not None else 0
-    overlap, warp_epi = int(p.pop("OVERLAP", 0)), int(p.pop("WARP_EPI", 0))
-    for key, on in (("OVERLAP", overlap), ("WARP_EPI", warp_epi)):
-        if on not in (0, 1):
-            raise ctx.fail(f"TMA GEMM parameter {key}={on!r} (0, 1)")
-        if on:  # named only where set: the parameters (and cache keys) of the other forms stay as they were
-            p[key] = 1
-        if on and p["VEC_EPI"] != 1:
-            raise ctx.fail(
-                f"TMA GEMM {key}=1 needs the 8-column vector epilogue (VEC_EPI 1), which this step cannot have"
-            )
+    overlap, warp_epi = _schedule(ctx, p)
     p["FAST_GELU"] = fast_gelu
     ta, a_batched = _tmap(step.inputs[0], prob.dtype, prob.a, prob.K, BM, prob.batch)
     tb, b_batched = _tmap(step.inputs[1], prob.dtype, prob.b, prob.K, bn, prob.batch)
@@ -420,33 +579,20 @@ def generate(
         kparams, kargs = [*tparams, "float* __restrict__ ws"], ["@tmap:0", "@tmap:1", "@workspace"]
     else:
         kparams, kargs = tparams + out_decls, ["@tmap:0", "@tmap:1", *out_names]
-    source = render(
-        "gemm_sm90.cu.j2",
-        **common,
-        name=name,
-        kparams=kparams,
-        M=prob.M,
-        N=prob.N,
-        K=prob.K,
-        BN=bn,
-        STAGES=stages,
-        splits=splits,
-        kt_per_split=kt_per,
-        batch=prob.batch,
-        group_m=8,
-        pingpong=bool(p.get("PINGPONG", 0)),
-        overlap=bool(overlap),
-        warp_epi=bool(warp_epi and not overlap),  # OVERLAP's epilogue is per warp already
-        ov_late=bool(vec and vec["inputs"] and (overlap and bn > 128 or pingpong_wide(p, bn))),
-        overlap_every=overlap_every(ktiles, bn),
-        a_kcontig=prob.a.kcontig,
-        b_kcontig=prob.b.kcontig,
-        trans_a=int(not prob.a.kcontig),
-        trans_b=int(not prob.b.kcontig),
-        ab_type="f16" if prob.dtype is DType.float16 else "bf16",
+    source = _render(
+        common,
+        name,
+        kparams,
+        prob,
+        ELEMS[prob.dtype],
+        p,
+        vec,
+        overlap=overlap,
+        warp_epi=warp_epi,
+        ktiles=ktiles,
+        kt_per=kt_per,
         a_batched=a_batched,
         b_batched=b_batched,
-        vec=vec,
     )
     n_units = units(prob, bn, splits)
     kp = {
@@ -631,4 +777,324 @@ def small_m(prob: Problem) -> bool:
         prob.dtype in (DType.float16, DType.bfloat16)
         and prob.M <= SMALL_M_MAX
         and min(prob.N, prob.K) >= SMALL_M_MIN_NK
+    )
+
+
+# ---- int8: s8 x s8 -> s32 (the gemm_int8 family's problems) -----------------------------------
+# The same kernel with wgmma m64nBNk32.s32.s8.s8: a 128-byte stage row is 128 K values, both
+# operands K-major (how passes/quantize_int8.py lays out an int8 MatMul: rows [M, K], weight
+# [N, K]), int32 accumulators through an int32 epilogue buffer into the int8 family's fused
+# epilogue (int32 bias, per-channel dequantize, activation, residual, requantize), rendered with an
+# int32 accumulator as gemm_int8.py does, so the integer sums stay exact. One K slice (a split would
+# need int32 partials and a reduce kernel of its own). Convolutions through a patch matrix in the
+# workspace keep gemm_int8's cp.async kernels (the workspace has no tensor map).
+
+INT8_KEYS = ("BN", "STAGES", "PINGPONG", "OVERLAP", "WARP_EPI", "VEC_EPI", "FAST_DIV")
+INT8_BK = ELEMS[DType.int8].bk
+
+
+def int8_unsupported(prob) -> str | None:
+    """Why the TMA GEMM cannot run an int8 problem (gemm_int8.Int8Problem), or None."""
+    if prob.conv is not None:
+        return "a convolution through its patch matrix (the workspace has no tensor map)"
+    if prob.batch_dims:
+        return "a batched int8 GEMM"
+    if not (prob.a.kcontig and prob.b.kcontig):
+        return "an operand that is not K-contiguous (int8 wgmma reads K-major operands only)"
+    for name, lay in (("A", prob.a), ("B", prob.b)):
+        if lay.rows > 1 and lay.pitch % 16:
+            return f"{name}'s rows are not 16-byte aligned (TMA needs 16-byte strides)"
+    if prob.K < 1 or prob.M < 1 or prob.N < 1:
+        return "an empty problem"
+    return None
+
+
+def int8_valid(prob, p: dict[str, Any]) -> bool:
+    bn, st = p.get("BN"), p.get("STAGES")
+    if bn not in BNS or not isinstance(st, int) or not 2 <= st <= max_stages(bn) or p.get("SPLITS", 1) != 1:
+        return False
+    if p.get("PINGPONG", 0) not in (0, 1) or (p.get("PINGPONG") and bn not in PINGPONG_BNS):
+        return False
+    ov = p.get("OVERLAP", 0)
+    if ov not in (0, 1) or (ov and (bn not in OVERLAP_BNS or p.get("PINGPONG", 0))):
+        return False
+    return int8_unsupported(prob) is None
+
+
+# The 1-byte schedules, measured on an H200 (2026-12-02, tools/bench_int8.py --tma-sweep and
+# tools/bench_fp8.py --sweep, single launches, ms; docs/results/int8_cuda.md). int8 with the
+# requantizing epilogue (bias, per-channel dequantize, Relu, QuantizeLinear), FAST_DIV on:
+#   4096 x 3072 x 768: ping-pong BN 192 0.0415, BN 128 0.0423; cooperative BN 128 0.0459, BN 192
+#     0.0467; OVERLAP BN 192 0.0550 (3.9 tiles a CTA)
+#   4096 x 2304 x 768: cooperative BN 192 0.0371; ping-pong BN 192 0.0380; OVERLAP 0.0458 (2.9 a CTA)
+#   4096 x 768 x 3072: cooperative BN 192 0.0255; ping-pong 0.0288; OVERLAP 0.0300 (one tile a CTA)
+#   4096 x 768 x 768: cooperative BN 192 0.0180; OVERLAP 0.0196; ping-pong 0.0210
+#   8192^3: OVERLAP BN 192 0.917 (the only schedule measured there)
+# -> ping-pong BN 192 from INT8_PINGPONG_TILES tiles (of BN 192) a CTA with K within the measured
+# 3072, OVERLAP BN 192 for larger K from two tiles a CTA, else cooperative at the wave model's
+# width (BN 192 at the shapes above but 4096 x 3072 x 768, where it takes 256).
+# FP8 (fp16 out, no epilogue inputs) behaves as fp16 does: OVERLAP BN 192 was the fastest or within
+# 6% at every shape with two or more tiles a CTA (4096 x 2304 x 768 0.0338 against 0.0406-0.0428
+# for the others), the cooperative BN 192 otherwise (4096 x 768 x 3072 0.0361).
+INT8_PINGPONG_TILES = 3.5
+INT8_PINGPONG_MAX_K = 3072
+
+
+def int8_heuristic(prob, vec_ok: bool = True, light_epilogue: bool = False) -> dict[str, Any]:
+    """The tile width by the wave model of heuristic() (K steps of 128), then the schedule by the
+    rules above (`light_epilogue`: FP8's, else int8's); OVERLAP only where the vector epilogue
+    applies (`vec_ok`)."""
+    ktiles = ceil_div(prob.K, INT8_BK)
+    best, best_cost = 0, float("inf")
+    for bn in BNS:
+        cost = ceil_div(units(prob, bn, 1), SM_COUNT) * BM * bn * ktiles / _EFF[bn]
+        if cost < best_cost * 0.999:
+            best, best_cost = bn, cost
+    p: dict[str, Any] = {"BN": best, "SPLITS": 1, "PINGPONG": 0}
+    per_cta = units(prob, OVERLAP_RULE_BN, 1) / SM_COUNT
+    overlap_ok = vec_ok and prob.N % 8 == 0 and per_cta >= 2
+    if light_epilogue or prob.K > INT8_PINGPONG_MAX_K:
+        if overlap_ok:
+            p = {"BN": OVERLAP_RULE_BN, "SPLITS": 1, "PINGPONG": 0, "OVERLAP": 1}
+    elif per_cta >= INT8_PINGPONG_TILES:
+        p = {"BN": OVERLAP_RULE_BN, "SPLITS": 1, "PINGPONG": 1}
+    p["STAGES"] = max_stages(p["BN"])
+    return p
+
+
+def _rows_view(prob, ops: dict) -> tuple[Any, dict]:
+    """The problem and its operands with the output's trailing unit dims dropped: an int8 MatMul's
+    rows [M, N, 1, 1] (passes/quantize_int8.py) seen as [M, N], its bias [N, 1, 1] as [N], so that
+    the vector epilogue finds N last. The same linear indices (the dropped dims are all 1)."""
+    from dataclasses import replace
+
+    shape = tuple(prob.out_shape)
+    t = 0
+    while len(shape) - t > 1 and shape[len(shape) - 1 - t] == 1:
+        t += 1
+    if t == 0:
+        return prob, ops
+    view = {}
+    for i, op in ops.items():
+        d = min(t, len(op.shape))
+        assert all(x == 1 for x in op.shape[len(op.shape) - d :]), (op.shape, shape)
+        view[i] = replace(op, shape=tuple(op.shape[: len(op.shape) - d]))
+    return replace(prob, out_shape=shape[: len(shape) - t]), view
+
+
+def generate_int8(ctx: StepContext, prob, params: dict[str, Any] | None = None) -> list[KernelSource]:
+    """The int8 TMA GEMM of a gemm_int8 step (`prob`: its gemm_int8.Int8Problem); `params` forces
+    INT8_KEYS (a BN alone: cooperative, the deepest ring), else int8_heuristic."""
+    step = ctx.step
+    where = f"{step.kind} node '{step.name}'"
+    why = int8_unsupported(prob)
+    if why is not None:
+        raise ctx.fail(f"no int8 TMA GEMM: {why}")
+    params = {k: v for k, v in (params or {}).items() if k in INT8_KEYS}
+    vec_epi, fast_div = params.pop("VEC_EPI", 1), params.pop("FAST_DIV", 1)
+    if vec_epi not in (0, 1, 2) or fast_div not in (0, 1):
+        raise ctx.fail(f"int8 TMA GEMM parameters VEC_EPI={vec_epi!r} (0, 1, 2), FAST_DIV={fast_div!r} (0, 1)")
+    prob, ops = _rows_view(prob, step_operands(ctx))
+    out_specs = [ctx.tensors[o] for o in step.outputs]
+    if "BN" in params:
+        stages = max_stages(params["BN"]) if params["BN"] in BNS else 0
+        p = {"SPLITS": 1, "PINGPONG": 0, "OVERLAP": 0, "STAGES": stages, **params}
+    else:
+        vec_ok = vec_epi == 1 and vec_epilogue_ok(prob, ops, out_specs, byte_outputs=True)
+        p = {**int8_heuristic(prob, vec_ok), **params}
+    if not int8_valid(prob, p):
+        raise ctx.fail(f"int8 TMA GEMM parameters {p} are not valid for M={prob.M} N={prob.N} K={prob.K}")
+    bn, stages = p["BN"], p["STAGES"]
+    ktiles = ceil_div(prob.K, INT8_BK)
+    name = ctx.kernel_name()
+    rendered = render_epilogue(
+        prob.epilogue, prob.outputs, ops, out_specs, prob.out_shape, DType.int32, where=where, name=f"{name}_epi"
+    )
+    out_names = [step.inputs[i] for i in rendered.inputs] + list(step.outputs[: len(rendered.outputs)])
+    vec = None
+    if vec_epi:
+        vec = _vec_epilogue_vars(
+            prob,
+            ops,
+            out_specs,
+            rendered,
+            1,
+            name,
+            where,
+            vec_epi,
+            acc_dtype=DType.int32,
+            byte_outputs=True,
+            fast_div=bool(fast_div),
+        )
+    p["VEC_EPI"] = vec["mode"] if vec is not None else 0
+    p["FAST_DIV"] = int(vec is not None and vec["fast"] is not None)
+    overlap, warp_epi = _schedule(ctx, p)
+    ta, _ = _tmap(prob.inputs[0], DType.int8, prob.a, prob.K, BM, 1)
+    tb, _ = _tmap(prob.inputs[1], DType.int8, prob.b, prob.K, bn, 1)
+    common = {
+        "epilogue": rendered,
+        "epilogue_name": f"{name}_epi",
+        "st": "signed char",
+        "ct": "int",
+        "alpha_lit": None,
+        "c_param": False,
+        "c_expr": None,
+        "out_args": list(rendered.args),
+    }
+    kparams = ["const gc_tmap* __restrict__ tA", "const gc_tmap* __restrict__ tB", *rendered.params]
+    source = _render(
+        common,
+        name,
+        kparams,
+        prob,
+        ELEMS[DType.int8],
+        p,
+        vec,
+        overlap=overlap,
+        warp_epi=warp_epi,
+        ktiles=ktiles,
+        kt_per=ktiles,
+        a_batched=False,
+        b_batched=False,
+    )
+    kp = {
+        "path": "int8_tma",
+        **p,
+        "M": prob.M,
+        "N": prob.N,
+        "K": prob.K,
+        "batch": 1,
+        "VEC_A": 1,
+        "VEC_B": 1,
+        "requires_arch": "sm_90a",
+        "tmaps": [ta, tb],
+        "persistent": True,  # the grid: see generate()
+    }
+    return [
+        KernelSource(
+            "gemm_int8",
+            name,
+            source,
+            (min(units(prob, bn, 1), SM_COUNT), 1, 1),
+            (THREADS, 1, 1),
+            ["@tmap:0", "@tmap:1", *out_names],
+            shared_bytes(bn, stages),
+            params=kp,
+        )
+    ]
+
+
+# ---- FP8 E4M3 (standalone: no fp8 dtype in the IR yet, so no engine step takes it) -------------
+
+
+@dataclass
+class RowsProblem:
+    """A GEMM of K-major operands outside any plan: out [M, N] = A [M, K] . B [N, K]^T."""
+
+    M: int
+    N: int
+    K: int
+    epilogue: tuple = ()
+    outputs: tuple = (ACC,)
+    batch_dims: tuple = ()
+    conv: None = None
+    batch: int = 1
+
+    @property
+    def a(self) -> OperandLayout:
+        return OperandLayout(self.M, self.K, 1, [])
+
+    @property
+    def b(self) -> OperandLayout:
+        return OperandLayout(self.N, self.K, 1, [])
+
+    @property
+    def out_shape(self) -> tuple[int, int]:
+        return (self.M, self.N)
+
+
+@dataclass(frozen=True)
+class _OutSpec:
+    dtype: str  # numpy name: what render_epilogue reads of an output's TensorSpec
+
+
+def fp8_gemm(
+    M: int, N: int, K: int, out_dtype: DType = DType.float16, alpha: float = 1.0, params: dict | None = None
+) -> KernelSource:
+    """The TMA GEMM on FP8 E4M3 operands: out [M, N] (fp16 or bf16) = alpha * A [M, K] . B [N, K]^T
+    with wgmma m64nBNk32.f32.e4m3.e4m3 (fp32 accumulators); A and B raw e4m3 bytes, K-major, read
+    through 1-byte tensor maps ("uint8") of the tensors named "a" and "b"; alpha folds in the
+    per-tensor scales of A and B (scale_a * scale_b). Arguments: "@tmap:0", "@tmap:1", "out".
+    `params`: INT8_KEYS, else int8_heuristic (the same K steps of 128 bytes). Not yet an engine
+    step (no fp8 dtype in the IR): tools/bench_fp8.py launches it."""
+    if out_dtype not in (DType.float16, DType.bfloat16):
+        raise CompileError(f"FP8 GEMM output {out_dtype.name}: float16 or bfloat16")
+    prob = RowsProblem(M, N, K)
+    why = int8_unsupported(prob)
+    if why is not None:
+        raise CompileError(f"no FP8 TMA GEMM: {why}")
+    where = f"FP8 GEMM {M}x{N}x{K}"
+    params = {k: v for k, v in (params or {}).items() if k in INT8_KEYS}
+    vec_epi = params.pop("VEC_EPI", 1)
+    out_specs = [_OutSpec(out_dtype.numpy.name)]
+    if "BN" in params:
+        stages = max_stages(params["BN"]) if params["BN"] in BNS else 0
+        p = {"SPLITS": 1, "PINGPONG": 0, "OVERLAP": 0, "STAGES": stages, **params}
+    else:
+        p = {
+            **int8_heuristic(prob, vec_epi == 1 and vec_epilogue_ok(prob, {}, out_specs), light_epilogue=True),
+            **params,
+        }
+    if not int8_valid(prob, p):
+        raise CompileError(f"{where}: TMA GEMM parameters {p} are not valid")
+    name = f"gc_gemm_fp8_{M}x{N}x{K}"
+    rendered = render_epilogue((), (ACC,), {}, out_specs, prob.out_shape, out_dtype, where=where, name=f"{name}_epi")
+    vec = None
+    if vec_epi:
+        vec = _vec_epilogue_vars(prob, {}, out_specs, rendered, 1, name, where, vec_epi, acc_dtype=out_dtype)
+    p["VEC_EPI"] = vec["mode"] if vec is not None else 0
+    overlap, warp_epi = int(p.pop("OVERLAP", 0)), int(p.pop("WARP_EPI", 0))
+    if (overlap or warp_epi) and p["VEC_EPI"] != 1:
+        raise CompileError(f"{where}: OVERLAP / WARP_EPI need the 8-column vector epilogue (N % 8 == 0)")
+    p.update({k: 1 for k, on in (("OVERLAP", overlap), ("WARP_EPI", warp_epi)) if on})
+    ct = cuda_type(out_dtype)
+    common = {
+        "epilogue": rendered,
+        "epilogue_name": f"{name}_epi",
+        "st": ct.storage,
+        "ct": ct.compute,
+        "alpha_lit": None if alpha == 1.0 else lit(alpha, ct.compute),
+        "c_param": False,
+        "c_expr": None,
+        "out_args": list(rendered.args),
+    }
+    kparams = ["const gc_tmap* __restrict__ tA", "const gc_tmap* __restrict__ tB", *rendered.params]
+    ktiles = ceil_div(K, E4M3.bk)
+    source = _render(
+        common,
+        name,
+        kparams,
+        prob,
+        E4M3,
+        p,
+        vec,
+        overlap=overlap,
+        warp_epi=warp_epi,
+        ktiles=ktiles,
+        kt_per=ktiles,
+        a_batched=False,
+        b_batched=False,
+    )
+    ta, _ = _tmap("a", DType.int8, prob.a, K, BM, 1)
+    tb, _ = _tmap("b", DType.int8, prob.b, K, p["BN"], 1)
+    kp = {"path": "fp8_tma", **p, "M": M, "N": N, "K": K, "alpha": alpha, "requires_arch": "sm_90a", "tmaps": [ta, tb]}
+    return KernelSource(
+        "gemm_fp8",
+        name,
+        source,
+        (min(units(prob, p["BN"], 1), SM_COUNT), 1, 1),
+        (THREADS, 1, 1),
+        ["@tmap:0", "@tmap:1", "out"],
+        shared_bytes(p["BN"], p["STAGES"]),
+        params=kp,
     )

@@ -241,10 +241,12 @@ def test_uncovered_forms_name_the_node(case, match):
 def test_int8_engine_cubins_use_imma(which, tmp_path):
     """Issue 13 item 5: the sm_90 and sm_80 cubins of an int8 engine run its GEMMs on integer tensor
     cores: every int8 GEMM kernel has IMMA (mma.sync) or, on sm_90, IGMMA (the sm_90a warpgroup
-    kernel), and no float MMA hides in any of them."""
+    kernels), and no float MMA hides in any of them. On sm_90 the K-major GEMMs with 16-byte rows
+    (no patch matrix) run the TMA kernel: its operands arrive by bulk tensor copies (UTMALDG)."""
     eng = _int8_cuda(cnn_model() if which == "cnn" else mlp_model(), arch=("sm_80", "sm_90"))
     for arch in ("sm_80", "sm_90"):
-        seen = wgmma = 0
+        seen = 0
+        paths: dict[str, int] = {}
         for s in eng.plan.for_arch(arch).steps:
             for ln in s.launches:
                 if ln.family != "gemm_int8" or ln.params.get("im2col"):
@@ -253,18 +255,161 @@ def test_int8_engine_cubins_use_imma(which, tmp_path):
                 f.write_bytes(eng.kernels.cubins[arch][ln.digest])
                 out = subprocess.run([CUOBJDUMP, "-sass", str(f)], capture_output=True, text=True, check=True)
                 ops = _opcodes(out.stdout)
-                # sm_90: the sm_90a warpgroup kernel (IGMMA) where its operands allow, else mma.sync
-                want = "IGMMA" if ln.params["path"] == "int8_wgmma" else "IMMA"
+                path = ln.params["path"]
+                want = "IMMA" if path == "int8_mma" else "IGMMA"
                 assert want in ops and not {"HMMA", "HGMMA"} & ops, (arch, s.name, want, sorted(ops))
-                if arch == "sm_90":  # wgmma wherever both operands have 16-byte rows
+                assert ("UTMALDG" in ops) == (path == "int8_tma"), (arch, s.name, path, sorted(ops))
+                if arch == "sm_90":  # an sm_90a kernel wherever both operands have 16-byte rows
                     aligned = ln.params["VEC_A"] and ln.params["VEC_B"]
-                    assert (ln.params["path"] == "int8_wgmma") == bool(aligned), (s.name, ln.params)
-                wgmma += ln.params["path"] == "int8_wgmma"
+                    assert (path != "int8_mma") == bool(aligned), (s.name, ln.params)
+                    assert (path == "int8_tma") == (not ln.params.get("im2col") and s.name in TMA_STEPS[which])
+                paths[path] = paths.get(path, 0) + 1
                 seen += 1
         assert seen == (5 if which == "cnn" else 2), (arch, seen)
-        # the MLP's on sm_90 all (K-major rows); the CNN's two with 16-byte weight rows (the stem's
-        # are 147 bytes, conv2's 72, conv3's 8: mma.sync with byte loads of the weight)
-        assert wgmma == {"sm_80": 0, "sm_90": 2}[arch], (arch, wgmma)
+        # the MLP's on sm_90 both TMA (K-major rows); the CNN's classifier TMA (rows [2, 16]), conv1
+        # cp.async wgmma (a patch matrix), the others mma.sync (the stem's weight rows are 147
+        # bytes, conv2's 72, conv3's 8: byte loads of the weight)
+        want = {"sm_80": {"int8_mma": seen}, "sm_90": WANT_SM90[which]}[arch]
+        assert paths == want, (arch, paths)
+
+
+TMA_STEPS = {"cnn": {"fc/int"}, "mlp": {"fc1/int", "fc2/int"}}
+WANT_SM90 = {"cnn": {"int8_mma": 3, "int8_wgmma": 1, "int8_tma": 1}, "mlp": {"int8_tma": 2}}
+
+
+@needs_nvrtc
+@pytest.mark.skipif(CUOBJDUMP is None, reason="cuobjdump not found: pip install nvidia-cuda-cuobjdump")
+def test_tma_gemm_schedules_compile(tmp_path):
+    """Every schedule of the int8 TMA GEMM compiles for sm_90a with IGMMA (no float MMA), TMA
+    loads, no local-memory spill, and its int8 outputs stored 8 bytes at a time by the vector
+    epilogue (STG.E.64) where N allows it."""
+    from graphc.codegen.families import gemm_int8, gemm_sm90
+    from graphc.codegen.nvrtc import CompileJob, compile_all
+
+    model = _rows_requant_model(1000, 520, 272)
+    seen = {}
+    orig = gemm_sm90.generate_int8
+
+    def capture(ctx, prob, params=None):
+        seen["ctx"], seen["prob"] = ctx, prob
+        return orig(ctx, prob, params)
+
+    gemm_sm90.generate_int8 = capture
+    try:
+        graphc.compile(model, target="cuda", arch=["sm_90"], cache_dir=str(tmp_path / "c"))
+    finally:
+        gemm_sm90.generate_int8 = orig
+    assert gemm_int8.hopper_path(seen["prob"]) == "tma"
+    variants = [
+        {"BN": 192, "OVERLAP": 1},
+        {"BN": 128, "PINGPONG": 1},
+        {"BN": 256, "WARP_EPI": 1},
+        {"BN": 128, "VEC_EPI": 0},
+    ]
+    kernels = [orig(seen["ctx"], seen["prob"], v)[0] for v in variants]
+    cubins = compile_all([CompileJob(k.name, k.source, "sm_90a") for k in kernels], cache_dir=tmp_path / "c")
+    for v, k, cubin in zip(variants, kernels, cubins, strict=True):
+        f = tmp_path / f"{k.name}.cubin"
+        f.write_bytes(cubin)
+        out = subprocess.run([CUOBJDUMP, "-sass", str(f)], capture_output=True, text=True, check=True).stdout
+        ops = _opcodes(out)
+        assert {"IGMMA", "UTMALDG"} <= ops and not {"HMMA", "HGMMA", "IMMA"} & ops, (v, sorted(ops))
+        assert ("STG.E.64" in out) == (v.get("VEC_EPI", 1) == 1), v
+        assert "STL" not in ops or v.get("OVERLAP"), (v, "local-memory spill")
+
+
+def _rows_requant_model(m: int, n: int, k: int) -> helper.ModelProto:
+    """An int8 layer as passes/quantize_int8.py writes it for CUDA: rows [M, K, 1, 1] x [N, K, 1, 1]
+    + int32 bias, dequantized per channel, Relu, requantized to int8."""
+    inits = [
+        numpy_helper.from_array(RNG.integers(-127, 128, (n, k, 1, 1)).astype(np.int8), "w"),
+        numpy_helper.from_array(RNG.integers(-999, 999, (n, 1, 1)).astype(np.int32), "b"),
+        numpy_helper.from_array(RNG.uniform(1e-5, 3e-5, (1, n, 1, 1)).astype(np.float32), "s"),
+        numpy_helper.from_array(np.array(0.05, np.float32), "ys"),
+        numpy_helper.from_array(np.array(0, np.int8), "yz"),
+    ]
+    n_ = helper.make_node
+    nodes = [
+        n_("ConvInteger", ["x", "w"], ["acc"]),
+        n_("Add", ["acc", "b"], ["a1"]),
+        n_("Cast", ["a1"], ["f"], to=TensorProto.FLOAT),
+        n_("Mul", ["f", "s"], ["d"]),
+        n_("Relu", ["d"], ["r"]),
+        n_("QuantizeLinear", ["r", "ys", "yz"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes, "rows", [helper.make_tensor_value_info("x", TensorProto.INT8, [m, k, 1, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.INT8, [m, n, 1, 1])], inits,
+    )  # fmt: skip
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@needs_nvrtc
+def test_tma_gemm_tensor_maps_are_validated(tmp_path):
+    """The int8 TMA GEMM's operands are read through 1-byte ("uint8") tensor maps with 128-element
+    (128-byte) box rows; the engine saves, reads back, and a map reaching past its int8 tensor is
+    refused when the file is read."""
+    import copy
+
+    from graphc.runtime.errors import EngineError
+    from graphc.runtime.format import read_engine
+
+    eng = graphc.compile(
+        _rows_requant_model(300, 264, 400), target="cuda", arch=["sm_90"], cache_dir=str(tmp_path / "c")
+    )
+    (ln,) = [ln for s in eng.plan.steps for ln in s.launches if ln.family == "gemm_int8"]
+    assert ln.params["path"] == "int8_tma" and ln.args[:2] == ["@tmap:0", "@tmap:1"]
+    a, b = ln.params["tmaps"]
+    assert (a["dtype"], a["dims"], a["strides"][0], a["box"]) == ("uint8", [400, 300, 1], 400, [128, 128, 1])
+    assert (b["dtype"], b["dims"], b["box"][0]) == ("uint8", [400, 264, 1], 128)
+    assert eng.plan.tensors[a["tensor"]].dtype == "int8" and eng.plan.tensors[b["tensor"]].dtype == "int8"
+    eng.save(tmp_path / "ok.engine")
+    read_engine(tmp_path / "ok.engine")
+    good = copy.deepcopy(ln.params)
+    ln.params["tmaps"][0]["dims"][1] += 1  # one row more than x has
+    eng.save(tmp_path / "far.engine")
+    with pytest.raises(EngineError, match="spans"):
+        read_engine(tmp_path / "far.engine")
+    ln.params = good
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "light", "want"),
+    [
+        (4096, 3072, 768, False, {"BN": 192, "PINGPONG": 1}),  # 3.9 tiles a CTA
+        (4096, 2304, 768, False, {"BN": 192, "PINGPONG": 0}),  # 2.9: cooperative
+        (4096, 768, 3072, False, {"BN": 192, "PINGPONG": 0}),
+        (8192, 8192, 8192, False, {"BN": 192, "OVERLAP": 1}),  # K above the measured 3072
+        (4096, 3072, 768, True, {"BN": 192, "OVERLAP": 1}),  # FP8: OVERLAP from two tiles a CTA
+        (4096, 768, 3072, True, {"BN": 192, "PINGPONG": 0}),
+    ],
+)
+def test_tma_heuristic_rules(m, n, k, light, want):
+    """gemm_sm90.int8_heuristic follows the schedules measured on an H200 (see the rules there)."""
+    from graphc.codegen.families.gemm_sm90 import int8_heuristic, int8_valid
+
+    prob = Int8Problem(m, n, k, OperandLayout(m, k, 1, []), OperandLayout(n, k, 1, []), [], (m, n))
+    p = int8_heuristic(prob, vec_ok=True, light_epilogue=light)
+    assert {key: p.get(key, 0) for key in want} == want, p
+    assert int8_valid(prob, p)
+    assert not int8_heuristic(prob, vec_ok=False, light_epilogue=light).get("OVERLAP")
+
+
+def test_tma_selection():
+    """hopper_path: the TMA kernel for K-major operands with 16-byte rows and no patch matrix;
+    otherwise the cp.async wgmma kernel."""
+    from graphc.codegen.families.gemm_int8 import ConvPatches, hopper_path
+
+    def prob(k: int, b_kcontig: bool = True, conv: bool = False) -> Int8Problem:
+        b = OperandLayout(256, k, 1, []) if b_kcontig else OperandLayout(256, 1, 256, [])
+        cp = ConvPatches(1, 4, (8, 8), (8, 8), (3, 3), (1, 1), (1, 1), (1, 1), 48) if conv else None
+        return Int8Problem(512, 256, k, OperandLayout(512, k, 1, []), b, [], (512, 256), conv=cp)
+
+    assert hopper_path(prob(768)) == "tma"
+    assert hopper_path(prob(64)) == "tma"  # K below one 128-byte stage row: zero-filled by TMA
+    assert hopper_path(prob(200)) == "wgmma"  # 200-byte rows: not 16-byte aligned
+    assert hopper_path(prob(768, b_kcontig=False)) == "wgmma"
+    assert hopper_path(prob(768, conv=True)) == "wgmma"
 
 
 # ---- QDQ models ---------------------------------------------------------------------------------

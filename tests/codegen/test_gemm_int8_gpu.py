@@ -32,8 +32,9 @@ RNG = np.random.default_rng(1313)
 
 @pytest.fixture(params=["default", "mma"])
 def int8_path(request, monkeypatch):
-    """The kernels an engine for this GPU gets ("default": on sm_90 the sm_90a wgmma GEMM wherever
-    its operands allow), or mma.sync everywhere (codegen/build.py with no Hopper-only archs)."""
+    """The kernels an engine for this GPU gets ("default": on sm_90 the sm_90a TMA GEMM for K-major
+    16-byte rows, the cp.async wgmma GEMM for the other operands it takes), or mma.sync everywhere
+    (codegen/build.py with no Hopper-only archs)."""
     if request.param == "mma":
         import graphc.codegen.build as build
 
@@ -221,6 +222,8 @@ def test_forced_tiles_are_exact(tile, monkeypatch):
     )
     if tile["path"] == "mma":
         monkeypatch.setattr(build, "HOPPER_ARCHS", ())
+    else:  # the cp.async wgmma kernel, not the TMA one the sm_90 engine takes for these operands
+        monkeypatch.setattr(gemm_int8, "hopper_path", lambda prob: "wgmma")
     m, k, n = 333, 384, 300
     x = _i8((m, k, 1, 1))
     inits = [numpy_helper.from_array(_i8((n, k, 1, 1)), "w")]
@@ -229,3 +232,125 @@ def test_forced_tiles_are_exact(tile, monkeypatch):
     used = [ln.params for s in gpu.plan.steps for ln in s.launches if ln.family == "gemm_int8"]
     assert used and used[0]["BM"] == tile["BM"] and used[0]["path"] == f"int8_{tile['path']}", used
     assert np.array_equal(got["y"], want["y"])
+
+
+# ---- the TMA kernel (gemm_sm90.generate_int8) ----------------------------------------------------
+
+# (M, N, K): ragged M, N and K tails; K below one 128-byte stage row; a K-heavy and a BERT-sized one
+TMA_SHAPES = [(333, 300, 384), (48, 256, 64), (1000, 520, 272), (130, 136, 2064), (4096, 3072, 768)]
+# forced schedules: cooperative at each tile width, OVERLAP, ping-pong, the per-warp epilogue, the
+# element-wise and the in-register (2-column) epilogues
+TMA_VARIANTS = [
+    {},
+    {"BN": 128},
+    {"BN": 192},
+    {"BN": 256},
+    {"BN": 128, "OVERLAP": 1},
+    {"BN": 192, "OVERLAP": 1},
+    {"BN": 128, "PINGPONG": 1},
+    {"BN": 192, "PINGPONG": 1},
+    {"BN": 256, "WARP_EPI": 1},
+    {"BN": 128, "VEC_EPI": 0},
+    {"BN": 256, "VEC_EPI": 2, "STAGES": 3},
+    {"BN": 192, "OVERLAP": 1, "FAST_DIV": 0},
+]
+
+
+def _force_tma(monkeypatch, forced: dict) -> None:
+    """Every int8 TMA GEMM of the next compiles with `forced` merged into its parameters."""
+    from graphc.codegen.families import gemm_sm90
+
+    orig = gemm_sm90.generate_int8
+    monkeypatch.setattr(
+        gemm_sm90, "generate_int8", lambda ctx, prob, params=None: orig(ctx, prob, {**(params or {}), **forced})
+    )
+
+
+def _rows_model(m: int, n: int, k: int, requant: bool):
+    """x [M, K, 1, 1] . w [N, K, 1, 1] + bias: int32 out, or (requant) dequantized per channel,
+    Relu, QuantizeLinear to int8 (the int8 layer's epilogue)."""
+    inits = [
+        numpy_helper.from_array(_i8((n, k, 1, 1)), "w"),
+        numpy_helper.from_array(RNG.integers(-(2**16), 2**16, (n, 1, 1)).astype(np.int32), "b"),
+    ]
+    nodes = [
+        helper.make_node("ConvInteger", ["x", "w"], ["acc"]),
+        helper.make_node("Add", ["acc", "b"], ["a1" if requant else "y"]),
+    ]
+    if requant:
+        inits += [
+            numpy_helper.from_array((RNG.uniform(0.5, 1.5, (1, n, 1, 1)) * 4e-4 / np.sqrt(k)).astype(np.float32), "s"),
+            numpy_helper.from_array(np.array(0.05, np.float32), "ys"),
+            numpy_helper.from_array(np.array(0, np.int8), "yz"),
+        ]
+        nodes += [
+            helper.make_node("Cast", ["a1"], ["f"], to=TensorProto.FLOAT),
+            helper.make_node("Mul", ["f", "s"], ["d"]),
+            helper.make_node("Relu", ["d"], ["r"]),
+            helper.make_node("QuantizeLinear", ["r", "ys", "yz"], ["y"]),
+        ]
+    y_type = TensorProto.INT8 if requant else TensorProto.INT32
+    return _model(nodes, (m, k, 1, 1), (m, n, 1, 1), inits, y_type=y_type)
+
+
+def _tma_cases():
+    for i, shape in enumerate(TMA_SHAPES):
+        for j, v in enumerate(TMA_VARIANTS):
+            if (v.get("OVERLAP") or v.get("WARP_EPI")) and shape[1] % 8:
+                continue  # those need the 8-column vector epilogue (N % 8 == 0)
+            if (i + j) % 2 == 0 or not v or shape[0] == 333:  # every variant on the ragged shape, half elsewhere
+                yield shape, v
+
+
+TMA_CASES = list(_tma_cases())
+
+
+@pytest.mark.parametrize(
+    "shape,forced",
+    TMA_CASES,
+    ids=[f"{m}x{n}x{k}-" + ("-".join(f"{a}{b}" for a, b in v.items()) or "default") for (m, n, k), v in TMA_CASES],
+)
+def test_tma_gemm_is_exact(shape, forced, monkeypatch):
+    """The int8 TMA GEMM (the default of an sm_90 engine where operands allow it) under every
+    schedule: int32 sums + bias equal the CPU engine's; the requantized int8 within 1 LSB."""
+    _force_tma(monkeypatch, forced)
+    m, n, k = shape
+    x = _i8((m, k, 1, 1))
+    _, gpu, want, got = _both(_rows_model(m, n, k, requant=False), {"x": x})
+    used = [ln.params for s in gpu.plan.steps for ln in s.launches if ln.family == "gemm_int8"]
+    assert used and used[0]["path"] == "int8_tma", used
+    for key, v in forced.items():
+        assert used[0].get(key) == v or (key == "VEC_EPI" and n % 8), (key, used[0])
+    assert got["y"].dtype == np.int32 and np.array_equal(got["y"], want["y"])
+    _, gpu, want, got = _both(_rows_model(m, n, k, requant=True), {"x": x})
+    diff = np.abs(got["y"].astype(np.int32) - want["y"].astype(np.int32))
+    assert got["y"].dtype == np.int8 and diff.max() <= 1 and (diff == 0).mean() > 0.999, (diff.max(), diff.mean())
+    assert len(np.unique(want["y"])) > 50
+
+
+@pytest.mark.parametrize("scale", [2e-4, 1e30, 1e-25, "mixed"])
+def test_fast_division_matches_the_cpu(scale):
+    """The vector epilogue divides by a constant through gc_div_const, and redoes a group of 8 with
+    the IEEE division where a dividend leaves [2^-64, 2^64] (huge and tiny scales; "mixed": channels
+    of all three, so some groups take the fallback): the float32 quotients equal the CPU's bit for bit."""
+    m, n, k = 512, 256, 384
+    if scale == "mixed":
+        s = np.array([2e-4, 1e30, 1e-25, 1.0], np.float32)[RNG.integers(0, 4, n)]
+    else:
+        s = np.full(n, scale, np.float32)
+    inits = [
+        numpy_helper.from_array(_i8((n, k, 1, 1)), "w"),
+        numpy_helper.from_array(s.reshape(1, n, 1, 1), "s"),
+        numpy_helper.from_array(np.array(3.0, np.float32), "c"),
+    ]
+    nodes = [
+        helper.make_node("ConvInteger", ["x", "w"], ["acc"]),
+        helper.make_node("Cast", ["acc"], ["f"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["f", "s"], ["d"]),
+        helper.make_node("Div", ["d", "c"], ["y"]),
+    ]
+    model = _model(nodes, (m, k, 1, 1), (m, n, 1, 1), inits, y_type=TensorProto.FLOAT)
+    _, gpu, want, got = _both(model, {"x": _i8((m, k, 1, 1))})
+    used = [ln.params for s in gpu.plan.steps for ln in s.launches if ln.family == "gemm_int8"]
+    assert used and used[0]["path"] == "int8_tma" and used[0]["FAST_DIV"] == 1, used
+    assert got["y"].dtype == np.float32 and np.array_equal(got["y"], want["y"])
