@@ -574,7 +574,10 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         common |= {
             "sk": prob.sk,
             "inv_sk_lit": lit(1.0 / prob.sk if prob.sk else 0.0, cname),
-            "v_mean_load": vt.to_compute(f"Vb[(long long)r * {prob.v.sr}ll + c]"),
+            # flash / sm90 read 16-byte chunks (xv: 8 values), "simple" one value
+            "v_mean_load": vt.to_compute("xv[j]")
+            if p["path"] != "simple"
+            else vt.to_compute(f"Vb[(long long)r * {prob.v.sr}ll + c]"),
         }
     requires = None
     if p["path"] == "sm90":
