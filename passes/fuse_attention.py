@@ -39,12 +39,11 @@ left-padded row under a causal mask) is where the mask's fill matters:
 - a finite fill replacing the scores (Where(keep, scores, finfo.min)), or added to them and so
   large that it absorbs every score (Where(keep, 0, finfo.min) + scores: score + fill == fill
   below -1e30), makes such a row uniform: the decomposed graph (and ONNX Runtime) gives the mean
-  of V over all keys. Attention gives 0 there, so the fused node is followed by
-  Where(dead, mean(V), Attention(...)) with dead = no key kept (computed from the same keep mask;
-  left out when the mask is a constant with no such row). The bool mask and is_causal stay, so
-  the kernels keep their fast paths; the price is a few small launches (the mask's row any,
-  shared by the layers, and per layer mean(V) and the Where), which an Attention kernel that
-  wrote mean(V) into rows with no kept key itself would save.
+  of V over all keys. Attention gives 0 there unless told otherwise: the fused node gets
+  graphc's masked_rows="mean" (graphc.ops.attention), and its kernels store mean(V) into a row
+  with no kept key (a cold path, taken only by a block that has such a row). Left at "zero" when
+  the mask is a constant with no such row. The bool mask and is_causal stay, so the kernels keep
+  their fast paths, and no node is added.
 - an added finite fill that does not absorb the scores (-1e4, -1e9) leaves such a row a softmax
   of the scores plus the fill: that mask stays additive (a float mask), which Attention adds as
   the decomposed graph did.
@@ -333,8 +332,8 @@ class _Plan:
     additive: list[Value | np.ndarray]
     keep: list[tuple[Value | np.ndarray, bool]]  # (keep mask, inverted); arrays are new constants
     is_causal: bool
-    # The keep masks (cond, inverted) of a finite fill: rows none of them keeps are the mean of V.
-    uniform: list[tuple[Value | np.ndarray, bool]]
+    # A finite fill may leave a row no key: such rows are the mean of V (masked_rows "mean").
+    mean_rows: bool
     scale: float
     softcap: float
     three_d: bool
@@ -477,12 +476,6 @@ def _analyze(g: Graph, softmax: Node) -> _Plan | None:
             raise _Decline(f"{where}: the Where condition '{c.name}' is not boolean")
     additive, keep, is_causal, uniform = _refine_masks(g, chain, dims, where)
     _check_masks([*additive, *(c for c, _ in keep)], dims, where)
-    if uniform and dims["kv_heads"] != dims["heads"]:
-        # the uniform rows are written through views that split the heads axis: sizes must be known
-        shapes = [t.shape if isinstance(t, np.ndarray) else t.ttype.shape for t, _ in uniform]
-        heads_known = all(sh is not None and (len(sh) < 3 or isinstance(sh[-3], int)) for sh in shapes)
-        if not isinstance(dims["vdim"], int) or not heads_known:
-            raise _Decline(f"{where}: grouped-query attention with a finite-fill mask needs known head sizes")
     # The layout: 3-D when every operand is a head split of a (batch, seq, heads, dim) tensor.
     three_d = all(o.perm == _HEAD_SPLIT and o.view is None or _single_head_3d(o) for o in (q, k, v)) and all(
         isinstance(dims[d], int) for d in ("heads", "kv_heads", "dim", "vdim")
@@ -507,7 +500,7 @@ def _analyze(g: Graph, softmax: Node) -> _Plan | None:
         additive=additive,
         keep=keep,
         is_causal=is_causal,
-        uniform=uniform,
+        mean_rows=bool(uniform),
         scale=scale,
         softcap=chain.softcap,
         three_d=three_d,
@@ -833,6 +826,8 @@ def _emit(g: Graph, b: GraphBuilder, plan: _Plan, mapv) -> Value:
         attrs["is_causal"] = 1
     if plan.softcap:
         attrs["softcap"] = float(plan.softcap)
+    if plan.mean_rows:
+        attrs["masked_rows"] = "mean"
     if plan.three_d:
         q = _to_3d(g, b, plan.q, mapv, f"{hint}/q")
         k = _to_3d(g, b, plan.k, mapv, f"{hint}/k")
@@ -852,93 +847,7 @@ def _emit(g: Graph, b: GraphBuilder, plan: _Plan, mapv) -> Value:
         y = b.op("Reshape", [y, split], name=f"{hint}/out_Reshape")
         if plan.root.op != "Transpose":
             y = b.op("Transpose", [y], {"perm": list(_HEAD_SPLIT)}, name=f"{hint}/out_Transpose")
-    if plan.uniform:
-        v3 = v if plan.three_d else None
-        y = _emit_uniform_rows(b, plan, mapv, f"{hint}/uniform", y, v3, seq_first=plan.root.op == "Transpose")
     return y
-
-
-def _permute(b: GraphBuilder, x: Value, perm: tuple[int, ...], hint: str) -> Value:
-    """transpose(x, perm), as a Reshape (an alias, no kernel) when it only moves axes of size 1."""
-    if perm == _IDENTITY:
-        return x
-    shape = x.ttype.shape
-    moved = [a for a in perm if shape[a] != 1]
-    target: list[int] = []
-    for i, a in enumerate(perm):
-        d = shape[a]
-        target.append(1 if d == 1 else 0 if a == i else d if isinstance(d, int) else -1)
-    if moved == sorted(moved) and target.count(-1) <= 1:
-        return b.op("Reshape", [x, _i64(b, target, f"{hint}/shape")], name=f"{hint}/Reshape")
-    return b.op("Transpose", [x], {"perm": list(perm)}, name=f"{hint}/Transpose")
-
-
-def _emit_uniform_rows(
-    b: GraphBuilder, plan: _Plan, mapv, hint: str, y: Value, v3: Value | None, *, seq_first: bool
-) -> Value:
-    """Where(dead, mean of V over the keys, y): the rows no key is kept in, as a finite fill
-    makes them (a uniform softmax). y is (batch, heads, q_seq, vdim), or (batch, q_seq, heads,
-    vdim) with seq_first; v3 is Attention's 3-D V input in the 3-D form (the mean reads it)."""
-
-    def val(x: Value | np.ndarray) -> Value:
-        return mapv(x) if isinstance(x, Value) else b.add_constant(x, f"{hint}/keep_const")
-
-    keep: Value | None = None
-    for c, inverted in plan.uniform:
-        c = val(c)
-        if inverted:
-            c = b.op("Not", [c], name=f"{hint}/not")
-        keep = c if keep is None else b.op("And", [keep, c], name=f"{hint}/and")
-    # dead = no key kept: not the row max of the bool mask (one reduction, no cast); (..., q_seq, 1).
-    anyk = b.op("ReduceMax", [keep, _i64(b, [-1], f"{hint}/axes")], {"keepdims": 1}, name=f"{hint}/any")
-    dead = b.op("Not", [anyk], name=f"{hint}/dead")
-    rank = len(dead.ttype.shape)
-    if rank < 4:
-        lead = _i64(b, list(range(4 - rank)), f"{hint}/lead_axes")
-        dead = b.op("Unsqueeze", [dead, lead], name=f"{hint}/dead4")
-    out_perm = _HEAD_SPLIT if seq_first else _IDENTITY
-    dead = _permute(b, dead, out_perm, f"{hint}/dead_bshd")
-    # mean(V) over the keys, read in V's own layout, then in y's: (batch, kv_heads, 1, vdim) or
-    # (batch, 1, kv_heads, vdim).
-    heads, kv_heads = plan.dims["heads"], plan.dims["kv_heads"]
-    if v3 is not None:  # (batch, kv_seq, kv_heads * vdim): the mean as (batch, 1, kv_heads, vdim)
-        mean = b.op("ReduceMean", [v3, _i64(b, [1], f"{hint}/key_axis")], {"keepdims": 1}, name=f"{hint}/mean_v")
-        bshd = _i64(b, [0, 1, kv_heads, plan.dims["vdim"]], f"{hint}/mean_shape")
-        mean = b.op("Reshape", [mean, bshd], name=f"{hint}/mean_v_heads")
-        mean = _permute(b, mean, _compose(_HEAD_SPLIT, out_perm), f"{hint}/mean_v_t")
-    else:
-        o = plan.v
-        src = mapv(o.base)
-        if o.view is not None:
-            src = b.op("Reshape", [src, _i64(b, list(o.view), f"{hint}/view")], name=f"{hint}/v_view")
-        axes = _i64(b, [o.perm[2]], f"{hint}/key_axis")
-        mean = b.op("ReduceMean", [src, axes], {"keepdims": 1}, name=f"{hint}/mean_v")
-        mean = _permute(b, mean, _compose(o.perm, out_perm), f"{hint}/mean_v_t")
-    if mean.ttype.dtype != y.ttype.dtype:
-        mean = b.op("Cast", [mean], {"to": y.ttype.dtype.value}, name=f"{hint}/mean_cast")
-    if kv_heads == heads:
-        return b.op("Where", [dead, mean, y], name=f"{hint}/rows")
-    # Grouped-query: query head h reads kv head h // n. The heads axis of y and dead splits into
-    # (kv_heads, n) and the mean gets a 1 for n: views only, no copy of the mean per head.
-    n = heads // kv_heads
-    hp = out_perm.index(1)  # the heads axis
-
-    def split(x: Value, h: int, tag: str) -> Value:
-        shape = [0, 0, 0, 0, 0]
-        shape[hp : hp + 2] = [kv_heads, n] if h == heads else [h, 1]
-        rest = [i for i in range(4) if i != hp]  # the other axes keep their sizes
-        for j, i in zip([k for k in range(5) if k not in (hp, hp + 1)], rest, strict=True):
-            d = x.ttype.shape[i]
-            shape[j] = 0 if j == i else d if isinstance(d, int) else -1
-        return b.op("Reshape", [x, _i64(b, shape, f"{hint}/{tag}5")], name=f"{hint}/{tag}_split")
-
-    rows = b.op(
-        "Where",
-        [split(dead, dead.ttype.shape[hp], "dead"), split(mean, kv_heads, "mean"), split(y, heads, "y")],
-        name=f"{hint}/rows",
-    )
-    merged = [0] + [d if isinstance(d, int) else -1 for d in y.ttype.shape[1:]]  # one unknown at most: q_seq
-    return b.op("Reshape", [rows, _i64(b, merged, f"{hint}/merged")], name=f"{hint}/merge")
 
 
 # ---- the pass ----------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ field list. SCHEMA_VERSION changes whenever the table does; engines record it.
 """
 
 # fmt: off
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 FUSED = ('graphc', 'Fused', ('anchor_op', 'anchor_domain', 'anchor_attrs', 'anchor_inputs', 'epilogue', 'outputs'))
 
@@ -30,6 +30,7 @@ OPS: dict[tuple[str, str], dict[str, tuple[str, bool, object]]] = {('', 'Abs'): 
  ('', 'Attention'): {'is_causal': ('int', True, 0),
                      'kv_num_heads': ('int', True, None),
                      'left_window_size': ('int', True, -1),
+                     'masked_rows': ('str', True, 'zero'),
                      'q_num_heads': ('int', True, None),
                      'qk_matmul_output_mode': ('int', True, 0),
                      'right_window_size': ('int', True, -1),

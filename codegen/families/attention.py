@@ -14,7 +14,8 @@ key/value (a KV cache) and every output but Y (present_key/value, the qk matmul 
 
 Numerics follow graphc/ops/attention.py: Q.K^T is scaled by sqrt(scale) rounded to T1, squared
 (the spec's function body scales Q and K by it), softmax in fp32 (fp64 for float64), and a row
-whose every key is masked gives 0, never NaN.
+whose every key is masked gives 0, never NaN (with graphc's masked_rows "mean": the mean of V over
+all keys, a cold path of the kernels).
 
 Kernel paths (templates/attention.cu.j2):
 - "flash": fp16/bf16 with equal Q/K and V head dims, a multiple of 16 up to 128: tensor cores,
@@ -98,6 +99,7 @@ class AttnProblem:
     mask: MaskInfo | None = None
     mask_index: int | None = None
     nonpad_index: int | None = None
+    mean_rows: bool = False  # masked_rows "mean": a row with no kept key stores the mean of V
 
     @property
     def group(self) -> int:
@@ -211,7 +213,10 @@ def problem_of(ctx: StepContext) -> AttnProblem:
         causal=bool(a.is_causal),
         left=int(a.left_window_size),
         right=int(a.right_window_size),
+        mean_rows=a.masked_rows == "mean",
     )
+    if a.masked_rows not in ("zero", "mean"):
+        raise ctx.fail(f"masked_rows {a.masked_rows!r} is not 'zero' or 'mean'")
     if ins[3] is not None:
         prob.mask, prob.mask_index = _mask_info(ctx, ctx.spec(ins[3]), prob), 3
     if ins[6] is not None:
@@ -562,7 +567,18 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         "softcap_lit": lit(prob.softcap, cname) if prob.softcap > 0 else None,
         "inv_softcap_lit": lit(1.0 / prob.softcap, cname) if prob.softcap > 0 else None,
         "log2": log2,
+        "mean_rows": prob.mean_rows,
     }
+    if prob.mean_rows:  # the mean of V over every key, for the rows with none kept (its only reader)
+        vt = cuda_type(prob.vdtype)
+        common |= {
+            "sk": prob.sk,
+            "inv_sk_lit": lit(1.0 / prob.sk if prob.sk else 0.0, cname),
+            # flash / sm90 read 16-byte chunks (xv: 8 values), "simple" one value
+            "v_mean_load": vt.to_compute("xv[j]")
+            if p["path"] != "simple"
+            else vt.to_compute(f"Vb[(long long)r * {prob.v.sr}ll + c]"),
+        }
     requires = None
     if p["path"] == "sm90":
         threads = p["WG"] * 128
@@ -612,6 +628,7 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
             k_load=ct.to_compute(f"Kb[(n0 + r) * {prob.k.sr}ll + d]"),
             v_load=vt.to_compute(f"Vb[(n0 + r) * {prob.v.sr}ll + d]"),
             o_store=ct.to_storage(f"({ct.compute})(acc_o[u] * inv)"),
+            o_store_mean=ct.to_storage(f"({ct.compute})vmean[d]"),
             **common,
         )
         grid = (ceil_div(prob.sq, p["WARPS"]), prob.q_heads, prob.batch)

@@ -9,12 +9,21 @@ kernel with fp32 accumulation gives, and the most accurate one. Only sqrt(scale)
 first, as the spec's function body does. Softmax never runs below float32, whatever
 softmax_precision asks (it may ask for more: float64).
 
+graphc's own attribute (no ONNX file carries it; passes/fuse_attention.py sets it): masked_rows,
+what a query row with no kept key stores (no key left by the mask, is_causal, the windows and the
+key lengths together). "zero" (the default): 0, as the spec says. "mean": the mean of V over all
+keys of its (batch, kv head), the uniform softmax that a finite mask fill (finfo.min) gives such a
+row in the decomposed graph and in ONNX Runtime.
+
 This module holds type inference and traits; the numpy kernels are in
 graphc.runtime.reference.attention.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from graphc.ir.attrs import onnx_attrs_class
 from graphc.ir.types import Dim, DType, TensorType
 from graphc.ops.registry import Category, InferContext, register_op
 
@@ -33,6 +42,16 @@ _MASK_DTYPES = (
 )
 # softmax_precision codes the spec allows (TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16).
 _SOFTMAX_PRECISIONS = (1, 10, 11, 16)
+
+
+MASKED_ROWS = ("zero", "mean")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionAttrs(onnx_attrs_class("Attention")):  # type: ignore[misc]
+    """ONNX Attention's attributes (from onnx.defs) and graphc's masked_rows (module notes)."""
+
+    masked_rows: str = "zero"
 
 
 # ---- dim arithmetic over int | str | None ------------------------------------------------------
@@ -95,6 +114,8 @@ def _attention_infer(ctx: InferContext) -> list[TensorType]:
         ctx.fail("left_window_size and right_window_size must be -1 or nonnegative")
     if a.softmax_precision is not None and a.softmax_precision not in _SOFTMAX_PRECISIONS:
         ctx.fail(f"softmax_precision {a.softmax_precision} is not one of {_SOFTMAX_PRECISIONS}")
+    if a.masked_rows not in MASKED_ROWS:
+        ctx.fail(f"masked_rows must be one of {MASKED_ROWS}, got {a.masked_rows!r}")
 
     if rank == 3:
         if a.q_num_heads is None or a.kv_num_heads is None:
@@ -186,6 +207,7 @@ def _check_mask(ctx: InferContext, mt: TensorType, full: tuple[Dim, ...]) -> Non
 
 register_op(
     "Attention",
+    attrs=AttentionAttrs,
     category=Category.OTHER,
     infer=_attention_infer,
     doc="Scaled dot-product attention (MHA/GQA/MQA), KV cache, causal/window masks, softcap.",

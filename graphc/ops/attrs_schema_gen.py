@@ -87,14 +87,19 @@ def op_fields(op_type: str, domain: str, attrs: type[Attrs]) -> dict[str, FieldS
     fields = {f.name: f for f in dataclasses.fields(attrs)}
     if attrs is NoAttrs or not fields:
         return {}
-    kinds: dict[str, str]
-    if attrs.__module__ == onnx_attrs_class.__module__ and attrs is onnx_attrs_class(op_type, domain):
+    # The onnx.defs class in attrs' bases, if any: an ONNX op's, or one that graphc extends with
+    # attributes of its own (Attention's masked_rows), whose kinds come from their annotations.
+    generated = next(
+        (c for c in attrs.__mro__ if c.__module__ == onnx_attrs_class.__module__ and c not in (Attrs, NoAttrs)),
+        None,
+    )
+    kinds: dict[str, str] = {}
+    if generated is not None and generated is onnx_attrs_class(op_type, domain):
         import onnx.defs
 
         schema = onnx.defs.get_schema(op_type, domain=domain)
-        kinds = {name: _onnx_kind(schema.attributes[name]) for name in fields}
-    else:
-        kinds = {name: _hand_kind(op_type, f) for name, f in fields.items()}
+        kinds = {f.name: _onnx_kind(schema.attributes[f.name]) for f in dataclasses.fields(generated)}
+    kinds |= {name: _hand_kind(op_type, f) for name, f in fields.items() if name not in kinds}
     return {name: (kinds[name], *_default(f)) for name, f in sorted(fields.items())}
 
 

@@ -126,9 +126,11 @@ def _attention_compute(ins, attrs, n):
         sdt = np.promote_types(sdt, np.float32)
     probs = _masked_softmax(logits.astype(sdt))
     # A row that attends nothing (its whole bias is -inf) is zero, decided on the bias so that
-    # NaN or inf logits cannot leak into it.
+    # NaN or inf logits cannot leak into it; with masked_rows "mean" (graphc's own attribute, see
+    # graphc.ops.attention) it is uniform over every key, the mean of V.
     dead = np.isneginf(np.max(bias, axis=-1, keepdims=True))
-    probs = np.where(dead, sdt.type(0), probs)
+    fill = 1.0 / total if attrs.masked_rows == "mean" and total else 0.0
+    probs = np.where(dead, sdt.type(fill), probs)
     y = np.matmul(probs.astype(vv.dtype), vv)
     if rank == 3:
         y = y.transpose(0, 2, 1, 3).reshape(y.shape[0], q_len, -1)

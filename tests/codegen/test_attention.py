@@ -23,7 +23,7 @@ from graphc.codegen.families.attention import (
     valid,
 )
 from graphc.codegen.kernel import family_for
-from graphc.errors import CompileError
+from graphc.errors import CompileError, ShapeError
 from graphc.ir.types import DType
 from graphc.ops.registry import get_op
 
@@ -295,6 +295,40 @@ VARIANTS = {
     # fp16 simple (head dim 72) with a bool mask; fp64 simple
     "fp16-simple-d72-bool": lambda: attn4(2, 50, 70, 2, 1, 72, F16, mask=((2, 1, 1, 70), BOOL)),
     "fp64-simple": lambda: attn4(1, 9, 9, 2, 2, 16, F64, is_causal=1),
+    # masked_rows "mean" (rows with no kept key store the mean of V): fp16 flash GQA causal with a
+    # bool mask, bf16 flash with more threads than DV; fp32 simple GQA with nonpad, fp64 simple
+    # with DV > threads
+    "fp16-flash-gqa-bool-causal-mean": lambda: attn3(
+        2,
+        77,
+        77,
+        12,
+        4,
+        64,
+        F16,
+        mask=((2, 1, 77, 77), BOOL),
+        is_causal=1,
+        masked_rows="mean",
+        params={"path": "flash", "BM": 64, "BN": 64, "WARPS": 4},
+    ),
+    "bf16-flash-d32-mean": lambda: attn4(
+        2,
+        40,
+        50,
+        2,
+        2,
+        32,
+        BF16,
+        mask=((2, 1, 1, 50), BOOL),
+        masked_rows="mean",
+        params={"path": "flash", "BM": 128, "BN": 64, "WARPS": 8},
+    ),
+    "fp32-simple-nonpad-mean": lambda: attn3(
+        3, 33, 65, 6, 2, 40, F32, extra=[None, None, ((3,), DType.int64)], is_causal=1, masked_rows="mean"
+    ),
+    "fp64-simple-dv96-mean": lambda: attn4(
+        1, 9, 9, 2, 2, 16, F64, dv=96, is_causal=1, masked_rows="mean", params={"path": "simple", "WARPS": 2}
+    ),
     # RotaryEmbedding: 3-D interleaved with position ids; 4-D half-split, partial
     "rope-fp16-3d-pos-interleaved": lambda: rope((2, 7, 192), F16, pos=True, num_heads=3, interleaved=1),
     "rope-bf16-4d-partial": lambda: rope((3, 2, 5, 80), BF16, rotary_embedding_dim=32),
@@ -331,8 +365,37 @@ def test_variants_cover_the_template():
             seen.add(f"{path}-mask-{'bool' if '!(' in src.split('Mb[mi_]')[0][-40:] else 'add'}")
         if "NP[b]" in src:
             seen.add(f"{path}-nonpad")
+        if "__syncthreads_or" in src:
+            seen.add(f"{path}-mean")
     assert {"flash", "simple", "rotary", "log2", "natural", "mi1", "mi2"} <= seen, seen
+    assert {"flash-mean", "simple-mean"} <= seen, seen
     assert {"flash-mask-bool", "flash-mask-add", "simple-mask-add", "simple-mask-bool", "simple-nonpad"} <= seen, seen
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda **a: attn3(2, 77, 77, 12, 4, 64, F16, mask=((2, 1, 77, 77), BOOL), is_causal=1, **a),
+        lambda **a: attn4(1, 9, 9, 2, 2, 16, F64, is_causal=1, **a),
+    ],
+    ids=["flash", "simple"],
+)
+def test_masked_rows_mean_is_a_cold_path_of_its_own(make):
+    # "zero" (the default) is the kernel as it was: the same source, the same cubin; "mean" adds
+    # the mean of V (summed over all keys from global memory) behind one block-wide test.
+    (zero,) = gen(make())
+    (explicit,) = gen(make(masked_rows="zero"))
+    (mean,) = gen(make(masked_rows="mean"))
+    assert explicit.source == zero.source
+    assert "__syncthreads_or" not in zero.source and "vmean" not in zero.source
+    assert mean.source.count("__syncthreads_or") == 1 and mean.source != zero.source
+    assert "r < 9;" in mean.source or "r < 77;" in mean.source  # every key of the (batch, kv head)
+    assert mean.shared_bytes == zero.shared_bytes and mean.grid == zero.grid
+
+
+def test_masked_rows_other_values_are_rejected():
+    with pytest.raises(ShapeError, match="masked_rows"):
+        gen(attn4(1, 9, 9, 2, 2, 16, F32, masked_rows="nan"))
 
 
 def test_rotary_kernel():

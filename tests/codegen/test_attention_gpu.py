@@ -56,6 +56,7 @@ class Case:
     mask: str | None = None  # "bool" | "add"
     mask_shape: tuple[int, ...] | None = None
     dead_rows: bool = False  # mask out every key of some query rows
+    pad: list[int] | None = None  # left padding of the keys per batch entry (a bool mask's False)
     nonpad: list[int] | None = None
     params: dict[str, Any] | None = None
     expect_path: str | None = None
@@ -145,8 +146,69 @@ def _attn_cases() -> list[Case]:
             Case(f"{mode}-default-scale", mode, b=1, sq=17, sk=17, qh=1, kvh=1, d=128),
             Case(f"{mode}-dv-differs", mode, b=1, sq=20, sk=30, qh=2, kvh=2, d=64, dv=32, rank=4),
         ]
+        # masked_rows "mean": rows with no kept key store the mean of V over all keys (compared
+        # with the reference like every other row): causal with left padding and a wholly padded
+        # batch entry (grouped-query), a dead-row mask in the 4-D layout, kv lengths of 0
+        mean = {"masked_rows": "mean"}
+        cases += [
+            Case(
+                f"{mode}-mean-causal-leftpad-gqa",
+                mode,
+                b=3,
+                sq=130,
+                sk=130,
+                qh=4,
+                kvh=2,
+                mask="bool",
+                mask_shape=(3, 1, 1, 130),
+                pad=[0, 40, 130],
+                attrs={"is_causal": 1, **mean},
+            ),
+            Case(
+                f"{mode}-mean-bool-dead-4d-mqa",
+                mode,
+                b=2,
+                sq=70,
+                sk=90,
+                qh=3,
+                kvh=1,
+                rank=4,
+                mask="bool",
+                mask_shape=(2, 1, 70, 90),
+                dead_rows=True,
+                attrs=mean,
+            ),
+            Case(
+                f"{mode}-mean-nonpad",
+                mode,
+                b=3,
+                sq=5,
+                sk=90,
+                qh=2,
+                kvh=2,
+                nonpad=[90, 33, 0],
+                attrs={"is_causal": 1, **mean},
+            ),
+        ]
         if mode != "fp32":
             # the simple kernel on half precision, forced
+            cases.append(
+                Case(
+                    f"{mode}-forced-simple-mean",
+                    mode,
+                    b=3,
+                    sq=77,
+                    sk=77,
+                    qh=4,
+                    kvh=2,
+                    mask="bool",
+                    mask_shape=(3, 1, 1, 77),
+                    pad=[0, 20, 77],
+                    attrs={"is_causal": 1, **mean},
+                    params={"path": "simple", "WARPS": 8},
+                    expect_path="simple",
+                )
+            )
             cases.append(
                 Case(
                     f"{mode}-forced-simple",
@@ -263,6 +325,10 @@ def make_inputs(case: Case, seed: int = 0) -> tuple[list[np.ndarray | None], Any
         if case.dead_rows:
             keep[..., 3, :] = False
             keep[..., shape[-2] - 1, :] = False
+        if case.pad is not None:  # left padding: under is_causal a row sees only padding up to it
+            keep = np.ones(shape, dtype=bool)
+            for i, n in enumerate(case.pad):
+                keep[i, ..., :n] = False
         mask = keep if case.mask == "bool" else np.where(keep, rng.uniform(-2, 2, size=shape), -np.inf).astype(dt)
     ins.append(mask)
     if case.nonpad is not None:
@@ -356,7 +422,8 @@ def check(case: Case, out: np.ndarray, ref: np.ndarray, what: str = "") -> None:
             ro, rr = o, r
         dead = (rr == 0).all(axis=-1)
         assert (ro[dead] == 0).all(), f"{what}rows the reference zeroes are not zero"
-        assert case.dead_rows <= bool(dead.any()), "the case meant to have rows that attend nothing"
+        if case.attrs.get("masked_rows") != "mean":
+            assert case.dead_rows <= bool(dead.any()), "the case meant to have rows that attend nothing"
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -142,6 +142,37 @@ def _variants() -> list[tuple[str, Any]]:
                 params={"path": "sm90", "WG": 1, "BN": 64, "STAGES": 2},
             ),
         ),
+        # masked_rows "mean" (a row with no kept key stores the mean of V): the default BERT
+        # kernel, the overlapped causal one with a bool mask, two warpgroups with GQA and nonpad
+        ("bert-default-mean", _ctx((32, 12, 128, 64), extra=[((32, 1, 1, 128), DType.bool)], masked_rows="mean")),
+        (
+            "d128-bf16-overlap-causal-bool-w2n64-mean",
+            _ctx(
+                (2, 4, 100, 128),
+                BF16,
+                extra=[((2, 1, 1, 100), DType.bool)],
+                is_causal=1,
+                masked_rows="mean",
+                params={"path": "sm90", "WG": 2, "BN": 64, "STAGES": 2, "OVERLAP": 1},
+            ),
+        ),
+        (
+            "d64-fp16-3d-gqa-nonpad-w2n128-mean",
+            standalone_context(
+                "Attention",
+                [
+                    ((3, 300, 12 * 64), F16),
+                    ((3, 300, 4 * 64), F16),
+                    ((3, 300, 4 * 64), F16),
+                    None,
+                    None,
+                    None,
+                    ((3,), DType.int64),
+                ],
+                get_op("Attention").attrs(q_num_heads=12, kv_num_heads=4, is_causal=1, masked_rows="mean"),
+                params={"path": "sm90", "WG": 2, "BN": 128, "STAGES": 2},
+            ),
+        ),
         (
             "d64-fp16-3d-gqa-window-nonpad-w2n128",
             standalone_context(
@@ -201,3 +232,16 @@ def test_sm90_variant_compiles_to_hgmma(tmp_path, name, ctx):
     assert any(len(r) == bn // 16 and all(pv in ln and "tnspB" in ln for ln in r) for r in runs), runs
     ops = set(_opcodes(sass))
     assert not {o for o in ops if o.startswith(("LDL", "STL"))}, "local memory (register spills)"
+
+
+def test_masked_rows_mean_is_a_cold_path_of_its_own():
+    # "zero" is the kernel as it was (same source: same digest, same cubin); "mean" adds one
+    # block-wide test and the mean of V behind it, in the same shared memory and grid.
+    mask = [((32, 1, 1, 128), DType.bool)]
+    (zero,) = select_sm90(_ctx((32, 12, 128, 64), extra=mask))
+    (explicit,) = select_sm90(_ctx((32, 12, 128, 64), extra=mask, masked_rows="zero"))
+    (mean,) = select_sm90(_ctx((32, 12, 128, 64), extra=mask, masked_rows="mean"))
+    assert explicit.source == zero.source and "__syncthreads_or" not in zero.source
+    assert mean.source.count("__syncthreads_or") == 1 and "r < 128;" in mean.source
+    assert (mean.shared_bytes, mean.grid, mean.block) == (zero.shared_bytes, zero.grid, zero.block)
+    assert mean.params == zero.params

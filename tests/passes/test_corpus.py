@@ -106,20 +106,9 @@ def test_attention_fuses_and_matches_onnxruntime(key):
         np.testing.assert_allclose(got[name], w, rtol=0, atol=1e-4 * scale, err_msg=f"{key}: {name}")
 
 
-def _uniform_rows(graph) -> list:
-    """The nodes of passes/fuse_attention.py's Where(dead, mean(V), Attention(...)) correction
-    (the rows a finite-fill mask leaves no key), by their names."""
-    return [n for n in graph.nodes if "/uniform/" in n.name]
-
-
 def _fused_counts(graph) -> dict[str, int]:
-    """COUNTED ops of the graph, the uniform-rows correction left out: it exists where the
-    export's mask has a finite fill (eager masks, dynamo's SDPA) and not where it is -inf."""
     ops: collections.Counter = collections.Counter()
-    correction = {id(n) for n in _uniform_rows(graph)}
     for n in graph.nodes:
-        if id(n) in correction:
-            continue
         if n.op != "Fused":
             ops[n.op] += 1
             continue
@@ -144,8 +133,10 @@ def test_cuda_fp16_fusion_counts_are_the_same_for_every_export(key):
     g1 = optimize(graphc.bind_shapes(graphc.load_onnx(model), {}), OptimizeOptions(opt_level=2, target=target)).graph
     want = {k: 0 for k in COUNTED} | CUDA_FUSED[rec["model"]]
     assert _fused_counts(g1) == want, key
-    rows = [n for n in _uniform_rows(g1) if "/uniform/rows" in n.name]
-    assert len(rows) in (0, rec["layers"]), key  # every attention layer's mask is the same kind
+    # The rows a finite-fill mask (eager masks, dynamo's SDPA) leaves no key are Attention's own
+    # (masked_rows "mean"); a -inf mask leaves them 0. Every layer's mask is the same kind.
+    modes = {n.attrs.masked_rows for n in g1.nodes if n.op == "Attention"}
+    assert len(modes) == 1, key
     # The fp16 graph still computes the model: fp16 rounding is ~1e-3 of the output's scale, a
     # wrong mask, scale or layout is O(1).
     feeds = CASES[rec["model"]].inputs(np.random.default_rng(7))

@@ -246,9 +246,9 @@ def test_mask_forms(mask):
 def test_masks_that_only_mask_become_boolean(mask, causal, mask_shape):
     # Where(keep, 0, finfo.min) + scores masks exactly where keep is False: the padding term
     # becomes Attention's bool mask, an all-True constant term goes, a causal one is is_causal=1.
-    # A row keep leaves no key is the mean of V (finfo.min makes it uniform): one Where after
-    # Attention, whose condition reads keep (the causal pattern included); none for a constant
-    # mask that leaves every row a key (tests/passes/test_fuse_attention_padding.py).
+    # A row keep leaves no key is the mean of V (finfo.min makes it uniform): Attention's
+    # masked_rows="mean", no node more; "zero" for a constant mask that leaves every row a key
+    # (tests/passes/test_fuse_attention_padding.py).
     model = _attention_model(mask=mask)
     g0 = graphc.load_onnx(model)
     g1 = _optimize(g0)
@@ -259,9 +259,8 @@ def test_masks_that_only_mask_become_boolean(mask, causal, mask_shape):
         assert m is None
     else:
         assert m.ttype.dtype.name == "bool" and m.ttype.shape == mask_shape
-    wheres = [n for n in g1.nodes if n.op == "Where"]
-    assert [n.name.rsplit("/", 1)[-1] for n in wheres] == ([] if mask_shape is None else ["rows"])
-    assert g1.op_counts().get("And", 0) == (1 if mask == "hf_causal" else 0)
+    assert node.attrs.masked_rows == ("zero" if mask_shape is None else "mean")
+    assert "Where" not in g1.op_counts() and "And" not in g1.op_counts()
     _check_same(g0, g1, _feeds(model))
 
 

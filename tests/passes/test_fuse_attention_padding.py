@@ -178,20 +178,20 @@ def test_wholly_masked_rows_match_onnxruntime(spelling, kv_heads, softcap, out):
 @pytest.mark.parametrize("spelling", ["eager:causal", "eager:window", "where_min:window", "sdpa:window"])
 def test_fast_paths_stay(spelling):
     # The boolean mask (and is_causal for a causal pattern) stays on Attention; the rows a
-    # finite fill makes uniform are one Where after it, whose condition reads that mask.
+    # finite fill makes uniform are Attention's own (masked_rows="mean"): no node follows it.
     g = _fused(_model(spelling), elementwise=False)
     att = next(n for n in g.nodes if n.op == "Attention")
     assert att.inputs[3].ttype.dtype.name == "bool"
     assert att.attrs.is_causal == (1 if spelling.endswith("causal") else 0)
-    uniform = [n for n in g.nodes if n.op == "Where" and "/uniform/" in n.name]
-    assert len(uniform) == (0 if spelling.startswith("sdpa") else 1)
+    assert att.attrs.masked_rows == ("zero" if spelling.startswith("sdpa") else "mean")
+    assert all(n.op != "Where" for n in g.users(att.outputs[0].name))
 
 
 def test_additive_fill_that_does_not_absorb_stays_a_float_mask():
     g = _fused(_model("additive_1e4:window"), elementwise=False)
     att = next(n for n in g.nodes if n.op == "Attention")
     assert att.inputs[3].ttype.dtype.name == "float32"
-    assert not any("/uniform/" in n.name for n in g.nodes)
+    assert att.attrs.masked_rows == "zero"
 
 
 def test_ninf_without_guard_gives_zero_where_onnxruntime_gives_nan():
@@ -237,8 +237,8 @@ def test_finite_fill_mixed_with_another_mask_is_not_fused():
 )
 def test_symbolic_batch(spelling, out):
     # The graph as exported with a symbolic batch (optimized before shapes are bound): the
-    # uniform rows are written through views that copy the unknown dim (or, where the mask is
-    # still sliced to the key length, it stays a float mask): either way what ORT computes.
+    # uniform rows are Attention's masked_rows="mean" (or, where the mask is still sliced to the
+    # key length, it stays a float mask): either way what ORT computes.
     model = _model(spelling, out=out)
     for vi in [*model.graph.input, *model.graph.output]:
         vi.type.tensor_type.shape.dim[0].dim_param = "batch"

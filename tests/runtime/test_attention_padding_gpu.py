@@ -1,7 +1,8 @@
 """CUDA engines on rows whose every key is masked (tests/passes/test_fuse_attention_padding.py on
-the CPU): the fused attention plus its uniform-rows Where computes what ONNX Runtime computes, in
-fp32 (1e-3 of the output's scale) and fp16 (cosine >= 0.999, every element within 2e-2 of scale),
-for hand-built mask spellings and for committed corpus exports with padded inputs."""
+the CPU): the fused attention (masked_rows "mean" where the mask's fill is finite) computes what
+ONNX Runtime computes, in fp32 (1e-3 of the output's scale) and fp16 (cosine >= 0.999, every
+element within 2e-2 of scale), for hand-built mask spellings and for committed corpus exports with
+padded inputs."""
 
 from __future__ import annotations
 
