@@ -392,7 +392,11 @@ class CUDAContext:
                 raise EngineError(f"cuCtxSetCurrent failed: {err}")
 
     def launch_all(self) -> None:
-        for (fn, grid, block, args, smem, _name), pdl in zip(self.launches, self.programmatic, strict=True):
+        self._launch(self.launches, self.programmatic)
+
+    def _launch(self, launches: list[tuple], programmatic: list[Any]) -> None:
+        """Each launch on the stream, the ordinary way or by its programmatic launcher."""
+        for (fn, grid, block, args, smem, _name), pdl in zip(launches, programmatic, strict=True):
             if pdl is None:
                 fn(grid, block, args, shared_mem=smem, stream=self.stream)
             else:
@@ -628,12 +632,8 @@ class CUDAContext:
         """Launch list `r`: the context's own (launch_all, which a subclass may override) or a slot's."""
         if r is self:
             self.launch_all()
-            return
-        for (fn, grid, block, args, smem, _name), pdl in zip(r.launches, r.programmatic, strict=True):
-            if pdl is None:
-                fn(grid, block, args, shared_mem=smem, stream=self.stream)
-            else:
-                pdl()
+        else:
+            self._launch(r.launches, r.programmatic)
 
     def _memcpys(self, srcs: tuple[int, ...], dsts: tuple[int, ...], graph: Any, r: Any = None) -> None:
         """The copies in, `graph`'s launch (None: launch list `r`, default the context's), the
