@@ -140,20 +140,20 @@ def gpu(model: str, size: str, calls: int, rounds: int) -> dict[str, Any]:
     # slots': runtime/output_ring.py) made a no-op: the call's host work alone is left
     ring = getattr(ctx, "_ring", None)
     lists = [ctx, *(ring.slots if ring is not None else [])]
-    saved = [(r.graph, dict(r._copy_graphs)) for r in lists]
-    for r in lists:
-        r.graph = NoopGraph() if r.graph is not None or r is ctx else None
-        for k in r._copy_graphs:
-            r._copy_graphs[k] = NoopGraph()
+    saved = [(lst.graph, dict(lst._copy_graphs)) for lst in lists]
+    for lst in lists:
+        lst.graph = NoopGraph() if lst.graph is not None or lst is ctx else None
+        for k in lst._copy_graphs:
+            lst._copy_graphs[k] = NoopGraph()
     try:
         r["run_noop_launch"] = per_call_us(lambda: engine.run(dev, sync=False), calls, rounds, sync)
         r["run_reuse_noop_launch"] = per_call_us(
             lambda: engine.run(dev, sync=False, reuse_outputs=True), calls, rounds, sync
         )
     finally:
-        for r, (g, copies) in zip(lists, saved, strict=True):
-            r.graph = g
-            r._copy_graphs.update(copies)
+        for lst, (g, copies) in zip(lists, saved, strict=True):
+            lst.graph = g
+            lst._copy_graphs.update(copies)
     # the pieces of a call, each alone (what a fix would save)
     first_out = next(iter(out.values()))
     src = first_out
