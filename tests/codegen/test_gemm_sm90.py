@@ -261,3 +261,46 @@ def test_overlap_keeps_the_wgmma_pipelined(bn, gelu):
     log = _ptxas_log(k.source)
     assert "C7511" not in log and "serialized" not in log, log
     assert "0 bytes spill stores, 0 bytes spill loads" in log, log
+
+
+def test_tall_tile_parameters():
+    """BM 192: three consumer warpgroups (512 threads), A's tensor map 192 rows a box, the grid and
+    shared memory of 192-row tiles; cooperative only, BN 128 or 192 (ptxas compiles 512 threads for
+    128 registers: BN 256's wgmma needs 154); the 128-row forms keep their parameters."""
+    ctx = _ctx(6304, 768, 768, b_layout="k")
+    (k,) = gemm_sm90.generate(ctx, {"BM": 192, "BN": 192})
+    assert k.block == (512, 1, 1) and k.params["BM"] == 192 and k.params["STAGES"] == gemm_sm90.max_stages(192, 192)
+    assert k.grid == (132, 1, 1)  # 33 x 4 tiles: one whole wave
+    a, b = validate_launch(k.params, k.args, ctx.tensors, "t")
+    assert a.box == (64, 192, 1) and b.box == (64, 192, 1)
+    assert k.shared_bytes == gemm_sm90.shared_bytes(192, 4, 192) <= 227 * 1024
+    assert "__launch_bounds__(512, 1)" in k.source and "gc_setmaxnreg_inc<152>" in k.source
+    for p in (
+        {"BM": 192, "BN": 256},
+        {"BM": 192, "BN": 128, "PINGPONG": 1},
+        {"BM": 192, "BN": 128, "OVERLAP": 1},
+        {"BM": 256, "BN": 128},
+        {"BM": 192, "BN": 128, "STAGES": 5},
+    ):
+        with pytest.raises(CompileError, match="not valid"):
+            gemm_sm90.generate(ctx, p)
+    (plain,) = gemm_sm90.generate(ctx, {"BN": 192})
+    assert "BM" not in plain.params and plain.block == (384, 1, 1)
+
+
+@pytest.mark.parametrize("epilogue", ["gelu", "residual"])
+def test_tall_tile_compiles_without_spills(epilogue):
+    """BM 192 BN 192 (96 accumulators a thread within 128 registers) with an FFN epilogue: ptxas
+    keeps the wgmma asynchronous and spills nothing."""
+    add = EpilogueOp("Add", get_op("Add").attrs(), (ACC, IN(2)))
+    if epilogue == "gelu":
+        epi, extra = (add, EpilogueOp("Gelu", get_op("Gelu").attrs(), (OP(0),))), [(3072,)]
+    else:
+        epi, extra = (add, EpilogueOp("Add", get_op("Add").attrs(), (OP(0), IN(3)))), [(3072,), (6304, 3072)]
+    ctx = standalone_context(
+        "MatMul", [(6304, 768), (768, 3072), *extra], DType.float16, n_anchor=2, epilogue=epi, outputs=(OP(1),)
+    )
+    (k,) = gemm_sm90.generate(ctx, {"BM": 192, "BN": 192})
+    log = _ptxas_log(k.source)
+    assert "C7511" not in log and "serialized" not in log, log
+    assert "0 bytes spill stores, 0 bytes spill loads" in log, log
