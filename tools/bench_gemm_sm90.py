@@ -134,7 +134,7 @@ def sweep_variants(prob, epilogue: str = "none") -> list[dict[str, Any]]:
     """The schedules of the tile-shape sweep (--sweep), each with the deepest ring and the vector
     epilogue: 128-row tiles cooperative (BN 192, 256), ping-pong (BN 192; 128 too with an
     epilogue), OVERLAP (BN 128, 192); 192-row tiles (three consumer warpgroups, cooperative) at
-    BN 128 and 192, BN 192 also with one stage less and with the per-warp epilogue (WARP_EPI)."""
+    BN 128 and 192, each also with the per-warp epilogue (WARP_EPI), BN 192 with one stage less."""
     from graphc.codegen.families import gemm_sm90 as g
 
     extra = {"VEC_EPI": 1, "FAST_GELU": 1} if epilogue != "none" else {}
@@ -146,7 +146,8 @@ def sweep_variants(prob, epilogue: str = "none") -> list[dict[str, Any]]:
     out = [v(192), v(256), v(192, PINGPONG=1), v(128, OVERLAP=1), v(192, OVERLAP=1)]
     if epilogue != "none":
         out.append(v(128, PINGPONG=1))
-    out += [v(128, 192), v(192, 192), {**v(192, 192), "STAGES": g.max_stages(192, 192) - 1}, v(192, 192, WARP_EPI=1)]
+    out += [v(128, 192), v(128, 192, WARP_EPI=1), v(192, 192), v(192, 192, WARP_EPI=1)]
+    out.append({**v(192, 192), "STAGES": g.max_stages(192, 192) - 1})
     return out
 
 
