@@ -147,8 +147,46 @@ def heuristic(prob: Problem, vec_ok: bool = True) -> dict[str, Any]:
         best["PINGPONG"] = 0
     if vec_ok and overlap_rule(prob, best):
         best = {"BN": OVERLAP_RULE_BN, "SPLITS": 1, "PINGPONG": 0, "OVERLAP": 1}
-    best["STAGES"] = max_stages(best["BN"])
+    if vec_ok and tall_rule(prob, best):
+        gelu = any(e.op in PINGPONG_EPILOGUE_OPS for e in prob.epilogue)
+        bn = 192 if not gelu or wave_fill(prob, 192, 192) >= wave_fill(prob, 192, 128) else 128
+        best = {"BM": 192, "BN": bn, "SPLITS": 1, "PINGPONG": 0, "WARP_EPI": 1}
+    best["STAGES"] = max_stages(best["BN"], best.get("BM", BM))
     return best
+
+
+def wave_fill(prob: Problem, bm: int, bn: int) -> float:
+    """The share of the SMs' tile slots that does useful work with bm x bn tiles in one K slice: the
+    last wave's idle slots and the rows and columns padded past M and N counted as lost."""
+    tiles = units(prob, bn, 1, bm)
+    fill = tiles / (ceil_div(tiles, SM_COUNT) * SM_COUNT)
+    return fill * prob.M / (ceil_div(prob.M, bm) * bm) * prob.N / (ceil_div(prob.N, bn) * bn)
+
+
+# BM 192 (three consumer warpgroups, per-warp epilogue) as the default, measured on an H200
+# (2026-12-02, tools/bench_gemm_sm90.py --sweep, fp16, B [K, N], CUDA-graph replays, cuBLAS / ours;
+# docs/results/gemm_sm90_2026-12-02.md). Plain, BM 192 BN 192 WARP_EPI against OVERLAP BN 192:
+#   6304 x 768x768 0.94 (0.83), 3072x768 0.96 (0.93), 768x3072 0.99 (0.80), 2304x768 0.99 (0.99);
+#   4096 x 768x768 0.71 (0.95), 2304x768 0.93 (1.01), 3072x768 0.89 (1.06), 768x3072 0.76 (0.98).
+# bias + residual at 6304x768x3072: 0.0461 ms against 0.0650. The 6304 shapes that won gain
+# 0.14-0.25 of wave fill (wave_fill), 2304x768 0.10 (a tie), the 4096 ones none -> a gain of 0.12.
+# bias + Gelu: BM 192 BN 128 WARP_EPI 0.0444 ms at 4096x3072x768 (ping-pong BN 128 0.0466),
+# BN 192 0.0643 at 6304x3072x768 (ping-pong 0.0745) -> for Gelu every M >= 4096 with N, K in
+# 768..3072, BN 192 where it fills the waves as well as BN 128.
+TALL_RULE_MIN_GAIN = 0.12
+TALL_RULE_MIN_M = 4096
+
+
+def tall_rule(prob: Problem, best: dict[str, Any]) -> bool:
+    """Whether the heuristic takes BM 192 over its 128-row choice `best` (rule above)."""
+    lo, hi = OVERLAP_RULE_NK
+    if best["SPLITS"] != 1 or prob.batch * prob.M < TALL_RULE_MIN_M or prob.N % 8:
+        return False
+    if not (lo <= prob.N <= hi and lo <= prob.K <= hi):
+        return False
+    if any(e.op in PINGPONG_EPILOGUE_OPS for e in prob.epilogue):
+        return True
+    return wave_fill(prob, 192, 192) >= wave_fill(prob, BM, best["BN"]) + TALL_RULE_MIN_GAIN
 
 
 # OVERLAP as the default, measured on an H200 (2026-12-01, tools/bench_gemm_sm90.py --overlap,
