@@ -4,6 +4,7 @@ older GEMM paths, in one run on one GPU: many variants per shape, each checked, 
     python tools/bench_gemm_sm90.py [--quick] [--dtype fp16 --dtype bf16] [--out DIR]
     python tools/bench_gemm_sm90.py --compile-only --cache DIR   # NVRTC every variant, no GPU
     python tools/bench_gemm_sm90.py --overlap [--epilogue bias-gelu] --shape MxNxK   # epilogue schedules
+    python tools/bench_gemm_sm90.py --sweep [--epilogue bias-gelu] [--shape MxNxK]     # tile heights too
 
 Each variant's output is poisoned (NaN) before a checked run on fresh random inputs and compared
 with torch's fp32 product (relative Frobenius error); a NaN left or an error above 1e-2 fails it.
@@ -30,6 +31,7 @@ BIG = [(4096, 4096, 4096), (8192, 8192, 8192)]
 NK = [(768, 768), (2304, 768), (3072, 768), (768, 3072)]
 LINEAR = [(m, n, k) for m in (128, 197, 4096, 6304) for n, k in NK]
 QUICK = [(4096, 4096, 4096), (4096, 768, 768), (4096, 3072, 768), (128, 768, 768)]
+SWEEP = [(m, n, k) for m in (4096, 6304) for n, k in NK]  # the transformers' linear layers at batch 32
 
 
 def variants(prob, lean: bool = False) -> list[dict[str, Any]]:
@@ -128,8 +130,29 @@ def overlap_variants(prob, epilogue: str = "none") -> list[dict[str, Any]]:
     return out
 
 
+def sweep_variants(prob, epilogue: str = "none") -> list[dict[str, Any]]:
+    """The schedules of the tile-shape sweep (--sweep), each with the deepest ring and the vector
+    epilogue: 128-row tiles cooperative (BN 192, 256), ping-pong (BN 192; 128 too with an
+    epilogue), OVERLAP (BN 128, 192); 192-row tiles (three consumer warpgroups, cooperative) at
+    BN 128 and 192, each also with the per-warp epilogue (WARP_EPI), BN 192 with one stage less."""
+    from graphc.codegen.families import gemm_sm90 as g
+
+    extra = {"VEC_EPI": 1, "FAST_GELU": 1} if epilogue != "none" else {}
+
+    def v(bn: int, bm: int = 128, **kw) -> dict[str, Any]:
+        tall = {"BM": bm} if bm != 128 else {}
+        return {**tall, "BN": bn, "STAGES": g.max_stages(bn, bm), "SPLITS": 1, "PINGPONG": 0, **kw, **extra}
+
+    out = [v(192), v(256), v(192, PINGPONG=1), v(128, OVERLAP=1), v(192, OVERLAP=1)]
+    if epilogue != "none":
+        out.append(v(128, PINGPONG=1))
+    out += [v(128, 192), v(128, 192, WARP_EPI=1), v(192, 192), v(192, 192, WARP_EPI=1)]
+    out.append({**v(192, 192), "STAGES": g.max_stages(192, 192) - 1})
+    return out
+
+
 def kernels_for(
-    ctx, prob, quick: bool, lean: bool = False, epilogue: str = "none", overlap: bool = False
+    ctx, prob, quick: bool, lean: bool = False, epilogue: str = "none", overlap: bool = False, sweep: bool = False
 ) -> list[tuple[str, dict | None, list]]:
     """(label, params, KernelSources) of every candidate: the TMA variants, graphc's default
     and its cp.async wgmma path."""
@@ -140,7 +163,9 @@ def kernels_for(
     h = g.heuristic(prob)
     if epilogue != "none":
         h = {**h, "VEC_EPI": 1, "FAST_GELU": 1}
-    if overlap:
+    if sweep:
+        vs = sweep_variants(prob, epilogue)
+    elif overlap:
         vs = overlap_variants(prob, epilogue)
     else:
         vs = [h] if quick else (epilogue_variants(prob) if epilogue != "none" else variants(prob, lean))
@@ -151,7 +176,7 @@ def kernels_for(
             out.append(("tma" + ("*" if p == h else ""), p, g.generate(ctx, p)))
         except Exception as e:  # noqa: BLE001 - a variant that does not render is reported and skipped
             print(f"  skip {p}: {e}")
-    if overlap:  # the TMA schedules only
+    if overlap or sweep:  # the TMA schedules only
         return out
     fam = family_for(ctx)
     out.append(("default", None, fam.generate(ctx)))
@@ -289,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lean", action="store_true", help="fewer variants per shape (see variants())")
     ap.add_argument("--epilogue", choices=["none", "bias-gelu", "bias-res"], default="none", help="a fused epilogue")
     ap.add_argument("--overlap", action="store_true", help="the epilogue schedules: cooperative, ping-pong, OVERLAP")
+    ap.add_argument("--sweep", action="store_true", help="tile heights 128 and 192, every schedule (sweep_variants)")
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
 
@@ -300,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = (
         [tuple(int(x) for x in s.split("x")) for s in args.shape]
         if args.shape
-        else (QUICK if args.quick else BIG + LINEAR)
+        else (QUICK if args.quick else SWEEP if args.sweep else BIG + LINEAR)
     )
     todo = []
     for dt in dts:
@@ -308,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         for lay in layouts:
             for m, n, k in shapes:
                 ctx = context(m, n, k, dtype, lay, args.epilogue)
-                cands = kernels_for(ctx, problem_of(ctx), args.quick, args.lean, args.epilogue, args.overlap)
+                prob = problem_of(ctx)
+                cands = kernels_for(ctx, prob, args.quick, args.lean, args.epilogue, args.overlap, args.sweep)
                 todo.append((dt, lay, (m, n, k), cands))
     every = [k for *_, cands in todo for _, _, ks in cands for k in ks]
     t0 = time.time()
@@ -364,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
             log.write(json.dumps(row) + "\n")
             log.flush()
             rows.append(row)
-            if "ms" in row and args.overlap:
+            if "ms" in row and (args.overlap or args.sweep):
                 print(f"    {label:5} {p} {row['ms']:.4f} ms {row['ratio']:.2f}x", flush=True)
             elif "ms" in row and args.epilogue != "none":
                 print(

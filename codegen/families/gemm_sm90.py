@@ -54,22 +54,39 @@ from graphc.ops.fused import ACC
 
 log = logging.getLogger(__name__)
 
-BM = 128
+BM = 128  # the default tile height; BM 192: three consumer warpgroups (cooperative only)
+BMS = (128, 192)
 BK = 64
 BNS = (128, 192, 256)
 PINGPONG_BNS = (128, 192)
 OVERLAP_BNS = (128, 192)  # the accumulators twice in registers: BN 256 would need 256 of them
-THREADS = 384  # producer warpgroup + two consumer warpgroups
+THREADS = 384  # producer warpgroup + two consumer warpgroups (BM 128)
 SMEM_LIMIT = 227 * 1024
-_EP_BYTES = 2 * 64 * 40 * 4  # the consumers' fp32 epilogue buffers
+_EP_BYTES = 64 * 40 * 4  # a consumer warpgroup's fp32 epilogue buffer
+# setmaxnreg (producer, consumer) per consumer warpgroup count: 65536 registers a CTA of
+# 128 * (1 + consumers) threads, each count a multiple of 8 (128 * 40 + 384 * 152 = 63488).
+# (ptxas still compiles a 512-thread kernel for 128 registers a thread: the wgmma of BN 256 needs
+# 154 at BM 192, so that tile is refused, C7602.)
+REGS = {2: (40, 232), 3: (40, 152)}
+BM192_BNS = (128, 192)
 
 
-def shared_bytes(bn: int, stages: int) -> int:
-    return stages * (BM + bn) * BK * 2 + _EP_BYTES + 16 * stages + 16 + 1024  # + slack to align to 1024
+def consumers(bm: int) -> int:
+    """Consumer warpgroups of a BM-row tile (64 rows each; BM 128 ping-pong: 2 as well)."""
+    return bm // 64
 
 
-def max_stages(bn: int) -> int:
-    return min(8, (SMEM_LIMIT - _EP_BYTES - 1024 - 144) // ((BM + bn) * BK * 2))
+def threads(bm: int = BM) -> int:
+    return 128 * (1 + consumers(bm))
+
+
+def shared_bytes(bn: int, stages: int, bm: int = BM) -> int:
+    ep = consumers(bm) * _EP_BYTES
+    return stages * (bm + bn) * BK * 2 + ep + 16 * stages + 16 + 1024  # + slack to align to 1024
+
+
+def max_stages(bn: int, bm: int = BM) -> int:
+    return min(8, (SMEM_LIMIT - consumers(bm) * _EP_BYTES - 1024 - 144) // ((bm + bn) * BK * 2))
 
 
 def unsupported(prob: Problem) -> str | None:
@@ -87,8 +104,8 @@ def unsupported(prob: Problem) -> str | None:
     return None
 
 
-def units(prob: Problem, bn: int, splits: int) -> int:
-    return ceil_div(prob.M, BM) * ceil_div(prob.N, bn) * prob.batch * splits
+def units(prob: Problem, bn: int, splits: int, bm: int = BM) -> int:
+    return ceil_div(prob.M, bm) * ceil_div(prob.N, bn) * prob.batch * splits
 
 
 def tile_cost(prob: Problem, bn: int, s: int) -> float:
@@ -130,8 +147,46 @@ def heuristic(prob: Problem, vec_ok: bool = True) -> dict[str, Any]:
         best["PINGPONG"] = 0
     if vec_ok and overlap_rule(prob, best):
         best = {"BN": OVERLAP_RULE_BN, "SPLITS": 1, "PINGPONG": 0, "OVERLAP": 1}
-    best["STAGES"] = max_stages(best["BN"])
+    if vec_ok and tall_rule(prob, best):
+        gelu = any(e.op in PINGPONG_EPILOGUE_OPS for e in prob.epilogue)
+        bn = 192 if not gelu or wave_fill(prob, 192, 192) >= wave_fill(prob, 192, 128) else 128
+        best = {"BM": 192, "BN": bn, "SPLITS": 1, "PINGPONG": 0, "WARP_EPI": 1}
+    best["STAGES"] = max_stages(best["BN"], best.get("BM", BM))
     return best
+
+
+def wave_fill(prob: Problem, bm: int, bn: int) -> float:
+    """The share of the SMs' tile slots that does useful work with bm x bn tiles in one K slice: the
+    last wave's idle slots and the rows and columns padded past M and N counted as lost."""
+    tiles = units(prob, bn, 1, bm)
+    fill = tiles / (ceil_div(tiles, SM_COUNT) * SM_COUNT)
+    return fill * prob.M / (ceil_div(prob.M, bm) * bm) * prob.N / (ceil_div(prob.N, bn) * bn)
+
+
+# BM 192 (three consumer warpgroups, per-warp epilogue) as the default, measured on an H200
+# (2026-12-02, tools/bench_gemm_sm90.py --sweep, fp16, B [K, N], CUDA-graph replays, cuBLAS / ours;
+# docs/results/gemm_sm90_2026-12-02.md). Plain, BM 192 BN 192 WARP_EPI against OVERLAP BN 192:
+#   6304 x 768x768 0.94 (0.83), 3072x768 0.96 (0.93), 768x3072 0.99 (0.80), 2304x768 0.99 (0.99);
+#   4096 x 768x768 0.71 (0.95), 2304x768 0.93 (1.01), 3072x768 0.89 (1.06), 768x3072 0.76 (0.98).
+# bias + residual at 6304x768x3072: 0.0461 ms against 0.0650. The 6304 shapes that won gain
+# 0.14-0.25 of wave fill (wave_fill), 2304x768 0.10 (a tie), the 4096 ones none -> a gain of 0.12.
+# bias + Gelu: BM 192 BN 128 WARP_EPI 0.0444 ms at 4096x3072x768 (ping-pong BN 128 0.0466),
+# BN 192 0.0643 at 6304x3072x768 (ping-pong 0.0745) -> for Gelu every M >= 4096 with N, K in
+# 768..3072, BN 192 where it fills the waves as well as BN 128.
+TALL_RULE_MIN_GAIN = 0.12
+TALL_RULE_MIN_M = 4096
+
+
+def tall_rule(prob: Problem, best: dict[str, Any]) -> bool:
+    """Whether the heuristic takes BM 192 over its 128-row choice `best` (rule above)."""
+    lo, hi = OVERLAP_RULE_NK
+    if best["SPLITS"] != 1 or prob.batch * prob.M < TALL_RULE_MIN_M or prob.N % 8:
+        return False
+    if not (lo <= prob.N <= hi and lo <= prob.K <= hi):
+        return False
+    if any(e.op in PINGPONG_EPILOGUE_OPS for e in prob.epilogue):
+        return True
+    return wave_fill(prob, 192, 192) >= wave_fill(prob, BM, best["BN"]) + TALL_RULE_MIN_GAIN
 
 
 # OVERLAP as the default, measured on an H200 (2026-12-01, tools/bench_gemm_sm90.py --overlap,
@@ -178,15 +233,17 @@ def overlap_every(ktiles: int, bn: int) -> int:
 
 
 def valid(prob: Problem, p: dict[str, Any]) -> bool:
-    bn, st, s = p.get("BN"), p.get("STAGES"), p.get("SPLITS", 1)
-    if bn not in BNS or not isinstance(st, int) or not isinstance(s, int):
+    bn, st, s, bm = p.get("BN"), p.get("STAGES"), p.get("SPLITS", 1), p.get("BM", BM)
+    if bn not in BNS or bm not in BMS or not isinstance(st, int) or not isinstance(s, int):
         return False
+    if bm != BM and (p.get("PINGPONG", 0) or p.get("OVERLAP", 0) or bn not in BM192_BNS):
+        return False  # 512 threads: ptxas compiles for 128 registers, one accumulator array of BN / 2
     if p.get("PINGPONG", 0) not in (0, 1) or (p.get("PINGPONG") and (bn not in PINGPONG_BNS or s > 1)):
         return False  # a ping-pong warpgroup holds the whole 128 x BN accumulator; never won split
     ov = p.get("OVERLAP", 0)
     if ov not in (0, 1) or (ov and (bn not in OVERLAP_BNS or s > 1 or p.get("PINGPONG", 0))):
         return False
-    if not 2 <= st <= max_stages(bn) or s < 1 or s > max(1, ceil_div(prob.K, BK)):
+    if not 2 <= st <= max_stages(bn, bm) or s < 1 or s > max(1, ceil_div(prob.K, BK)):
         return False
     return unsupported(prob) is None
 
@@ -469,7 +526,7 @@ def _render(
 ) -> str:
     """The kernel source of gemm_sm90.cu.j2 for a problem of `elem` operands (fp16/bf16: the same
     source as before the element type became a parameter)."""
-    bn = p["BN"]
+    bn, bm = p["BN"], p.get("BM", BM)
     trans_a, trans_b = int(not prob.a.kcontig), int(not prob.b.kcontig)
     return render(
         "gemm_sm90.cu.j2",
@@ -479,6 +536,10 @@ def _render(
         M=prob.M,
         N=prob.N,
         K=prob.K,
+        BM=bm,
+        nc=consumers(bm),
+        threads=threads(bm),
+        regs=REGS[consumers(bm)],
         BN=bn,
         STAGES=p["STAGES"],
         splits=p["SPLITS"],
@@ -521,7 +582,7 @@ def generate(
     params = {
         k: v
         for k, v in (params or {}).items()
-        if k in ("BN", "STAGES", "SPLITS", "PINGPONG", "OVERLAP", "WARP_EPI", "VEC_EPI", "FAST_GELU")
+        if k in ("BM", "BN", "STAGES", "SPLITS", "PINGPONG", "OVERLAP", "WARP_EPI", "VEC_EPI", "FAST_GELU")
     }
     vec_epi, fast_gelu = params.pop("VEC_EPI", 1), params.pop("FAST_GELU", 1)
     if vec_epi not in (0, 1, 2) or fast_gelu not in (0, 1):
@@ -529,18 +590,21 @@ def generate(
     ops = step_operands(ctx)
     out_specs = [ctx.tensors[o] for o in step.outputs]
     if "BN" in params:  # a forced tile: one K slice, cooperative, the deepest ring unless named
+        bm = params.get("BM", BM)
         p = {
             "SPLITS": 1,
             "PINGPONG": 0,
             "OVERLAP": 0,
-            "STAGES": max_stages(params["BN"]) if params["BN"] in BNS else 0,
+            "STAGES": max_stages(params["BN"], bm) if params["BN"] in BNS and bm in BMS else 0,
             **params,
         }
     else:
         p = {**heuristic(prob, vec_epi == 1 and vec_epilogue_ok(prob, ops, out_specs)), **params}
     if not valid(prob, p):
         raise ctx.fail(f"TMA GEMM parameters {p} are not valid for M={prob.M} N={prob.N} K={prob.K}")
-    bn, stages = p["BN"], p["STAGES"]
+    bn, stages, bm = p["BN"], p["STAGES"], p.pop("BM", BM)
+    if bm != BM:  # put back only where set: the 128-row forms keep their parameters and cache keys
+        p["BM"] = bm
     ktiles = ceil_div(prob.K, BK)
     kt_per = ceil_div(ktiles, p["SPLITS"])
     splits = ceil_div(ktiles, kt_per)  # no empty slice
@@ -562,7 +626,7 @@ def generate(
     p["VEC_EPI"] = vec["mode"] if vec is not None else 0
     overlap, warp_epi = _schedule(ctx, p)
     p["FAST_GELU"] = fast_gelu
-    ta, a_batched = _tmap(step.inputs[0], prob.dtype, prob.a, prob.K, BM, prob.batch)
+    ta, a_batched = _tmap(step.inputs[0], prob.dtype, prob.a, prob.K, bm, prob.batch)
     tb, b_batched = _tmap(step.inputs[1], prob.dtype, prob.b, prob.K, bn, prob.batch)
     common = {
         "epilogue": rendered,
@@ -594,7 +658,7 @@ def generate(
         a_batched=a_batched,
         b_batched=b_batched,
     )
-    n_units = units(prob, bn, splits)
+    n_units = units(prob, bn, splits, bm)
     kp = {
         "path": "tma",
         **p,
@@ -618,9 +682,9 @@ def generate(
             name,
             source,
             (min(n_units, SM_COUNT), 1, 1),
-            (THREADS, 1, 1),
+            (threads(bm), 1, 1),
             kargs,
-            shared_bytes(bn, stages),
+            shared_bytes(bn, stages, bm),
             params=kp,
             workspace_bytes=ws_bytes,
         )

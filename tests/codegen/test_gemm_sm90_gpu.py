@@ -238,7 +238,98 @@ def _cases() -> list[Case]:
         )  # fmt: skip
     )
     cases += _overlap_cases(bg, row2, cast)
+    cases += _tall_cases(bg, row2)
     return cases
+
+
+def _tall_cases(bg, row2) -> list[Case]:
+    """BM 192: three consumer warpgroups of 64 rows, 512 threads. Every layout with edges in M
+    (M = 392: a last row tile of 8 rows, two warpgroups wholly past M; M = 330: the third
+    warpgroup's rows partly past it), N and K; many tiles per CTA (the ring wraps); each width, a shorter
+    ring, split-K; the epilogue forms (element-wise, in the accumulator layout, per warp), bias +
+    Gelu, bias + Gelu + residual, a per-row input with two outputs, bf16."""
+    out = []
+    for ta, tb in ((0, 0), (1, 1), (0, 1), (1, 0)):
+        m, n, k = 392, 136, 520  # 2 row tiles: 192 + 200 = 192 + 192 + 8
+        out.append(
+            Case(
+                f"fp16-tall-t{ta}{tb}",
+                "fp16",
+                "MatMul",
+                [(k, m) if ta else (m, k), (n, k) if tb else (k, n)],
+                domain="graphc",
+                attrs={"trans_a": ta, "trans_b": tb},
+                params={"BM": 192, "BN": 128},
+            )
+        )
+    out.append(Case("fp16-tall-m330", "fp16", "MatMul", [(330, 256), (256, 200)], params={"BM": 192, "BN": 192}))
+    out.append(Case("bf16-tall-persistent", "bf16", "MatMul", [(6304, 256), (256, 776)], params={"BM": 192, "BN": 192}))
+    out.append(
+        Case(
+            "fp16-tall-s3",
+            "fp16",
+            "MatMul",
+            [(2200, 1088), (1088, 1064)],
+            params={"BM": 192, "BN": 192, "STAGES": 3},
+        )
+    )
+    out.append(
+        Case(
+            "fp16-tall-split", "fp16", "MatMul", [(197, 3072), (3072, 776)], params={"BM": 192, "BN": 128, "SPLITS": 4}
+        ),
+    )
+    for vec in (0, 2):
+        out.append(
+            Case(
+                f"fp16-tall-ffn-vec{vec}",
+                "fp16",
+                "MatMul",
+                [(520, 256), (256, 776), (776,)],
+                n_anchor=2,
+                epilogue=bg,
+                outputs=(OP(1),),
+                params={"BM": 192, "BN": 128, "VEC_EPI": vec},
+            )
+        )
+    for mode, bn, we in (("fp16", 192, 0), ("bf16", 128, 0), ("fp16", 192, 1)):
+        out.append(
+            Case(
+                f"{mode}-tall-ffn-bn{bn}-we{we}",
+                mode,
+                "MatMul",
+                [(2176, 768), (768, 1544), (1544,)],
+                n_anchor=2,
+                epilogue=bg,
+                outputs=(OP(1),),
+                params={"BM": 192, "BN": bn, "WARP_EPI": we},
+            )
+        )
+    f = _bias_gelu_residual(2184, 1064)
+    out.append(
+        Case(
+            "fp16-tall-fused-bn192",
+            "fp16",
+            "MatMul",
+            [(2184, 768), (768, 1064), *f["extra"]],
+            n_anchor=2,
+            epilogue=f["epilogue"],
+            outputs=f["outputs"],
+            params={"BM": 192, "BN": 192},
+        )
+    )
+    out.append(
+        Case(
+            "fp16-tall-rowscale-2out",
+            "fp16",
+            "MatMul",
+            [(2600, 256), (256, 1064), (2600, 1)],
+            n_anchor=2,
+            epilogue=row2,
+            outputs=(OP(0), OP(1)),
+            params={"BM": 192, "BN": 128, "WARP_EPI": 1},
+        )
+    )
+    return out
 
 
 def _overlap_cases(bg, row2, cast) -> list[Case]:
