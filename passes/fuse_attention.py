@@ -47,9 +47,10 @@ left-padded row under a causal mask) is where the mask's fill matters:
 - an added finite fill that does not absorb the scores (-1e4, -1e9) leaves such a row a softmax
   of the scores plus the fill: that mask stays additive (a float mask), which Attention adds as
   the decomposed graph did.
-- a -inf fill gives NaN rows in the decomposed graph; Attention gives 0, as the "safe softmax"
-  and NaN guard forms below write it (without either, this is the one place the fused graph
-  differs: 0 where the decomposed graph is NaN).
+- a -inf fill gives NaN rows in the decomposed graph: under the "safe softmax" or NaN guard
+  forms below those rows are 0, Attention's default; without either, the fused node gets
+  masked_rows="nan" (so do float masks computed at run time, which may hold -inf) whenever the
+  masks may leave a row no key, and stores NaN there as the decomposed graph does.
 A finite-fill keep mask that can wholly mask a row must be the only mask term (one Where or one
 added mask; an And of conditions inside it is fine): combined with other terms (a -inf Where, a
 float mask, a second fill) such a row averages V over some subset of the keys, which this form
@@ -334,6 +335,8 @@ class _Plan:
     is_causal: bool
     # A finite fill may leave a row no key: such rows are the mean of V (masked_rows "mean").
     mean_rows: bool
+    # A -inf mask with no NaN guard may leave a row no key: such rows are NaN (masked_rows "nan").
+    nan_rows: bool
     scale: float
     softcap: float
     three_d: bool
@@ -501,6 +504,7 @@ def _analyze(g: Graph, softmax: Node) -> _Plan | None:
         keep=keep,
         is_causal=is_causal,
         mean_rows=bool(uniform),
+        nan_rows=not uniform and safe is None and guard is None and _may_die(g, additive, keep, is_causal, dims),
         scale=scale,
         softcap=chain.softcap,
         three_d=three_d,
@@ -575,6 +579,24 @@ def _check_masks(masks: list[Value | np.ndarray], dims: dict[str, object], where
         last = shape[-1]
         if last is None or (last == 1 and skv != 1 and not isinstance(skv, int)):
             raise _Decline(f"{where}: the mask {what} has an unknown key length")
+
+
+def _may_die(g: Graph, additive, keep, is_causal: bool, dims: dict[str, object]) -> bool:
+    """The refined masks may leave some row no key (its whole bias -inf): any term computed at run
+    time may; constant terms only where together (with is_causal) they do."""
+    consts = [_const_or(g, m) for m in additive] + [_const_or(g, c) for c, _ in keep]
+    if any(not isinstance(c, np.ndarray) for c in consts):
+        return True
+    bias = np.zeros(1, np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for m in consts[: len(additive)]:
+            bias = bias + m.astype(np.float32)
+        for (_, inv), c in zip(keep, consts[len(additive) :], strict=True):
+            bias = bias + np.where(c != inv, np.float32(0), np.float32(-np.inf))
+    if is_causal and isinstance(dims["q_seq"], int) and dims["q_seq"] == dims["kv_seq"]:
+        n = dims["q_seq"]
+        bias = bias + np.where(np.tril(np.ones((n, n), bool)), np.float32(0), np.float32(-np.inf))
+    return _dead_rows(~np.isneginf(bias))
 
 
 def _dead_rows(keep: np.ndarray) -> bool:
@@ -828,6 +850,8 @@ def _emit(g: Graph, b: GraphBuilder, plan: _Plan, mapv) -> Value:
         attrs["softcap"] = float(plan.softcap)
     if plan.mean_rows:
         attrs["masked_rows"] = "mean"
+    elif plan.nan_rows:
+        attrs["masked_rows"] = "nan"
     if plan.three_d:
         q = _to_3d(g, b, plan.q, mapv, f"{hint}/q")
         k = _to_3d(g, b, plan.k, mapv, f"{hint}/k")

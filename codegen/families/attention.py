@@ -15,7 +15,8 @@ key/value (a KV cache) and every output but Y (present_key/value, the qk matmul 
 Numerics follow graphc/ops/attention.py: Q.K^T is scaled by sqrt(scale) rounded to T1, squared
 (the spec's function body scales Q and K by it), softmax in fp32 (fp64 for float64), and a row
 whose every key is masked gives 0, never NaN (with graphc's masked_rows "mean": the mean of V over
-all keys, a cold path of the kernels).
+all keys, a cold path of the kernels; with "nan": NaN, what the decomposed graph's softmax of a
+row of -inf gives, at no cost: 1 / l is NaN instead of 0 there).
 
 Kernel paths (templates/attention.cu.j2):
 - "flash": fp16/bf16 with equal Q/K and V head dims, a multiple of 16 up to 128: tensor cores,
@@ -100,6 +101,7 @@ class AttnProblem:
     mask_index: int | None = None
     nonpad_index: int | None = None
     mean_rows: bool = False  # masked_rows "mean": a row with no kept key stores the mean of V
+    nan_rows: bool = False  # masked_rows "nan": such a row stores NaN
 
     @property
     def group(self) -> int:
@@ -214,9 +216,10 @@ def problem_of(ctx: StepContext) -> AttnProblem:
         left=int(a.left_window_size),
         right=int(a.right_window_size),
         mean_rows=a.masked_rows == "mean",
+        nan_rows=a.masked_rows == "nan",
     )
-    if a.masked_rows not in ("zero", "mean"):
-        raise ctx.fail(f"masked_rows {a.masked_rows!r} is not 'zero' or 'mean'")
+    if a.masked_rows not in ("zero", "mean", "nan"):
+        raise ctx.fail(f"masked_rows {a.masked_rows!r} is not 'zero', 'mean' or 'nan'")
     if ins[3] is not None:
         prob.mask, prob.mask_index = _mask_info(ctx, ctx.spec(ins[3]), prob), 3
     if ins[6] is not None:
@@ -568,6 +571,8 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         "inv_softcap_lit": lit(1.0 / prob.softcap, cname) if prob.softcap > 0 else None,
         "log2": log2,
         "mean_rows": prob.mean_rows,
+        # 1 / l for a row with no key (l = 0; its O accumulators are 0): 0, or NaN for "nan"
+        "dead_inv": _dead_inv(prob.nan_rows, fp64),
     }
     if prob.mean_rows:  # the mean of V over every key, for the rows with none kept (its only reader)
         vt = cuda_type(prob.vdtype)
@@ -636,6 +641,13 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
     if requires:
         params["requires_arch"] = requires
     return [KernelSource("attention", name, source, grid, (threads, 1, 1), names, shared_bytes(prob, p), params)]
+
+
+def _dead_inv(nan_rows: bool, fp64: bool) -> str:
+    """The C literal a kernel uses as 1 / l in a row with no key (l = 0): 0, or a quiet NaN."""
+    if nan_rows:
+        return "__longlong_as_double(0x7ff8000000000000ll)" if fp64 else "__int_as_float(0x7fc00000)"
+    return "0.0" if fp64 else "0.f"
 
 
 def _matches(ctx: StepContext) -> bool:

@@ -13,7 +13,8 @@ graphc's own attribute (no ONNX file carries it; passes/fuse_attention.py sets i
 what a query row with no kept key stores (no key left by the mask, is_causal, the windows and the
 key lengths together). "zero" (the default): 0, as the spec says. "mean": the mean of V over all
 keys of its (batch, kv head), the uniform softmax that a finite mask fill (finfo.min) gives such a
-row in the decomposed graph and in ONNX Runtime.
+row in the decomposed graph and in ONNX Runtime. "nan": NaN, the softmax of a row of -inf that a
+-inf fill with no NaN guard gives there (ONNX Runtime too).
 
 This module holds type inference and traits; the numpy kernels are in
 graphc.runtime.reference.attention.
@@ -44,7 +45,7 @@ _MASK_DTYPES = (
 _SOFTMAX_PRECISIONS = (1, 10, 11, 16)
 
 
-MASKED_ROWS = ("zero", "mean")
+MASKED_ROWS = ("zero", "mean", "nan")
 
 
 @dataclass(frozen=True, kw_only=True)

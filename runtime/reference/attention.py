@@ -126,10 +126,10 @@ def _attention_compute(ins, attrs, n):
         sdt = np.promote_types(sdt, np.float32)
     probs = _masked_softmax(logits.astype(sdt))
     # A row that attends nothing (its whole bias is -inf) is zero, decided on the bias so that
-    # NaN or inf logits cannot leak into it; with masked_rows "mean" (graphc's own attribute, see
-    # graphc.ops.attention) it is uniform over every key, the mean of V.
+    # NaN or inf logits cannot leak into it; with masked_rows (graphc's own attribute, see
+    # graphc.ops.attention) "mean" it is uniform over every key, the mean of V, and with "nan" NaN.
     dead = np.isneginf(np.max(bias, axis=-1, keepdims=True))
-    fill = 1.0 / total if attrs.masked_rows == "mean" and total else 0.0
+    fill = {"mean": 1.0 / total if total else 0.0, "nan": np.nan}.get(attrs.masked_rows, 0.0)
     probs = np.where(dead, sdt.type(fill), probs)
     y = np.matmul(probs.astype(vv.dtype), vv)
     if rank == 3:

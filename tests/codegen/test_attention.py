@@ -329,6 +329,22 @@ VARIANTS = {
     "fp64-simple-dv96-mean": lambda: attn4(
         1, 9, 9, 2, 2, 16, F64, dv=96, is_causal=1, masked_rows="mean", params={"path": "simple", "WARPS": 2}
     ),
+    # masked_rows "nan" (a row with no kept key stores NaN): flash, simple fp64
+    "fp16-flash-bool-nan": lambda: attn3(
+        2,
+        77,
+        77,
+        4,
+        4,
+        64,
+        F16,
+        mask=((2, 1, 1, 77), BOOL),
+        masked_rows="nan",
+        params={"path": "flash", "BM": 64, "BN": 64, "WARPS": 4},
+    ),
+    "fp64-simple-nan": lambda: attn4(
+        1, 9, 9, 2, 2, 16, F64, is_causal=1, masked_rows="nan", params={"path": "simple", "WARPS": 2}
+    ),
     # RotaryEmbedding: 3-D interleaved with position ids; 4-D half-split, partial
     "rope-fp16-3d-pos-interleaved": lambda: rope((2, 7, 192), F16, pos=True, num_heads=3, interleaved=1),
     "rope-bf16-4d-partial": lambda: rope((3, 2, 5, 80), BF16, rotary_embedding_dim=32),
@@ -393,9 +409,35 @@ def test_masked_rows_mean_is_a_cold_path_of_its_own(make):
     assert mean.shared_bytes == zero.shared_bytes and mean.grid == zero.grid
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda **a: attn3(2, 77, 77, 12, 4, 64, F16, mask=((2, 1, 77, 77), BOOL), is_causal=1, **a),
+        lambda **a: attn4(1, 9, 9, 2, 2, 16, F64, is_causal=1, **a),
+        lambda **a: attn4(1, 9, 9, 2, 2, 16, F32, mask=((1, 1, 9, 9), F32), **a),
+    ],
+    ids=["flash", "simple-fp64", "simple-fp32"],
+)
+def test_masked_rows_nan_is_the_zero_kernel_with_a_nan_for_1_over_l(make):
+    # "nan": the row with no key (l = 0, its accumulators 0) is O * (1 / l) with 1 / l a quiet
+    # NaN instead of 0; nothing else of the kernel changes.
+    (zero,) = gen(make())
+    (nan,) = gen(make(masked_rows="nan"))
+    nan_lit = (
+        "__longlong_as_double(0x7ff8000000000000ll)" if "(ct)(0.0)" in zero.source else "__int_as_float(0x7fc00000)"
+    )
+    assert nan.source.count(nan_lit) == zero.source.count(nan_lit) + 1  # (common.cuh has NaN literals too)
+    assert "__syncthreads_or" not in nan.source
+    dead = re.compile(r"(1 / row_l : \(ct\)\(|1\.f / l : )(0\.f|0\.0)")
+    assert len(dead.findall(zero.source)) == 1
+    dead_nan = re.compile(r"(1 / row_l : \(ct\)\(|1\.f / l : )" + re.escape(nan_lit))
+    assert dead_nan.sub(r"\1DEAD", nan.source) == dead.sub(r"\1DEAD", zero.source)
+    assert nan.shared_bytes == zero.shared_bytes and nan.grid == zero.grid
+
+
 def test_masked_rows_other_values_are_rejected():
     with pytest.raises(ShapeError, match="masked_rows"):
-        gen(attn4(1, 9, 9, 2, 2, 16, F32, masked_rows="nan"))
+        gen(attn4(1, 9, 9, 2, 2, 16, F32, masked_rows="one"))
 
 
 def test_rotary_kernel():

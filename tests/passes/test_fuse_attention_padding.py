@@ -191,20 +191,28 @@ def test_additive_fill_that_does_not_absorb_stays_a_float_mask():
     g = _fused(_model("additive_1e4:window"), elementwise=False)
     att = next(n for n in g.nodes if n.op == "Attention")
     assert att.inputs[3].ttype.dtype.name == "float32"
-    assert att.attrs.masked_rows == "zero"
+    # a float mask computed at run time may hold -inf: a row it makes all -inf is NaN, as in the
+    # decomposed graph (this one's fill is finite, so no row is)
+    assert att.attrs.masked_rows == "nan"
 
 
-def test_ninf_without_guard_gives_zero_where_onnxruntime_gives_nan():
-    # The one documented difference: a -inf fill with no NaN guard leaves NaN rows in the
-    # decomposed graph; Attention writes 0 there. Every other row agrees.
+def test_ninf_without_guard_gives_nan_as_onnxruntime_does():
+    # A -inf fill with no NaN guard leaves NaN rows in the decomposed graph (a softmax of -inf):
+    # the fused node says so (masked_rows "nan"), so the interpreter and the CPU engine give NaN
+    # there too, and every other row agrees.
     model = _model("ninf:window")
     feeds = _feeds()
     want = _ort(model, feeds)
-    got = next(iter(graphc.interpret(_fused(model), feeds).values()))
+    g = _fused(model)
+    assert next(n for n in g.nodes if n.op == "Attention").attrs.masked_rows == "nan"
+    got = next(iter(graphc.interpret(g, feeds).values()))
     dead = np.isnan(want)
     assert dead[2].all() and dead.any(axis=-1).sum() < dead.shape[0] * dead.shape[1]
-    assert np.all(got[dead] == 0)
+    np.testing.assert_array_equal(np.isnan(got), dead)
     np.testing.assert_allclose(got[~dead], want[~dead], rtol=1e-5, atol=1e-5)
+    cpu = next(iter(graphc.compile(model, target="cpu").run(feeds).values()))
+    np.testing.assert_array_equal(np.isnan(cpu), dead)
+    np.testing.assert_allclose(cpu[~dead], want[~dead], rtol=1e-5, atol=1e-5)
 
 
 def test_finite_fill_mixed_with_another_mask_is_not_fused():

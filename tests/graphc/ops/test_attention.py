@@ -573,3 +573,19 @@ def test_linear_attention_infer_symbolic():
     types = [T("b", "t", 12), T("b", "t", 6), T("b", "t", 10), None, T("b", "t", 2)]
     attrs = {"q_num_heads": 4, "kv_num_heads": 2, "update_rule": "gated"}
     assert _infer("LinearAttention", types, attrs, num_outputs=2) == [T("b", "t", 20), T("b", 2, 3, 5)]
+
+
+@pytest.mark.parametrize("mode", ["zero", "mean", "nan"])
+def test_attention_masked_rows_modes(mode):
+    # graphc's masked_rows: a row with no kept key is 0, the mean of V over all keys, or NaN (what
+    # the decomposed graph's softmax of a -inf row gives); every other row is the same in each.
+    from graphc.ops.attention import AttentionAttrs
+    from graphc.runtime.reference.attention import _attention_compute
+
+    q, k, v = _qkv((1, 1, 3, 4), (1, 1, 3, 4), (1, 1, 3, 4))
+    mask = np.array([[True, True, False], [False, False, False], [True, False, True]])
+    (y,) = _attention_compute([q, k, v, mask], AttentionAttrs(masked_rows=mode), 1)
+    (zero,) = _attention_compute([q, k, v, mask], AttentionAttrs(), 1)
+    want = {"zero": np.zeros(4), "mean": v[0, 0].mean(axis=0), "nan": np.full(4, np.nan)}[mode]
+    np.testing.assert_allclose(y[0, 0, 1], want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(y[0, 0, [0, 2]], zero[0, 0, [0, 2]])
