@@ -416,6 +416,7 @@ def split_k_bench(batches: list[int], iters: int, out_dir: Path) -> int:
 
                     plain.append(go)
                 out.fill(float("nan"))
+                cupy.cuda.Device().synchronize()  # the fill ran on cupy's stream, not on `stream`
                 plain[0]()
                 stream.synchronize()
                 got = torch.from_dlpack(out).permute(0, 3, 1, 2).float()
