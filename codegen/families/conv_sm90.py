@@ -279,7 +279,11 @@ def igemm_heuristic(g: ConvGeometry) -> dict[str, Any]:
     # slices the one-launch variant (the last slice reduces) was 0.3-1.5 us slower (7.7-9.0 us
     # against 7.3-7.9); it stays a parameter (SERIAL 1) for the tuner.
     best["SERIAL"] = 0
-    best["CLUSTER"] = int(CLUSTER_SPLIT_K and 1 < best["SPLITS"] <= CLUSTER_MAX_SPLITS)
+    best["CLUSTER"] = int(
+        CLUSTER_SPLIT_K
+        and 1 < best["SPLITS"] <= CLUSTER_MAX_SPLITS
+        and best["SPLITS"] * best["BN"] <= CLUSTER_MAX_COLUMNS
+    )
     return best
 
 
@@ -321,8 +325,8 @@ def igemm_generate(ctx: StepContext, params: dict[str, Any] | None = None) -> li
     step = ctx.step
     where = f"{step.kind} node '{step.name}'"
     p = {**igemm_heuristic(g), **{k: v for k, v in (params or {}).items() if k in _IGEMM_KEYS}}
-    if (params or {}).get("SERIAL") and "CLUSTER" not in (params or {}):
-        p["CLUSTER"] = 0  # a caller's SERIAL 1 replaces the heuristic's cluster
+    if p.get("SERIAL") and "CLUSTER" not in (params or {}):
+        p["CLUSTER"] = 0  # a SERIAL 1 (a caller's, or a heuristic patched by a test) replaces the cluster
     if "BN" in (params or {}) and "STAGES" not in (params or {}):
         p["STAGES"] = 4 if p["BN"] == 64 else igemm_max_stages(p["BN"], p["B_MODE"])
         if p.get("MINB") == 2:
@@ -500,10 +504,24 @@ IGEMM_MIN_COUT = 64
 
 # Cluster split-K (CLUSTER 1): the K slices of a tile as one thread-block cluster that sums its
 # partials over DSMEM, one launch, no workspace; against the two launches (igemm + reduce kernel).
+# Measured on an H200 (2026-12-02, docs/results/conv_sm90_cluster_split_k_2026-12-02.md; tools/
+# bench_conv.py --split-k: CUDA-graph replays of the launch pair / the one launch, us, plain / PDL):
+# - batch 1, every split 3x3 and strided 1x1 of ResNet-50 (7 shapes): cluster 5.95-6.88 us with PDL
+#   against 6.39-7.02 for two launches (plain 6.25-7.20 against 7.28-7.86);
+# - batch 8: faster on 4 of 6 shapes (9.35 against 12.57 at 28x28 128); slower at 7x7 512 -> 512
+#   and its stride-2 twin (8 slices of 128-column tiles, 230 KB each: 14.9 against 11.5);
+# - batch 32 (7x7 512, 2 slices of 128 columns): 23.2 against 26.3.
+# -> a cluster where SPLITS * BN <= CLUSTER_MAX_COLUMNS (512); the two launches beyond.
 CLUSTER_SPLIT_K = True
+CLUSTER_MAX_COLUMNS = 512
 # A stride-1 1x1 conv whose TMA GEMM would split K: on the implicit GEMM as a cluster instead, at the
 # TMA GEMM's slice count with these parameters (None: the TMA GEMM and its reduce kernel).
-SPLIT_1X1_ON_IGEMM: dict[str, Any] | None = None
+# Measured in the same run: at batch 1, every split stride-1 1x1 of ResNet-50 (6 shapes) ran 4.59-5.64
+# us with PDL on the implicit GEMM (BN 64, cluster, the TMA GEMM's slice count) against 5.49-5.81 us
+# for the TMA GEMM and its reduce kernel; at batch 8 and 32 (more CTAs than SMs) it lost on 4 of 6.
+# -> there, where the cluster launch has at most SM_COUNT CTAs. Whole ResNet-50 at batch 1 (graph
+# replay): 0.352 ms today, 0.353 with cluster split-K on the implicit GEMM alone, 0.302 with this too.
+SPLIT_1X1_ON_IGEMM: dict[str, Any] | None = {"BN": 64}
 
 
 def split_1x1_params(prob: Problem) -> dict[str, Any] | None:
@@ -511,7 +529,8 @@ def split_1x1_params(prob: Problem) -> dict[str, Any] | None:
     if SPLIT_1X1_ON_IGEMM is None:
         return None
     s = (tma_heuristic(prob) if TAIL_BASE < 1.0 else gemm_sm90.heuristic(prob))["SPLITS"]
-    if s <= 1:
+    s = min(s, CLUSTER_MAX_SPLITS)
+    if s <= 1 or ceil_div(prob.M, IGEMM_BM) * ceil_div(prob.N, SPLIT_1X1_ON_IGEMM["BN"]) * s > SM_COUNT:
         return None
     return {**SPLIT_1X1_ON_IGEMM, "SPLITS": min(s, CLUSTER_MAX_SPLITS), "CLUSTER": 1}
 
