@@ -71,7 +71,7 @@ def test_batch1_convs_taken(tmp_path, shape):
     eng = _compile(model, ["sm_90"], tmp_path)
     launches = [ln.params for _, ln in _conv_launches(eng)]
     if shape[2] == 7:  # K split on the TMA GEMM: the implicit GEMM as one cluster instead (SPLIT_1X1_ON_IGEMM)
-        assert [(p["variant"], p["CLUSTER"]) for p in launches] == [("igemm", 1)], launches
+        assert launches and all((p["variant"], p["CLUSTER"]) == ("igemm", 1) for p in launches), launches
     else:
         assert [p.get("path") for p in launches].count("tma") == 1  # (+ split-K's reduce)
 
