@@ -187,6 +187,7 @@ IGEMM_THREADS = 256  # two consumer warpgroups, 64 rows each; every thread also 
 IGEMM_SMEM_LIMIT = 227 * 1024
 IGEMM_SMEM_2CTA = 113 * 1024  # two blocks per SM (228 KB, less 1 KB reserved per block)
 B_MODES = ("tma", "cp", "elem")
+CLUSTER_MAX_SPLITS = 8  # the portable cluster size
 
 
 def igemm_why_not(g: ConvGeometry) -> str | None:
@@ -278,6 +279,11 @@ def igemm_heuristic(g: ConvGeometry) -> dict[str, Any]:
     # slices the one-launch variant (the last slice reduces) was 0.3-1.5 us slower (7.7-9.0 us
     # against 7.3-7.9); it stays a parameter (SERIAL 1) for the tuner.
     best["SERIAL"] = 0
+    best["CLUSTER"] = int(
+        CLUSTER_SPLIT_K
+        and 1 < best["SPLITS"] <= CLUSTER_MAX_SPLITS
+        and best["SPLITS"] * best["BN"] <= CLUSTER_MAX_COLUMNS
+    )
     return best
 
 
@@ -298,6 +304,12 @@ def igemm_valid(g: ConvGeometry, p: dict[str, Any]) -> str | None:
         return f"SPLITS {s!r}"
     if p.get("SERIAL", 1) not in (0, 1):
         return f"SERIAL {p.get('SERIAL')!r} (0, 1)"
+    if p.get("CLUSTER", 0) not in (0, 1):
+        return f"CLUSTER {p.get('CLUSTER')!r} (0, 1)"
+    if p.get("CLUSTER") and s > CLUSTER_MAX_SPLITS:
+        return f"CLUSTER 1 with SPLITS {s} (a cluster holds at most {CLUSTER_MAX_SPLITS} CTAs, the portable size)"
+    if p.get("CLUSTER") and p.get("SERIAL"):
+        return "CLUSTER 1 and SERIAL 1 (two one-launch split-K forms; choose one)"
     return None
 
 
@@ -313,6 +325,8 @@ def igemm_generate(ctx: StepContext, params: dict[str, Any] | None = None) -> li
     step = ctx.step
     where = f"{step.kind} node '{step.name}'"
     p = {**igemm_heuristic(g), **{k: v for k, v in (params or {}).items() if k in _IGEMM_KEYS}}
+    if p.get("SERIAL") and "CLUSTER" not in (params or {}):
+        p["CLUSTER"] = 0  # a SERIAL 1 (a caller's, or a heuristic patched by a test) replaces the cluster
     if "BN" in (params or {}) and "STAGES" not in (params or {}):
         p["STAGES"] = 4 if p["BN"] == 64 else igemm_max_stages(p["BN"], p["B_MODE"])
         if p.get("MINB") == 2:
@@ -325,9 +339,12 @@ def igemm_generate(ctx: StepContext, params: dict[str, Any] | None = None) -> li
     kt_per = ceil_div(ktiles, p["SPLITS"])
     splits = ceil_div(ktiles, kt_per)  # no empty slice
     p["SPLITS"] = splits
-    # split-K in one launch (the last slice of a tile reduces) where partials move as float4
-    serial = splits > 1 and bool(p.get("SERIAL", 0)) and g.k % 4 == 0
+    # split-K in one launch: across a thread-block cluster (CLUSTER 1, the slices sum each other's
+    # partials over DSMEM), or where partials move as float4, the last slice of a tile reduces
+    cluster = splits > 1 and bool(p.get("CLUSTER", 0))
+    serial = splits > 1 and not cluster and bool(p.get("SERIAL", 0)) and g.k % 4 == 0
     p["SERIAL"] = int(serial)
+    p["CLUSTER"] = int(cluster)
     prob = _problem(ctx, g)
     ops = step_operands(ctx)
     name = ctx.kernel_name()
@@ -338,7 +355,7 @@ def igemm_generate(ctx: StepContext, params: dict[str, Any] | None = None) -> li
     out_names, out_decls = _kernel_args(ctx, prob, rendered, False)
     ct = cuda_type(prob.dtype)
     vec = None
-    if p.get("VEC_EPI", 1) and (splits == 1 or serial):
+    if p.get("VEC_EPI", 1) and (splits == 1 or serial or cluster):
         vec = gemm_sm90._vec_epilogue_vars(prob, ops, out_specs, rendered, 1, name, where, 1)
     p["VEC_EPI"] = 1 if vec is not None else 0
     st = ct.storage
@@ -351,7 +368,7 @@ def igemm_generate(ctx: StepContext, params: dict[str, Any] | None = None) -> li
     else:
         kparams.append(f"const {st}* __restrict__ gc_w")
         kargs.append(step.inputs[1])
-    if splits > 1 and not serial:
+    if splits > 1 and not serial and not cluster:
         kparams.append("float* __restrict__ ws")
         kargs.append("@workspace")
     else:
@@ -397,6 +414,7 @@ def igemm_generate(ctx: StepContext, params: dict[str, Any] | None = None) -> li
         kt_per_split=kt_per,
         splits=splits,
         serial=serial,
+        cluster=cluster,
         tiles=ceil_div(g.m, IGEMM_BM) * ceil_div(g.k, p["BN"]),
         min_blocks=p["MINB"],
         a_vec=g.c % 8 == 0,
@@ -427,7 +445,7 @@ def igemm_generate(ctx: StepContext, params: dict[str, Any] | None = None) -> li
         ]
     tiles = ceil_div(g.m, IGEMM_BM) * ceil_div(g.k, p["BN"])
     total = g.m * g.k
-    ws_bytes = splits * total * 4 if splits > 1 else 0
+    ws_bytes = splits * total * 4 if splits > 1 and not cluster else 0
     kernels = [
         KernelSource(
             "conv",
@@ -441,14 +459,14 @@ def igemm_generate(ctx: StepContext, params: dict[str, Any] | None = None) -> li
             workspace_bytes=ws_bytes,
         )
     ]
-    if splits > 1 and not serial:
+    if splits > 1 and not serial and not cluster:
         red = split_reduce_kernel("conv", name, common, out_decls, out_names, total, splits, ws_bytes)
         red.params["variant"] = "igemm_reduce"  # every conv launch names its variant
         kernels.append(red)
     return kernels
 
 
-_IGEMM_KEYS = ("BN", "STAGES", "SPLITS", "B_MODE", "MINB", "VEC_EPI", "SERIAL")
+_IGEMM_KEYS = ("BN", "STAGES", "SPLITS", "B_MODE", "MINB", "VEC_EPI", "SERIAL", "CLUSTER")
 
 
 # ---- selection (measured on an H200, 2026-12-01: docs/results/gemm_sm90.md) --------------------
@@ -484,6 +502,39 @@ def selected(prob: Problem) -> bool:
 IGEMM_MIN_COUT = 64
 
 
+# Cluster split-K (CLUSTER 1): the K slices of a tile as one thread-block cluster that sums its
+# partials over DSMEM, one launch, no workspace; against the two launches (igemm + reduce kernel).
+# Measured on an H200 (2026-12-02, docs/results/conv_sm90_cluster_split_k_2026-12-02.md; tools/
+# bench_conv.py --split-k: CUDA-graph replays of the launch pair / the one launch, us, plain / PDL):
+# - batch 1, every split 3x3 and strided 1x1 of ResNet-50 (7 shapes): cluster 5.95-6.88 us with PDL
+#   against 6.39-7.02 for two launches (plain 6.25-7.20 against 7.28-7.86);
+# - batch 8: faster on 4 of 6 shapes (9.35 against 12.57 at 28x28 128); slower at 7x7 512 -> 512
+#   and its stride-2 twin (8 slices of 128-column tiles, 230 KB each: 14.9 against 11.5);
+# - batch 32 (7x7 512, 2 slices of 128 columns): 23.2 against 26.3.
+# -> a cluster where SPLITS * BN <= CLUSTER_MAX_COLUMNS (512); the two launches beyond.
+CLUSTER_SPLIT_K = True
+CLUSTER_MAX_COLUMNS = 512
+# A stride-1 1x1 conv whose TMA GEMM would split K: on the implicit GEMM as a cluster instead, at the
+# TMA GEMM's slice count with these parameters (None: the TMA GEMM and its reduce kernel).
+# Measured in the same run: at batch 1, every split stride-1 1x1 of ResNet-50 (6 shapes) ran 4.59-5.64
+# us with PDL on the implicit GEMM (BN 64, cluster, the TMA GEMM's slice count) against 5.49-5.81 us
+# for the TMA GEMM and its reduce kernel; at batch 8 and 32 (more CTAs than SMs) it lost on 4 of 6.
+# -> there, where the cluster launch has at most SM_COUNT CTAs. Whole ResNet-50 at batch 1 (graph
+# replay): 0.352 ms today, 0.353 with cluster split-K on the implicit GEMM alone, 0.302 with this too.
+SPLIT_1X1_ON_IGEMM: dict[str, Any] | None = {"BN": 64}
+
+
+def split_1x1_params(prob: Problem) -> dict[str, Any] | None:
+    """The implicit GEMM's cluster parameters for a stride-1 1x1 conv by the rule above, or None."""
+    if SPLIT_1X1_ON_IGEMM is None:
+        return None
+    s = (tma_heuristic(prob) if TAIL_BASE < 1.0 else gemm_sm90.heuristic(prob))["SPLITS"]
+    s = min(s, CLUSTER_MAX_SPLITS)
+    if s <= 1 or ceil_div(prob.M, IGEMM_BM) * ceil_div(prob.N, SPLIT_1X1_ON_IGEMM["BN"]) * s > SM_COUNT:
+        return None
+    return {**SPLIT_1X1_ON_IGEMM, "SPLITS": min(s, CLUSTER_MAX_SPLITS), "CLUSTER": 1}
+
+
 def igemm_selected(g: ConvGeometry) -> str | None:
     """Why the rules keep this conv off the implicit GEMM, or None (it is selected)."""
     why = igemm_why_not(g)
@@ -505,7 +556,8 @@ def select(ctx: StepContext) -> list[KernelSource]:
         return []
     if not isinstance(prob, str):
         if selected(prob):
-            return generate(ctx)
+            split = split_1x1_params(prob)
+            return generate(ctx) if split is None else igemm_generate(ctx, split)
         log.debug("%s: conv not on the TMA GEMM (M=%d N=%d K=%d)", ctx.step.name, prob.M, prob.N, prob.K)
     else:
         log.debug("%s: conv not on the TMA GEMM: %s", ctx.step.name, prob)

@@ -78,11 +78,11 @@ def test_narrow_convs_stay(tmp_path):
 
 
 def test_batch1_convs_taken(tmp_path):
-    model, _ = conv_model(1, 512, 7, 512, 3, 1)  # M = 49: 8 K slices, then the reduce kernel
+    model, _ = conv_model(1, 512, 7, 512, 3, 1)  # M = 49: 8 K slices as one cluster
     eng = _compile(model, ["sm_90"], tmp_path)
-    (_, ln), (_, red) = _conv_launches(eng)
+    ((_, ln),) = _conv_launches(eng)
     assert ln.params["variant"] == "igemm" and ln.params["SPLITS"] == 8 and ln.params["SERIAL"] == 0
-    assert red.params["reduce"] and red.args[-1] == "@workspace"
+    assert ln.params["CLUSTER"] == 1 and "@workspace" not in ln.args
 
 
 def test_fp32_engine_keeps_the_conv_kernel(tmp_path):
@@ -123,9 +123,11 @@ def test_split_k_in_one_launch_or_two():
     assert main.grid == (4 * 2, 3, 1) and main.args[-1] == "@workspace" and main.params["SERIAL"] == 1
     assert main.workspace_bytes == 3 * 392 * 256 * 4 and main.params["VEC_EPI"] == 1
     assert "_arrived[8]" in main.source  # one arrival counter per output tile
-    main, red = conv_sm90.igemm_generate(ctx, {"BN": 128, "SPLITS": 3})  # the default: two launches
+    main, red = conv_sm90.igemm_generate(ctx, {"BN": 128, "SPLITS": 3, "CLUSTER": 0})  # two launches
     assert main.args[-1] == "@workspace" and red.args[-1] == "@workspace" and red.params["reduce"]
-    assert main.params["VEC_EPI"] == 0 and main.params["SERIAL"] == 0
+    assert main.params["VEC_EPI"] == 0 and main.params["SERIAL"] == 0 and main.params["CLUSTER"] == 0
+    (main,) = conv_sm90.igemm_generate(ctx, {"BN": 128, "SPLITS": 3})  # the default: one cluster
+    assert main.params["CLUSTER"] == 1 and main.workspace_bytes == 0
 
 
 @needs_cuobjdump
@@ -152,3 +154,63 @@ def test_igemm_sass(tmp_path, geom, params, tma):
         assert "LDGSTS" in ops, "the A gather is not cp.async"
     assert not {"LDL", "STL"} & ops, "registers spilled to local memory"
     assert "HMMA" not in ops
+
+
+def test_cluster_split_k_is_one_launch_without_workspace():
+    from graphc.codegen.families import conv_sm90
+
+    ctx = _ctx(512, 7, 512, 3, 1, n=1)  # M = 49, K = 4608: 72 K tiles in 8 slices of 9
+    (main,) = conv_sm90.igemm_generate(ctx, {"BN": 64, "SPLITS": 8, "CLUSTER": 1})
+    p = main.params
+    assert (p["CLUSTER"], p["SERIAL"], p["SPLITS"], p["VEC_EPI"]) == (1, 0, 8, 1)
+    assert main.grid == (8, 8, 1) and main.workspace_bytes == 0 and "@workspace" not in main.args
+    assert main.args[-1] == ctx.step.outputs[0]  # the output itself, as an unsplit conv
+    # the K slices of one tile are one cluster (grid y); no arrival counters
+    assert "__cluster_dims__(1, 8, 1) __launch_bounds__(256, 1)" in main.source and "_arrived" not in main.source
+    assert main.source.count("gc_cluster_sync();") == 2 and "gc_ld_dsmem_f4" in main.source
+    # a column tail (Cout 200) without the vector epilogue: 4-column chunks, element stores
+    (tail,) = conv_sm90.igemm_generate(_ctx(256, 14, 200, 3, 1), {"BN": 128, "SPLITS": 3, "CLUSTER": 1, "VEC_EPI": 0})
+    assert tail.params["VEC_EPI"] == 0 and "__cluster_dims__(1, 3, 1)" in tail.source and tail.grid == (8, 3, 1)
+    # one slice: no cluster
+    (one,) = conv_sm90.igemm_generate(_ctx(64, 28, 64, 3, 1), {"SPLITS": 1, "CLUSTER": 1})
+    assert one.params["CLUSTER"] == 0 and "__cluster_dims__" not in one.source
+
+
+@pytest.mark.parametrize(
+    ("params", "msg"),
+    [
+        ({"BN": 64, "SPLITS": 12, "CLUSTER": 1}, "at most 8"),
+        ({"BN": 64, "SPLITS": 4, "CLUSTER": 1, "SERIAL": 1}, "choose one"),
+        ({"BN": 64, "SPLITS": 4, "CLUSTER": 2}, "CLUSTER 2"),
+    ],
+)
+def test_bad_cluster_parameters_are_named(params, msg):
+    from graphc.codegen.families import conv_sm90
+    from graphc.errors import CompileError
+
+    with pytest.raises(CompileError, match=msg):
+        conv_sm90.igemm_generate(_ctx(512, 7, 512, 3, 1, n=1), params)
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize(
+    ("geom", "params"),
+    [
+        ((512, 7, 512, 3, 1), {"BN": 64, "SPLITS": 8, "CLUSTER": 1}),  # the vector epilogue
+        ((256, 14, 200, 3, 1), {"BN": 128, "SPLITS": 3, "CLUSTER": 1, "VEC_EPI": 0}),
+        ((1024, 14, 256, 1, 1), {"BN": 64, "SPLITS": 4, "CLUSTER": 1}),  # a stride-1 1x1
+    ],
+)
+def test_cluster_split_k_sass(tmp_path, geom, params):
+    from graphc.codegen.families import conv_sm90
+    from graphc.codegen.nvrtc import compile_cubin
+
+    (main,) = conv_sm90.igemm_generate(_ctx(*geom, n=1), params)
+    text = sass(compile_cubin(main.source, main.name, "sm_90a"), tmp_path, main.name)
+    ops = _opcodes(text)
+    assert {"HGMMA", "UTMALDG", "UCGABAR_ARV", "UCGABAR_WAIT"} <= ops, "no cluster barrier"
+    assert "LD" in ops, "no generic (distributed shared memory) load"
+    assert not {"LDL", "STL"} & ops, "registers spilled to local memory"
+    # the PDL entry first: griddepcontrol.wait (ACQBULK) before the first global access of every CTA
+    first_global = min(text.find(op) for op in ("LDG", "LDGSTS", "UTMALDG", "STG") if op in text)
+    assert 0 <= text.find("ACQBULK") < first_global

@@ -37,6 +37,16 @@ CASES = [
     ("fp16", (2, 64, 28, 64, 3, 1), {}, {"BN": 64, "B_MODE": "cp", "MINB": 2, "STAGES": 4}),
     ("fp16", (3, 128, 14, 256, 3, 1), {"residual": True}, {"BN": 256, "VEC_EPI": 0}),
     ("bf16", (3, 128, 14, 128, 3, 1), {"residual": True}, None),
+    # cluster split-K (one launch, the K slices of a tile sum over DSMEM): the vector epilogue with a
+    # residual, 8 slices; a column tail (Cout 200) and a tile tail (M = 392) without it; M = 675;
+    # stride 2 in bf16; a strided 1x1 with an uneven last slice (16 K tiles as 6 + 6 + 4); two
+    # blocks per SM
+    ("fp16", (1, 512, 7, 512, 3, 1), {"residual": True}, {"BN": 64, "SPLITS": 8, "CLUSTER": 1}),
+    ("fp16", (2, 256, 14, 200, 3, 1), {}, {"BN": 128, "SPLITS": 3, "CLUSTER": 1, "VEC_EPI": 0}),
+    ("fp16", (3, 128, 15, 200, 3, 1), {"residual": True}, {"BN": 64, "SPLITS": 2, "CLUSTER": 1}),
+    ("bf16", (1, 256, 14, 256, 3, 2), {}, {"BN": 64, "SPLITS": 6, "CLUSTER": 1}),
+    ("fp16", (1, 1024, 14, 2048, 1, 2), {"relu": False}, {"BN": 64, "SPLITS": 3, "CLUSTER": 1}),
+    ("fp16", (2, 256, 14, 256, 3, 1), {}, {"BN": 64, "SPLITS": 4, "CLUSTER": 1, "MINB": 2, "STAGES": 4}),
 ]
 
 
@@ -79,3 +89,26 @@ def test_conv_on_wgmma_igemm(tmp_path, monkeypatch, mode, shape, kw, params):
         assert np.isfinite(g).all()
         err = np.linalg.norm(g - ref) / np.linalg.norm(ref)
         assert err < TOL[mode], err
+
+
+@pytest.mark.parametrize("cluster", [0, 1])
+def test_stride1_1x1_conv_on_the_igemm_with_split_k(tmp_path, monkeypatch, cluster):
+    """A stride-1 1x1 conv (the TMA GEMM's by default) on the implicit GEMM with 4 K slices, as a
+    cluster and as two launches: ResNet-50's 14x14 1024 -> 256 at batch 1 with its residual."""
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU (wgmma, TMA)")
+    from graphc.codegen.families import conv_sm90
+
+    real = conv_sm90.igemm_heuristic
+    monkeypatch.setattr(conv_sm90, "selected", lambda prob: False)
+    monkeypatch.setattr(conv_sm90, "igemm_heuristic", lambda g: {**real(g), "SPLITS": 4, "CLUSTER": cluster})
+    model, feeds = conv_model(1, 1024, 14, 256, 1, 1, residual=True)
+    eng = graphc.compile(model, target="cuda", precision="fp16", arch=["sm_90"], cache_dir=str(tmp_path / "c"))
+    conv = [ln.params for s in eng.plan.steps for ln in s.launches if ln.family == "conv"]
+    assert [p["variant"] for p in conv] == ["igemm"] + ([] if cluster else ["igemm_reduce"]), conv
+    assert conv[0]["SPLITS"] == 4 and conv[0]["CLUSTER"] == cluster
+    ref = reference(model, feeds)
+    for _ in range(3):  # capture, then replays
+        g = np.asarray(eng.run(feeds, to_numpy=True)["y"], np.float64)
+        err = np.linalg.norm(g - ref) / np.linalg.norm(ref)
+        assert err < TOL["fp16"], err
