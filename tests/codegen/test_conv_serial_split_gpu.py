@@ -43,12 +43,14 @@ def test_deep_conv_split_k_one_launch_matches_ort():
     eng = graphc.compile(model, target="cuda", precision="fp16")
     convs = [ln for s in eng.plan.steps for ln in s.launches if ln.family == "conv"]
     # K is split: in one launch on conv.cu.j2 (serial), or, on sm_90, by the wgmma implicit GEMM
-    # (conv_sm90) whose slices reduce in a second launch (variant "igemm_reduce")
+    # (conv_sm90): its slices as one thread-block cluster summed over DSMEM (CLUSTER 1, one launch)
+    # or reducing in a second launch (variant "igemm_reduce")
     main = [ln for ln in convs if ln.params.get("variant") != "igemm_reduce"]
     assert len(main) == 1, [ln.params.get("variant") for ln in convs]
     p = main[0].params
     assert max(int(p.get("splits", 1)), int(p.get("SPLITS", 1))) > 1, p
-    assert len(convs) == (1 if p.get("serial", p.get("SERIAL", 0)) else 2), p
+    one_launch = p.get("serial", p.get("SERIAL", 0)) or p.get("CLUSTER", 0)
+    assert len(convs) == (1 if one_launch else 2), p
     for seed in range(3):
         feeds = {"x": rand((1, 512, 7, 7), seed=seed, low=-1.0, high=1.0)}
         ref = run_ort(model, feeds)["y"]
