@@ -24,7 +24,7 @@ import numpy as np
 from graphc.runtime.attrs_schema import SCHEMA_VERSION as ATTRS_SCHEMA_VERSION
 from graphc.runtime.container import MANIFEST, WEIGHTS, Container, Limits, make_comment
 from graphc.runtime.errors import EngineError
-from graphc.runtime.pdl import pdl_ready
+from graphc.runtime.pdl import pdl_ready, waits_first
 from graphc.runtime.plan import (
     WEIGHT,
     KernelPlan,
@@ -271,7 +271,7 @@ def _check_pdl_records(doc: ManifestDoc, sources: dict[str, str], path: Path) ->
     """A kernel recorded as PDL-ready must wait for the grids before it first thing: launched
     programmatically without that wait, it would race with the kernel before it."""
     for digest, k in doc.kernels.items():
-        if k.pdl and not pdl_ready(sources.get(digest, ""), k.name):
+        if k.pdl and not waits_first(sources.get(digest, ""), k.name):
             raise EngineError(
                 f"{path}: kernel {k.name} is recorded as PDL-ready but its source does not start with "
                 "GC_PDL_ENTRY() (edited engine)"
@@ -500,7 +500,8 @@ def _executor(
         device=device,
         launch_arch=arch,
         device_weights=device_weights,
-        pdl_ready=pdl_kernels(m),
+        # an engine from before cluster kernels were kept plain records them too: runtime/pdl.py
+        pdl_ready={d for d in pdl_kernels(m) if pdl_ready(ef.sources.get(d, ""), names.get(d, ""))},
         pdl=pdl,
         output_ring=output_ring,
     )

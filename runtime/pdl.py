@@ -73,12 +73,29 @@ def add_pdl_entries(source: str) -> str:
     return "".join(parts) + source[last:]
 
 
-def pdl_ready(source: str, name: str) -> bool:
+def waits_first(source: str, name: str) -> bool:
     """Whether kernel `name` of `source` waits for the grids before it first thing (see above)."""
     if not _DEFINE.search(source):
         return False
     entries = [e for e in kernel_entries(source) if e.name == name]
     return len(entries) == 1 and source[entries[0].body :].lstrip().startswith(ENTRY)
+
+
+def has_cluster_shape(source: str, name: str) -> bool:
+    """Whether kernel `name` of `source` carries a compile-time cluster shape (__cluster_dims__ on
+    its definition or on a declaration of it)."""
+    pattern = r"__global__[^;{]*__cluster_dims__\s*\([^)]*\)[^;{]*\b" + re.escape(name) + r"\s*\("
+    return re.search(pattern, source) is not None
+
+
+def pdl_ready(source: str, name: str) -> bool:
+    """Whether kernel `name` of `source` may be launched programmatically: it waits first thing and
+    it is not a thread-block-cluster kernel. A cluster kernel launched programmatically inside a
+    CUDA graph read its predecessor's output before that grid had completed (H200, driver
+    580.159.04, 2026-12-02: the split-K conv cluster of tests/codegen/test_conv_serial_split_gpu.py
+    went wrong on 17 of 18 replays, right on every stream launch and on every replay once launched
+    plain, its SASS with ACQBULK first), so cluster kernels are always launched plain."""
+    return waits_first(source, name) and not has_cluster_shape(source, name)
 
 
 def arch_has_pdl(arch: str | None) -> bool:

@@ -443,20 +443,22 @@ def _overlap_cases(bg, row2, cast) -> list[Case]:
             params={"BN": 256, "WARP_EPI": 1},
         )
     )
-    # the default (OVERLAP rule) on a residual epilogue, B stored [N, K]
-    out.append(
-        Case(
-            "fp16-default-overlap-res",
-            "fp16",
-            "MatMul",
-            [(4096, 768), (1024, 768), (4096, 1024)],
-            domain="graphc",
-            attrs={"trans_b": 1},
-            n_anchor=2,
-            epilogue=(EpilogueOp("Add", get_op("Add").attrs(), (ACC, IN(2))),),
-            outputs=(OP(0),),
+    # the defaults on a residual epilogue, B stored [N, K]: the OVERLAP rule at 4096x768x768 (BM 192
+    # fills no more of the waves there), the tall rule (BM 192) at N = 1024 where it does
+    for cid, n in (("fp16-default-overlap-res", 768), ("fp16-default-tall-res", 1024)):
+        out.append(
+            Case(
+                cid,
+                "fp16",
+                "MatMul",
+                [(4096, 768), (n, 768), (4096, n)],
+                domain="graphc",
+                attrs={"trans_b": 1},
+                n_anchor=2,
+                epilogue=(EpilogueOp("Add", get_op("Add").attrs(), (ACC, IN(2))),),
+                outputs=(OP(0),),
+            )
         )
-    )
     return out
 
 
@@ -532,7 +534,9 @@ def test_gemm_sm90(case: Case):
     main = kernels[0][0].params
     assert main["VEC_EPI"] == _want_vec(case, main["SPLITS"]), main
     if case.id == "fp16-default-overlap-res":
-        assert main.get("OVERLAP") == 1 and main["BN"] == 192, main
+        assert main.get("OVERLAP") == 1 and main["BN"] == 192 and main.get("BM", 128) == 128, main
+    if case.id == "fp16-default-tall-res":
+        assert main.get("BM") == 192 and main.get("WARP_EPI") == 1 and not main.get("OVERLAP"), main
     for out, ref in zip(outs, refs, strict=True):
         assert np.isfinite(out).all(), f"{np.count_nonzero(~np.isfinite(out))} elements unwritten or not finite"
         err = np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30)

@@ -21,9 +21,11 @@ from graphc.runtime.pdl import (
     ENTRY,
     add_pdl_entries,
     arch_has_pdl,
+    has_cluster_shape,
     kernel_entries,
     pdl_ready,
     programmatic_launches,
+    waits_first,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
@@ -72,12 +74,26 @@ def test_ready_needs_the_define_and_the_named_kernels_entry():
     out = add_pdl_entries(SOURCE)
     assert not pdl_ready(out, "k_one")  # no definition of the macro in the source
     full = DEFINE + out
-    assert pdl_ready(full, "k_one") and pdl_ready(full, "k_two")
+    assert pdl_ready(full, "k_one") and waits_first(full, "k_two")
+    # k_two is a cluster kernel: it waits first, but is never launched programmatically
+    assert has_cluster_shape(full, "k_two") and not pdl_ready(full, "k_two")
+    assert not has_cluster_shape(full, "k_one")
     assert not pdl_ready(full, "decl_only") and not pdl_ready(full, "missing")
     assert not pdl_ready(DEFINE + SOURCE, "k_one")  # no entry
     # a macro that does not start with the wait is not the one common.cuh defines
     other = full.replace('asm volatile("griddepcontrol.wait;', 'asm volatile("griddepcontrol.launch_dependents;')
     assert not pdl_ready(other, "k_one")
+
+
+def test_a_cluster_shape_on_a_declaration_keeps_the_kernel_plain():
+    # as conv_sm90_igemm.cu.j2 writes it: the shape on a declaration, the definition without it
+    src = DEFINE + add_pdl_entries(
+        'extern "C" __global__ void __cluster_dims__(1, 8, 1) __launch_bounds__(256, 1) k_c(float* y);\n'
+        'extern "C" __global__ void __launch_bounds__(256, 1) k_c(float* y) {\n  y[0] = 1.f;\n}\n'
+        'extern "C" __global__ void k_c2(float* y) {\n  y[0] = 2.f;\n}\n'
+    )
+    assert waits_first(src, "k_c") and has_cluster_shape(src, "k_c") and not pdl_ready(src, "k_c")
+    assert pdl_ready(src, "k_c2") and not has_cluster_shape(src, "k_c2")  # a name that k_c's is a prefix of
 
 
 def test_arch_gate_and_sequence_choice():
@@ -146,6 +162,39 @@ def test_an_engine_claiming_pdl_for_a_kernel_without_the_wait_is_refused(bert, t
         man["kernels"][digest]["pdl"] = True
 
     refused(rewrite(tmp_path / "old.engine", tmp_path / "claim.engine", claim), "recorded as PDL-ready")
+
+
+def _deep_conv_b1():
+    """ResNet-50's deep 3x3 conv at batch 1 with a residual: on sm_90 a cluster split-K conv."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((512, 512, 3, 3)) / 68.0).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Add", ["c", "x"], ["y"])],
+        "deep3x3",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 512, 7, 7])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 512, 7, 7])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_cluster_kernels_are_not_recorded_and_older_records_still_load(tmp_path):
+    eng = graphc.compile(_deep_conv_b1(), target="cuda", precision="fp16", arch=["sm_90"])
+    ks = eng.kernels
+    cluster = {d for d, s in ks.sources.items() if has_cluster_shape(s, ks.names[d])}
+    assert len(cluster) == 1, [ln.params for s in eng.plan.steps for ln in s.launches]
+    eng.save(tmp_path / "e.engine")
+    ef = read_engine(tmp_path / "e.engine")
+    assert pdl_kernels(ef.manifest) == set(ks.sources) - cluster and pdl_kernels(ef.manifest)
+
+    def claim(man):  # as a graphc from before this rule recorded it
+        for d in cluster:
+            man["kernels"][d]["pdl"] = True
+
+    older = read_engine(rewrite(tmp_path / "e.engine", tmp_path / "older.engine", claim))
+    assert pdl_kernels(older.manifest) == set(ks.sources)  # loads; the runtime still launches it plain
 
 
 def test_engines_without_the_field_still_load(tmp_path, bert):
