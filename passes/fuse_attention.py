@@ -55,9 +55,12 @@ A finite-fill keep mask that can wholly mask a row must be the only mask term (o
 added mask; an And of conditions inside it is fine): combined with other terms (a -inf Where, a
 float mask, a second fill) such a row averages V over some subset of the keys, which this form
 does not express, so the Softmax is not fused. A constant term that leaves every row a key (the
-causal pattern) counts as a plain boolean one; combined with others, the rows those others mask
-wholly still give 0 here (legacy GPT-2's Where(causal, scores, finfo.min) + (1 - mask) * finfo.min
-is such a mix: its left-padding rows average V over an odd subset of keys in the decomposed graph).
+causal pattern) counts as a plain boolean one (is_causal) when it is alone, or its fill is -inf, or
+the other terms are constants that cannot bring a row's kept keys down to its fill. Otherwise (legacy
+GPT-2's Where(causal, scores, finfo.min) + (1 - mask) * finfo.min) a left-padded row's kept keys
+tie with the keys the causal term drops, and the decomposed graph averages V over both: an
+absorbing fill then joins the float mask as Where(causal, 0, fill), which is exact (score + fill ==
+fill), and a fill that does not absorb (masked_bias -1e4) is not fused.
 
 Attention nodes already in the model are left as they are.
 """
@@ -689,11 +692,26 @@ def _refine_masks(g: Graph, chain: _Chain, dims: dict[str, object], where: str):
             additive.append(m)
         else:
             keep.append(k)
-    # A constant keep mask that leaves every row a key: its fill never shows.
-    keep = [
-        (c, inv, -np.inf) if isinstance(c, np.ndarray) and not _dead_rows(c != inv) else (c, inv, fill)
-        for c, inv, fill in ((_const_or(g, c), inv, fill) for c, inv, fill in keep)
-    ]
+    # A constant keep mask that leaves every row a key: its fill never shows, unless a float mask
+    # also added can bring a row's kept keys down to the fill (see _causal_fill_shows).
+    resolved: list[tuple[Value | np.ndarray, bool, float]] = []
+    for c, inv, fill in keep:
+        c = _const_or(g, c)
+        if isinstance(c, np.ndarray) and not _dead_rows(c != inv):
+            if math.isfinite(fill) and _fill_shows(g, additive, fill):
+                if fill > ABSORBING_FILL:
+                    raise _Decline(
+                        f"{where}: a Where with the finite fill {fill:g} combined with a float mask "
+                        "(rows the float mask masks wholly mix the fill with the scores)"
+                    )
+                # Where(keep, s, fill) + a == s + (Where(keep, 0, fill) + a) exactly, as fill
+                # absorbs s: one float mask (legacy GPT-2's causal Where plus its padding mask)
+                dtype = chain.qk.outputs[0].ttype.dtype.numpy
+                additive.append(np.where(c != inv, 0.0, fill).astype(dtype))
+                continue
+            fill = -np.inf
+        resolved.append((c, inv, fill))
+    keep = resolved
     uniform = _uniform_terms(g, [(c, inv) for c, inv, fill in keep if math.isfinite(fill)])
     if uniform and (len(keep) > 1 or additive):
         raise _Decline(
@@ -720,6 +738,23 @@ def _refine_masks(g: Graph, chain: _Chain, dims: dict[str, object], where: str):
         else:
             refined += [(t, False) for t in kept]
     return additive, refined, is_causal, uniform
+
+
+def _fill_shows(g: Graph, additive: list[Value | np.ndarray], fill: float) -> bool:
+    """Whether the float masks `additive`, added after a Where that puts the finite `fill` on the
+    keys a constant keep mask drops, can make the fill matter on a row that keeps keys: where they
+    mask every kept key of a row with a fill of their own (legacy GPT-2's (1 - mask) * finfo.min
+    on a left-padded row), the dropped keys' `fill` ties with them and the decomposed graph
+    averages over both. Not where every term is a constant whose spread leaves the fill masked."""
+    if not additive:
+        return False
+    total = np.zeros(1, np.float64)
+    for m in additive:
+        c = _const_or(g, m)
+        if not isinstance(c, np.ndarray) or c.dtype.kind != "f" or not np.isfinite(c).all():
+            return True
+        total = total + c.astype(np.float64)
+    return fill + float(total.max() - total.min()) > MASK_FILL_MAX
 
 
 def _uniform_terms(g: Graph, keeps: list[tuple[Value | np.ndarray, bool]]) -> list[tuple[Value | np.ndarray, bool]]:

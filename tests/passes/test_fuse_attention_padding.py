@@ -95,6 +95,15 @@ def _model(spelling: str, *, kv_heads: int = H, softcap: float | None = None, ou
     elif form in ("sdpa", "ninf"):  # torch's SDPA: Where(keep, 0, -inf) added (+ the NaN guard)
         s = net.op("Add", s, net.op("Where", _keep(net, pattern), net.c(0.0), net.c(-np.inf)))
         guard = form == "sdpa"
+    elif form in ("legacy", "legacy_1e4"):
+        # transformers' GPT-2 before SDPA: Where(causal, scores, finfo.min) (masked_bias -1e4 in
+        # older releases), then the padding mask (1 - attention_mask) * the same fill added
+        fill = FMIN if form == "legacy" else -1e4
+        i, j = np.arange(S)[:, None], np.arange(S)[None, :]
+        s = net.op("Where", net.c((j <= i)[None, None], np.bool_), s, net.c(fill))
+        am = net.input("attention_mask", TensorProto.INT64, [B, S])
+        amf = net.op("Unsqueeze", net.op("Cast", am, to=TensorProto.FLOAT), net.c([1, 2], np.int64))
+        s = net.op("Add", s, net.op("Mul", net.op("Sub", net.c(1.0), amf), net.c(fill)))
     elif form == "additive_1e4":  # a fill that does not absorb the scores
         s = net.op("Add", s, net.op("Where", _keep(net, pattern), net.c(0.0), net.c(-1e4)))
     else:
@@ -148,6 +157,7 @@ SPELLINGS = [
     "where_min_inverted:window",
     "sdpa:window",
     "additive_1e4:window",
+    "legacy:causal",
 ]
 
 
@@ -213,6 +223,35 @@ def test_ninf_without_guard_gives_nan_as_onnxruntime_does():
     cpu = next(iter(graphc.compile(model, target="cpu").run(feeds).values()))
     np.testing.assert_array_equal(np.isnan(cpu), dead)
     np.testing.assert_allclose(cpu[~dead], want[~dead], rtol=1e-5, atol=1e-5)
+
+
+def test_legacy_gpt2_masks_are_one_float_mask():
+    # Where(causal, scores, finfo.min) + (1 - mask) * finfo.min: on a left-padded query row the
+    # causal fill ties with the padding fill, so the row averages V over every key the two do not
+    # both mask. is_causal plus the padding mask would average over the causal keys only: the
+    # causal term joins the float mask instead.
+    model = _model("legacy:causal", out="relu4d")
+    g = _fused(model, elementwise=False)
+    att = next(n for n in g.nodes if n.op == "Attention")
+    assert att.attrs.is_causal == 0 and att.inputs[3].ttype.dtype.name == "float32"
+    feeds = _feeds()
+    want = _ort(model, feeds)
+    got = next(iter(graphc.interpret(g, feeds).values()))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # (batch entry 1's left-padded queries 0-2 average V over keys 0..i and 3..6 there, where
+    # is_causal with the padding mask would average over 0..i alone)
+
+
+def test_legacy_gpt2_masks_with_a_1e4_fill_are_not_fused():
+    # masked_bias -1e4 does not absorb the scores: a left-padded row mixes -1e4 + score with -1e4
+    model = _model("legacy_1e4:causal")
+    res = optimize(graphc.load_onnx(model), OptimizeOptions(opt_level=2, verify=True))
+    assert "Attention" not in res.graph.op_counts()
+    assert any("finite fill -10000 combined with a float mask" in m for m in res.graph.meta.get("near_misses", []))
+    feeds = _feeds()
+    np.testing.assert_allclose(
+        next(iter(graphc.interpret(res.graph, feeds).values())), _ort(model, feeds), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_finite_fill_mixed_with_another_mask_is_not_fused():
