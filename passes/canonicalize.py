@@ -33,7 +33,7 @@ import math
 import numpy as np
 
 from graphc.ir.graph import Graph, Node, Value
-from graphc.passes.fuse_util import scalar
+from graphc.passes.fuse_util import is_float_data, scalar
 from graphc.passes.rewrite import RewriteContext, Rewritten, rewrite_graph
 
 log = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ def _scalar_mul(g: Graph, v: Value | None) -> tuple[Value, float, Node] | None:
         return None
     for x, k in ((n.inputs[0], n.inputs[1]), (n.inputs[1], n.inputs[0])):
         data = None if k is None else g.const(k.name)
-        if x is None or data is None or data.dtype.kind != "f" or x.type != v.type:
+        if x is None or data is None or not is_float_data(data) or x.type != v.type:
             continue
         c = scalar(data)
         if c is not None and math.isfinite(c):

@@ -25,6 +25,7 @@ import logging
 import numpy as np
 
 from graphc.ir.graph import Graph, Node, Value
+from graphc.passes.fuse_util import is_float_data
 from graphc.passes.rewrite import RewriteContext, Rewritten, rewrite_graph
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ def _rotate_half_of(g: Graph, v: Value) -> Value | None:
 def _cache(data: np.ndarray, batch: int, seq: int, d: int) -> np.ndarray | None:
     """The (batch, seq, d/2) cache of a cos/sin constant broadcasting to (batch, 1, seq, d) with
     equal halves, else None."""
-    if data.dtype.kind != "f" or data.ndim > 4 or data.shape[-1] != d:
+    if not is_float_data(data) or data.ndim > 4 or data.shape[-1] != d:
         return None
     full = data.reshape((1,) * (4 - data.ndim) + data.shape)
     if full.shape[1] != 1 or full.shape[0] not in (1, batch) or full.shape[2] not in (1, seq):

@@ -77,7 +77,7 @@ from graphc.ir.builder import GraphBuilder
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.types import DType, TensorType
 from graphc.ops.internal import INTERNAL_DOMAIN
-from graphc.passes.fuse_util import scalar
+from graphc.passes.fuse_util import is_float_data, scalar
 from graphc.passes.rewrite import RewriteContext, Rewritten, rewrite_graph
 
 # A Where fill at or below this is "masked": exp(fill - row max) is 0 in float32 for any
@@ -138,7 +138,7 @@ def _scalar_factor(g: Graph, node: Node) -> tuple[Value, float] | None:
         if x is None or k is None:
             continue
         data = g.const(k.name)
-        if data is None or data.dtype.kind != "f" or x.type != node.outputs[0].type:
+        if data is None or not is_float_data(data) or x.type != node.outputs[0].type:
             continue
         s = scalar(data)
         if s is None or not math.isfinite(s) or s == 0:
@@ -243,7 +243,7 @@ def _rank4(v: Value | None) -> bool:
 def _fill(g: Graph, v: Value | None) -> float | None:
     """The masking fill v holds (a scalar constant at or below MASK_FILL_MAX, -inf included)."""
     data = None if v is None else g.const(v.name)
-    if data is None or data.dtype.kind != "f":
+    if data is None or not is_float_data(data):
         return None
     s = scalar(data)
     return s if s is not None and s <= MASK_FILL_MAX else None
@@ -383,7 +383,7 @@ def _nan_guard(g: Graph, p: Value) -> tuple[Node, Node] | None:
     if g.is_output(nan.name) or len(g.users(nan.name)) != 1 or w.inputs[0] != nan or w.inputs[2] != p:
         return None
     zero = g.const(w.inputs[1].name) if w.inputs[1] is not None else None
-    if zero is None or zero.size != 1 or zero.dtype.kind != "f" or float(zero.reshape(())) != 0.0:
+    if zero is None or zero.size != 1 or not is_float_data(zero) or float(zero.reshape(())) != 0.0:
         return None
     return (isnan, w) if w.outputs[0].type == p.type else None
 
@@ -399,7 +399,7 @@ def _safe_softmax(g: Graph, p: Value, chain: _Chain) -> Node | None:
     if not _onnx(w, "Where") or w.inputs[2] != p or w.outputs[0].type != p.type:
         return None
     zero = g.const(w.inputs[1].name) if w.inputs[1] is not None else None
-    if zero is None or zero.size != 1 or zero.dtype.kind != "f" or float(zero.reshape(())) != 0.0:
+    if zero is None or zero.size != 1 or not is_float_data(zero) or float(zero.reshape(())) != 0.0:
         return None
     dead = w.inputs[0]
     data = g.const(dead.name)
@@ -617,8 +617,9 @@ def _keep_of_additive(g: Graph, m: Value) -> tuple[Value | np.ndarray, bool, flo
     with such rows and fills of more than one kind."""
     data = g.const(m.name)
     if data is not None:
-        if data.dtype.kind != "f":
+        if not is_float_data(data):
             return None
+        data = data.astype(np.float32)
         with np.errstate(invalid="ignore"):
             masked = data <= MASK_FILL_MAX
             if not np.all((data == 0) | masked):
@@ -641,7 +642,7 @@ def _keep_of_additive(g: Graph, m: Value) -> tuple[Value | np.ndarray, bool, flo
 
     def zero(v: Value | None) -> bool:
         d = None if v is None else g.const(v.name)
-        return d is not None and d.size == 1 and d.dtype.kind == "f" and float(d.reshape(())) == 0.0
+        return d is not None and d.size == 1 and is_float_data(d) and float(d.reshape(())) == 0.0
 
     for fill_v, other, inverted in ((b, a, False), (a, b, True)):
         fill = _fill(g, fill_v)
@@ -685,7 +686,7 @@ def _refine_masks(g: Graph, chain: _Chain, dims: dict[str, object], where: str):
     keep: list[tuple[Value | np.ndarray, bool, float]] = list(chain.keep)
     for m in chain.additive:
         c = g.const(m.name)
-        if c is not None and c.size == 1 and c.dtype.kind == "f" and np.isfinite(c).all():
+        if c is not None and c.size == 1 and is_float_data(c) and np.isfinite(c).all():
             continue  # softmax(x + c) == softmax(x): a constant shift of every score goes
         k = _keep_of_additive(g, m)
         if k is None:
@@ -751,7 +752,7 @@ def _fill_shows(g: Graph, additive: list[Value | np.ndarray], fill: float) -> bo
     total = np.zeros(1, np.float64)
     for m in additive:
         c = _const_or(g, m)
-        if not isinstance(c, np.ndarray) or c.dtype.kind != "f" or not np.isfinite(c).all():
+        if not isinstance(c, np.ndarray) or not is_float_data(c) or not np.isfinite(c).all():
             return True
         total = total + c.astype(np.float64)
     return fill + float(total.max() - total.min()) > MASK_FILL_MAX

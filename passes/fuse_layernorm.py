@@ -31,6 +31,7 @@ from graphc.ops.normalization import HAS_RMS_NORMALIZATION
 from graphc.passes.fuse_util import (
     apply_until_stable,
     is_float,
+    is_float_data,
     is_scalar,
     near_misses,
     record_near_misses,
@@ -100,7 +101,7 @@ def _trailing_axes(m: Match, *names: str) -> int | None:
 
 def _eps(m: Match) -> float | None:
     e = scalar(m.consts["eps"])
-    if e is None or m.consts["eps"].dtype.kind != "f" or not np.isfinite(e) or e < 0:
+    if e is None or not is_float_data(m.consts["eps"]) or not np.isfinite(e) or e < 0:
         return None
     return e
 
@@ -365,7 +366,7 @@ def _cast_exact(m: Match) -> bool:
     """cast(rms(x, s), T): T is a float type and s is a constant that T holds exactly."""
     to = DType.from_onnx(m.root.attrs.to)
     s = m.consts["s"]
-    if not to.is_float or s.dtype.kind != "f":
+    if not to.is_float or not is_float_data(s):
         return False
     with np.errstate(all="ignore"):
         back = s.astype(to.numpy).astype(s.dtype)

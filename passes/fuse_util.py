@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 
 from graphc.ir.graph import Graph, Node, Value
-from graphc.ir.types import TensorType
+from graphc.ir.types import DType, TensorType
 from graphc.passes.fuse_common import same_shape
 from graphc.passes.report import add_near_miss
 from graphc.passes.rewrite import Const, Match, Op, Pattern, Rule, Var, apply_rules, match
@@ -27,9 +27,23 @@ from graphc.passes.rewrite import Const, Match, Op, Pattern, Rule, Var, apply_ru
 CONST_RTOL = 1e-4
 
 
+def is_float_data(data: np.ndarray) -> bool:
+    """Whether `data` holds floats: numpy's (kind "f") or ml_dtypes' bfloat16 and float8 types,
+    which numpy files under kind "V" (a model exported in bf16 has its scales and mask fills
+    there, and a test of kind "f" alone would silently skip its fusions)."""
+    if data.dtype.kind == "f":
+        return True
+    if data.dtype.kind != "V":
+        return False
+    try:
+        return DType.from_numpy(data.dtype).is_float
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
 def scalar(data: np.ndarray) -> float | None:
     """The value of a one-element float or integer constant, else None."""
-    if data.dtype == object or data.size != 1 or data.dtype.kind not in "fiu":
+    if data.dtype == object or data.size != 1 or not (data.dtype.kind in "iu" or is_float_data(data)):
         return None
     return float(np.asarray(data, dtype=np.float64).reshape(()))
 
