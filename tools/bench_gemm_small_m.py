@@ -127,7 +127,8 @@ def rule_kernels(ctx, prob) -> list[tuple[str, dict | None, list]]:
         old.append(("main-default", _mma(128, 128, 2, 2, SPLITS=1)))
     if prob.N <= 8192:  # split-K across a cluster on the wgmma kernel too
         old.append(("wgmma-nosplit", {"path": "wgmma", "BM": 64, "BN": 64, "BK": 64, "STAGES": 6, "SPLITS": 1}))
-        for bm, bn, splits in ((64, 64, 2), (64, 64, 3), (64, 64, 4), (64, 128, 2), (64, 128, 4), (128, 64, 4)):
+        tiles = [(64, 64, s) for s in (2, 3, 4, 6, 8)] + [(64, 128, 2), (64, 128, 4), (128, 64, 4)]
+        for bm, bn, splits in tiles:
             wp = {"path": "wgmma", "BM": bm, "BN": bn, "BK": 64, "STAGES": 4, "SPLITS": splits, "CLUSTER": 1}
             old.append((f"wgmma-cluster-{bm}x{bn}-s{splits}", wp))
     for label, p in old:

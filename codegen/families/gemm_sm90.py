@@ -757,7 +757,11 @@ def mid_m_cluster(prob: Problem) -> dict[str, Any] | None:
 # us per launch, docs/results/gemm_small_m_h200_2026-12-01.md). Main's default before: mma.sync with
 # one-launch (serial) split-K, 10.7-17.6 us at K = 768.
 # - K >= 3072 (128/197 x 768 x 3072): TMA with 8 K slices 8.2-8.4 / 8.6-8.7 (cuBLAS 8.1 / 8.6-8.7);
-#   wgmma with cluster split-K 8.0 / 8.9, within noise. -> TMA (the rule above).
+#   wgmma with cluster split-K 8.0 / 8.9, within noise. -> TMA (the rule above). Re-measured
+#   2026-12-02 (docs/results/h200_gemm_small_m_k3072_2026-12-02.txt): at 128 rows the wgmma cluster
+#   with S 8 is 6.9 us alone (TMA 8.2, cuBLAS 7.3), at 197 rows 11.5 (S 4 8.8, TMA 8.6); in the
+#   whole zoo BERT-base / ViT-B/16 at batch 1 it saved 12 launches but no time (replay 0.448 /
+#   0.547 ms against the rule's 0.446 / 0.533): cluster kernels launch without PDL. -> TMA stays.
 # - N >= 8192 (GPT-2's lm_head, 128 x 50257 x 768, B [N, K]): TMA BN 128 without split 28.4-28.9
 #   (the default mma.sync 70.0-70.4, cuBLAS 144-145 through torch.matmul). -> TMA, BN 128, no
 #   split. With B [K, N] and N odd (no TMA, no wgmma: rows not 16-byte aligned) mma.sync 128 x 64
