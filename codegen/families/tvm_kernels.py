@@ -157,36 +157,6 @@ def _scatter_nd(ctx: StepContext):
     return [0, 1, 2], compute
 
 
-_GRID_METHODS = {"nearest": "nearest", "linear": "bilinear", "cubic": "bicubic"}
-
-
-def _grid_sample(ctx: StepContext):
-    from tvm import te, topi
-
-    a = ctx.attrs
-    xshape = _shape(ctx, ctx.step.inputs[0])
-    nd = len(xshape) - 2
-    if nd not in (2, 3):
-        raise ctx.fail(f"TVM's grid_sample takes 2-D or 3-D inputs, this one has {nd} spatial axes")
-    if a.mode == "cubic" and nd != 2:
-        raise ctx.fail("cubic mode is defined for 2-D inputs only")
-
-    def compute(x, grid):
-        # ONNX's grid is [N, *out, nd] with grid[..., 0] the last axis; topi's is [N, nd, *out]
-        # (same component order), read through an index map the schedule inlines.
-        gshape = grid.shape
-        gt = te.compute(
-            (gshape[0], nd, *gshape[1:-1]),
-            lambda n, c, *sp: grid[(n, *sp, c)],
-            name="grid_nc",
-        )
-        return topi.image.grid_sample(
-            x, gt, _GRID_METHODS[a.mode], "NCHW" if nd == 2 else "NCDHW", a.padding_mode, bool(a.align_corners)
-        )
-
-    return [0, 1], compute
-
-
 def _dft(ctx: StepContext):
     from tvm import te, tirx
 
@@ -591,7 +561,6 @@ Builder = Callable[[StepContext], tuple[list[int], Callable[..., Any]]]
 TVM_OPS: dict[str, Builder] = {
     "ScatterElements": _scatter_elements,
     "ScatterND": _scatter_nd,
-    "GridSample": _grid_sample,
     "DFT": _dft,
     "STFT": _stft,
     "ReverseSequence": _reverse_sequence,
@@ -663,7 +632,7 @@ def _generate(ctx: StepContext, template_error: CompileError | None = None) -> l
 
 # TVM's kernels by what determines them: a compile generates each step's kernels once per arch set
 # (codegen/build.py's generate_for_archs asks again for Hopper), and TVM's lowering takes up to
-# tens of seconds for the largest index expressions (GridSample cubic + reflection).
+# seconds for the largest index expressions.
 _BUILT: dict[tuple, list[Any]] = {}
 _BUILT_MAX = 256
 

@@ -42,17 +42,6 @@ def scatter_nd(reduction: str, k: int) -> Case:
     return m, {"data": data, "indices": idx, "updates": upd}
 
 
-def grid_sample(mode: str, padding: str, align: int, nd: int = 2) -> Case:
-    r = _rng(3)
-    x = r.standard_normal((2, 3, *([5, 6, 4][:nd]))).astype(np.float32)
-    # beyond [-1, 1] so that every padding mode matters
-    grid = r.uniform(-1.3, 1.3, (2, *([4, 7, 3][:nd]), nd)).astype(np.float32)
-    m = make_node_model(
-        "GridSample", {"x": x, "grid": grid}, {"mode": mode, "padding_mode": padding, "align_corners": align}
-    )
-    return m, {"x": x, "grid": grid}
-
-
 def dft(shape, axis: int, inverse: int = 0, onesided: int = 0, length: int | None = None) -> Case:
     x = _rng(4).standard_normal(shape).astype(np.float32)
     inits = {"axis": np.array(axis, np.int64)}
@@ -160,14 +149,6 @@ CASES: dict[str, Callable[[], Case]] = {
     "scatter_nd_mul_k1": lambda: scatter_nd("mul", 1),
     "scatter_nd_max_k2": lambda: scatter_nd("max", 2),
     "scatter_nd_min_k2": lambda: scatter_nd("min", 2),
-    **{
-        f"grid_sample_{mode}_{pad}_align{al}": (lambda mode=mode, pad=pad, al=al: grid_sample(mode, pad, al))
-        for mode in ("nearest", "linear", "cubic")
-        for pad in ("zeros", "border", "reflection")
-        for al in (0, 1)
-    },
-    "grid_sample_3d_linear_zeros": lambda: grid_sample("linear", "zeros", 0, nd=3),
-    "grid_sample_3d_nearest_border": lambda: grid_sample("nearest", "border", 1, nd=3),
     "dft_real": lambda: dft((2, 16, 1), 1),
     "dft_complex_axis0": lambda: dft((12, 3, 2), 0),
     "dft_onesided": lambda: dft((3, 10, 1), 1, onesided=1),
