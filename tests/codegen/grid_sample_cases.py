@@ -52,13 +52,17 @@ def case(
     dtype=np.float32,
     grid_dtype=None,
     seed: int = 0,
+    opset: int | None = None,
 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """The model and feeds: X [N, C, *in] of `dtype`, grid [N, *out, nd] of grid_dtype (X's by default)."""
     rng = np.random.default_rng(seed + 100)
     x = rng.uniform(-2, 2, xshape).astype(dtype)
     grid = make_grid((xshape[0], *out), tuple(xshape[2:]), align, grid_dtype or dtype, seed)
     model = make_node_model(
-        "GridSample", {"x": x, "grid": grid}, {"mode": mode, "padding_mode": padding, "align_corners": align}
+        "GridSample",
+        {"x": x, "grid": grid},
+        {"mode": mode, "padding_mode": padding, "align_corners": align},
+        opset=opset,
     )
     return model, {"x": x, "grid": grid}
 
