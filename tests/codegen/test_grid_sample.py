@@ -3,7 +3,8 @@
 NVRTC for sm_80 and sm_90, and, compiled for the host by cuda_emulator.py (the kernel's own text,
 one thread at a time), equals the numpy reference: nearest exactly (ties round half to even, the
 coordinate is the reference's double), linear and cubic to float32 rounding. graphc.compile and
-`graphc check` take GridSample on the cuda target without TVM. test_grid_sample_gpu.py checks the
+`graphc check` take GridSample on the cuda target without TVM; the onnx package's GridSample node
+tests' expected outputs come out of the host-compiled kernel. test_grid_sample_gpu.py checks the
 engine on a GPU."""
 
 from __future__ import annotations
@@ -183,3 +184,32 @@ def test_empty_output_has_no_kernel():
     grid = np.zeros((1, 0, 5, 2), np.float32)
     model = make_node_model("GridSample", {"x": x, "grid": grid})
     assert kernels_of(model, family="grid_sample") == []
+
+
+def _node_tests():
+    import warnings
+
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        return [c for c in collect_testcases() if c.name.startswith("test_gridsample")]
+
+
+def test_onnx_node_tests_on_host():
+    """The installed onnx's GridSample node tests (18 in onnx 1.23: 2-D, volumetric, every mode and
+    padding), run as the kernel's own text on the host: their expected outputs (some written by
+    hand to 4 decimals, hence atol 1e-4; nearest exact)."""
+    cases = _node_tests()
+    assert cases
+    for c in cases:
+        (src,) = kernels_of(c.model, family="grid_sample")
+        mode = next((a.s.decode() for a in c.model.graph.node[0].attribute if a.name == "mode"), "linear")
+        src.args = ["x", "grid", "y"]  # the emulator's tensor names for the node's inputs and output
+        for ins, outs in c.data_sets:
+            got = _emulate(src, {"x": ins[0], "grid": ins[1]}).astype(np.float64)
+            want = np.asarray(outs[0], np.float64)
+            if mode == "nearest":
+                np.testing.assert_array_equal(got, want, err_msg=c.name)
+            else:
+                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=c.name)
