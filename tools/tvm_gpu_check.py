@@ -32,7 +32,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 # rtol, and atol relative to max(1, |reference|.max()): float32 kernels against a float64-free
-# numpy reference (DFT sums of up to 16 terms, GridSample's cubic taps)
+# numpy reference (DFT sums of up to 16 terms)
 TOLERANCE = {"float32": (1e-4, 1e-4), "float64": (1e-10, 1e-10)}
 
 
