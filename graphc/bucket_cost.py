@@ -215,13 +215,13 @@ def launch_seconds(ctx: Any, ln: Any) -> float:
     if p.get("reduce"):
         return 0.0  # a split-K reduce: the tile models charge it with their split (round trip, launch)
     if ln.family == "conv" and p.get("variant") == "igemm":
-        return conv_sm90.igemm_cost(p["M"], p["N"], p["K"], p["BN"], p["SPLITS"]) / mac_s
+        return conv_sm90.igemm_cost(p["M"], p["N"], p["K"], p["BN"], p["SPLITS"], bool(p.get("CLUSTER"))) / mac_s
     if p.get("path") == "tma":
         if ln.family == "conv":
             prob = conv_sm90.gemm_problem(ctx)
             assert not isinstance(prob, str), prob
             return conv_sm90.tma_cost(prob, p["BN"], p["SPLITS"]) / mac_s
-        return gemm_sm90.tile_cost(gemm.problem_of(ctx), p["BN"], p["SPLITS"]) / mac_s
+        return gemm_sm90.tile_cost(gemm.problem_of(ctx), p["BN"], p["SPLITS"], p.get("BM", gemm_sm90.BM)) / mac_s
     if ln.family == "gemm" and p.get("path") in ("mma", "wgmma", "simt", "tf32") and "BM" in p:
         # its own model, at its own rate for ranking (gemm._RATE["wgmma"]): rescaled to TILE_FLOPS
         return gemm.estimate_seconds(gemm.problem_of(ctx), p) * gemm._RATE["wgmma"] / TILE_FLOPS

@@ -232,13 +232,15 @@ def igemm_b_mode(g: ConvGeometry) -> str:
 _IGEMM_EFF = {64: 0.65, 128: 0.92, 256: 1.0}
 
 
-def igemm_cost(m: int, n: int, k: int, bn: int, s: int) -> float:
+def igemm_cost(m: int, n: int, k: int, bn: int, s: int, cluster: bool = False) -> float:
     """The implicit GEMM's cost of an [m, k] x [k, n] conv at tile width `bn` and `s` K slices, in MAC
-    units of the busiest SM (the wave model of igemm_heuristic, which minimizes it)."""
+    units of the busiest SM (the wave model of igemm_heuristic, which minimizes it before it decides
+    on a cluster). `cluster` (CLUSTER 1, for graphc/bucket_cost.py): no second launch; the partials'
+    traffic, through DSMEM rather than L2, is still charged as the round trip (not measured apart)."""
     tiles = ceil_div(m, IGEMM_BM) * ceil_div(n, bn) * s
     cost = waves(tiles) * IGEMM_BM * bn * ceil_div(ceil_div(k, IGEMM_BK), s) * IGEMM_BK / _IGEMM_EFF[bn]
     if s > 1:
-        cost += 2 * s * m * n * 4 * 40 / SM_COUNT + 1e5
+        cost += 2 * s * m * n * 4 * 40 / SM_COUNT + (0 if cluster else 1e5)
     return cost
 
 

@@ -108,12 +108,14 @@ def units(prob: Problem, bn: int, splits: int, bm: int = BM) -> int:
     return ceil_div(prob.M, bm) * ceil_div(prob.N, bn) * prob.batch * splits
 
 
-def tile_cost(prob: Problem, bn: int, s: int) -> float:
+def tile_cost(prob: Problem, bn: int, s: int, bm: int = BM) -> float:
     """The wave model of heuristic() at tile width `bn` and `s` K slices, in MAC units of the busiest
     SM: its (padded) tiles' work over the tile's efficiency, split-K charged its workspace round trip
-    and second launch. heuristic() minimizes it; graphc/bucket_cost.py sums it over a plan."""
-    waves = ceil_div(units(prob, bn, s), SM_COUNT)
-    cost = waves * BM * bn * ceil_div(ceil_div(prob.K, BK), s) * BK / _EFF[bn]
+    and second launch. heuristic() minimizes it over 128-row tiles; graphc/bucket_cost.py sums it over
+    a plan with each launch's own tile height `bm` (BM 192 tiles: the same per-element efficiency, not
+    measured separately)."""
+    waves = ceil_div(units(prob, bn, s, bm), SM_COUNT)
+    cost = waves * bm * bn * ceil_div(ceil_div(prob.K, BK), s) * BK / _EFF[bn]
     if s > 1:  # fp32 partials written and read back, a second launch (in MAC units)
         cost += 2 * s * prob.batch * prob.M * prob.N * 4 * 40 / SM_COUNT + 3e5
     return cost

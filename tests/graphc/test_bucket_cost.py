@@ -163,3 +163,17 @@ def test_inspect_lines_of_a_time_ladder():
         "  profile 0 dim 'batch': time ladder (est(bucket) <= 1.2 est(n), rows <= 1.25 n; est ms on sm_90 per bucket "
         "1: 0.354, 2: 0.368)"
     ]
+
+
+def test_the_cost_models_charge_each_launchs_own_tile_and_split_form():
+    from graphc.codegen.families import conv_sm90, gemm_sm90
+
+    # 6304 rows: 128-row tiles need two waves of 200 tiles, 192-row ones one wave of 132 (the wave
+    # model reads only the problem's sizes)
+    prob = SimpleNamespace(M=6304, N=768, K=768, batch=1)
+    tall, short = gemm_sm90.tile_cost(prob, 192, 1, 192), gemm_sm90.tile_cost(prob, 192, 1)
+    assert gemm_sm90.units(prob, 192, 1, 192) == 132 and gemm_sm90.units(prob, 192, 1) == 200
+    assert tall == pytest.approx(short * 192 / 256)
+    # a cluster split-K conv has no second launch to charge
+    two, one = conv_sm90.igemm_cost(49, 512, 4608, 64, 8), conv_sm90.igemm_cost(49, 512, 4608, 64, 8, True)
+    assert two - one == pytest.approx(1e5)
