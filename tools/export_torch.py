@@ -112,6 +112,10 @@ def _wrap(model: Any, input_names: list[str], output_keys: list[str]) -> Any:
         def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> tuple:
             return self.run(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
 
+    class Seq2Seq(Base):  # BART (tools/make_arch_corpus.py)
+        def forward(self, input_ids: Any, attention_mask: Any, decoder_input_ids: Any) -> tuple:
+            return self.run(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids)
+
     class Audio(Base):  # wav2vec2, HuBERT (tools/make_arch_corpus.py)
         def forward(self, input_values: Any) -> tuple:
             return self.run(input_values=input_values)
@@ -120,7 +124,7 @@ def _wrap(model: Any, input_names: list[str], output_keys: list[str]) -> Any:
         def forward(self, input_features: Any) -> tuple:
             return self.run(input_features=input_features)
 
-    for cls in (Image, Text, TextWithTypes, Audio, Mel):
+    for cls in (Image, Text, TextWithTypes, Seq2Seq, Audio, Mel):
         params = list(cls.forward.__code__.co_varnames[1 : cls.forward.__code__.co_argcount])
         if params == input_names:
             return cls()

@@ -62,7 +62,7 @@ H, L, FFN = 32, 2, 64  # hidden width, layers, FFN width of the transformer bloc
 @dataclasses.dataclass
 class Arch:
     name: str
-    family: str  # text-encoder | decoder | vision | detection | segmentation | speech
+    family: str  # text-encoder | decoder | seq2seq | vision | detection | segmentation | speech
     description: str
     build: Callable[[], Any]  # -> the transformers model
     inputs: list[et.InputSpec]
@@ -345,6 +345,40 @@ def _dpt() -> Any:
     return DPTForDepthEstimation(cfg)
 
 
+def _bart() -> Any:
+    from transformers import BartConfig, BartModel
+
+    # encoder-decoder: learned positions with BART's offset of 2, post-norm blocks, the decoder's
+    # causal self-attention and cross-attention over the encoder (padding mask on the encoder side)
+    cfg = BartConfig(vocab_size=VOCAB, d_model=H, encoder_layers=L, decoder_layers=L, encoder_attention_heads=4,
+                     decoder_attention_heads=4, encoder_ffn_dim=FFN, decoder_ffn_dim=FFN, max_position_embeddings=64,
+                     pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+                     use_cache=False)  # fmt: skip
+    return BartModel(cfg)
+
+
+def _clip_text() -> Any:
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    # causal mask and padding mask together, quick GELU, pooling at the highest token id (argmax)
+    cfg = CLIPTextConfig(vocab_size=VOCAB, hidden_size=H, intermediate_size=FFN, num_hidden_layers=L,
+                         num_attention_heads=4, max_position_embeddings=32, eos_token_id=VOCAB - 1)  # fmt: skip
+    return CLIPTextModel(cfg)
+
+
+def _detr() -> Any:
+    from transformers import DetrConfig, DetrForObjectDetection, ResNetConfig
+
+    # a ResNet backbone (transformers', not timm's), sine position embeddings over the feature map's
+    # mask, an encoder-decoder over object queries, class and box heads
+    bb = ResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], layer_type="basic",
+                      out_features=["stage4"])  # fmt: skip
+    cfg = DetrConfig(use_timm_backbone=False, backbone_config=bb, use_pretrained_backbone=False, d_model=H,
+                     encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
+                     encoder_ffn_dim=FFN, decoder_ffn_dim=FFN, num_queries=10, num_labels=3)  # fmt: skip
+    return DetrForObjectDetection(cfg)
+
+
 def _rt_detr() -> Any:
     from transformers import RTDetrConfig, RTDetrForObjectDetection, RTDetrResNetConfig
 
@@ -512,6 +546,12 @@ ARCHS: dict[str, Arch] = {
              ["last_hidden_state", "pooler_output"]),
         Arch("dpt", "segmentation", "DPT depth estimation (dense prediction: reassemble, fusion, upsampling)",
              _dpt, _image(), ["predicted_depth"]),
+        Arch("bart", "seq2seq", "BART encoder-decoder (offset positions, cross-attention)", _bart,
+             [*_text(), et.InputSpec("decoder_input_ids", "int64", ["batch", "seq"], 2, VOCAB, "int")], LHS),
+        Arch("clip_text", "text-encoder", "CLIP text tower (causal + padding mask, argmax pooling)", _clip_text,
+             _text(), ["last_hidden_state", "pooler_output"]),
+        Arch("detr", "detection", "DETR (ResNet backbone, sine positions, object queries)", _detr, _image(64),
+             ["logits", "pred_boxes"]),
         Arch("rt_detr", "detection", "RT-DETR (TopK query selection, deformable attention by grid_sample)",
              _rt_detr, _image(64), ["logits", "pred_boxes"]),
         Arch("segformer", "segmentation", "SegFormer (spatial-reduction attention, Mix-FFN, MLP decoder)",

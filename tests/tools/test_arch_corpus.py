@@ -79,6 +79,9 @@ def test_the_architecture_list_spans_the_families_issue_12_asks_for():
     assert fams["text-encoder"] >= 5 and fams["decoder"] >= 5 and fams["vision"] >= 5 and fams["speech"] >= 2
     assert fams["detection"] >= 1 and fams["segmentation"] >= 1
     assert {"llama", "mistral", "qwen2", "whisper_encoder", "wav2vec2", "swin", "segformer", "yolos"} <= set(MA.ARCHS)
+    # an encoder-decoder with cross-attention takes its decoder's ids through the wrapper too
+    bart = MA.ARCHS["bart"]
+    assert bart.family == "seq2seq" and [s.name for s in bart.inputs][-1] == "decoder_input_ids"
 
 
 def test_items_carry_stored_inputs_references_and_failed_exports(corpus):
