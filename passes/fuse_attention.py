@@ -52,9 +52,11 @@ left-padded row under a causal mask) is where the mask's fill matters:
   masked_rows="nan" (so do float masks computed at run time, which may hold -inf) whenever the
   masks may leave a row no key, and stores NaN there as the decomposed graph does.
 A finite-fill keep mask that can wholly mask a row must be the only mask term (one Where or one
-added mask; an And of conditions inside it is fine): combined with other terms (a -inf Where, a
-float mask, a second fill) such a row averages V over some subset of the keys, which this form
-does not express, so the Softmax is not fused. A constant term that leaves every row a key (the
+added mask; an And of conditions inside it is fine) besides float biases bounded by construction
+(constants, gathers from constant tables, their views, sums and products: a relative-position
+bias, `_bound`), which the fill absorbs as it does the scores: combined with other terms (a -inf
+Where, a float mask fed at run time, a second fill) such a row averages V over some subset of the
+keys, which this form does not express, so the Softmax is not fused. A constant term that leaves every row a key (the
 causal pattern) counts as a plain boolean one (is_causal) when it is alone, or its fill is -inf, or
 the other terms are constants that cannot bring a row's kept keys down to its fill. Otherwise (legacy
 GPT-2's Where(causal, scores, finfo.min) + (1 - mask) * finfo.min) a left-padded row's kept keys
@@ -714,7 +716,11 @@ def _refine_masks(g: Graph, chain: _Chain, dims: dict[str, object], where: str):
         resolved.append((c, inv, fill))
     keep = resolved
     uniform = _uniform_terms(g, [(c, inv) for c, inv, fill in keep if math.isfinite(fill)])
-    if uniform and (len(keep) > 1 or additive):
+    # A bounded float bias (a relative-position bias: MPNet, T5) beside the one finite-fill keep mask
+    # leaves its wholly masked rows uniform over every key (fill + score + bias == fill), as
+    # masked_rows "mean" gives; an unbounded one (a -inf mask) could drop keys from the average.
+    bounded = all(_bound(g, m) is not None for m in additive)
+    if uniform and (len(keep) > 1 or (additive and not bounded)):
         raise _Decline(
             f"{where}: a finite-fill mask combined with other masks (its wholly masked rows average "
             "over a subset of the keys)"
@@ -739,6 +745,41 @@ def _refine_masks(g: Graph, chain: _Chain, dims: dict[str, object], where: str):
         else:
             refined += [(t, False) for t in kept]
     return additive, refined, is_causal, uniform
+
+
+# A float bias whose magnitude stays below this is absorbed by an absorbing fill (fill + score +
+# bias == fill in float32 for |score + bias| < 1e30 or so): such a bias cannot change which keys a
+# wholly masked row averages over.
+BOUNDED_BIAS = 1e20
+_BOUND_VIEWS = frozenset({"Reshape", "Transpose", "Unsqueeze", "Squeeze", "Expand", "Slice", "Identity", "Flatten"})
+
+
+def _bound(g: Graph, v: Value | np.ndarray, depth: int = 0) -> float | None:
+    """An upper bound of |v| when v is finite and below BOUNDED_BIAS by construction: a constant, a
+    Gather from a constant table, views of them, and sums and products of such; else None."""
+    data = v if isinstance(v, np.ndarray) else g.const(v.name)
+    if data is not None:
+        if not is_float_data(data) or data.size == 0:
+            return None
+        with np.errstate(invalid="ignore", over="ignore"):
+            d = np.asarray(data, np.float64)
+            b = float(np.abs(d).max())
+        return b if math.isfinite(b) and b <= BOUNDED_BIAS else None
+    n = g.producer(v.name)
+    if n is None or n.domain or depth > 12:
+        return None
+    if n.op in _BOUND_VIEWS or n.op == "Gather" or (n.op == "Cast" and n.outputs[0].ttype.dtype.is_float):
+        src = n.inputs[0]
+        return None if src is None else _bound(g, src, depth + 1)
+    if n.op in ("Add", "Sub", "Mul") and len(n.inputs) == 2 and all(i is not None for i in n.inputs):
+        a, b = (_bound(g, i, depth + 1) for i in n.inputs)
+        if a is None or b is None:
+            return None
+        r = a + b if n.op != "Mul" else a * b
+        return r if r <= BOUNDED_BIAS else None
+    if n.op == "Neg" and n.inputs[0] is not None:
+        return _bound(g, n.inputs[0], depth + 1)
+    return None
 
 
 def _fill_shows(g: Graph, additive: list[Value | np.ndarray], fill: float) -> bool:

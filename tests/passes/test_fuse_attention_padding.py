@@ -104,6 +104,9 @@ def _model(spelling: str, *, kv_heads: int = H, softcap: float | None = None, ou
         am = net.input("attention_mask", TensorProto.INT64, [B, S])
         amf = net.op("Unsqueeze", net.op("Cast", am, to=TensorProto.FLOAT), net.c([1, 2], np.int64))
         s = net.op("Add", s, net.op("Mul", net.op("Sub", net.c(1.0), amf), net.c(fill)))
+    elif form == "bias":  # a constant relative-position bias (MPNet, T5), then the eager mask
+        s = net.op("Add", s, net.c(RNG.normal(0, 2, (1, H, S, S))))
+        s = net.op("Add", s, net.op("Where", _keep(net, pattern), net.c(0.0), net.c(FMIN)))
     elif form == "additive_1e4":  # a fill that does not absorb the scores
         s = net.op("Add", s, net.op("Where", _keep(net, pattern), net.c(0.0), net.c(-1e4)))
     else:
@@ -158,6 +161,7 @@ SPELLINGS = [
     "sdpa:window",
     "additive_1e4:window",
     "legacy:causal",
+    "bias:window",
 ]
 
 
@@ -249,6 +253,31 @@ def test_legacy_gpt2_masks_with_a_1e4_fill_are_not_fused():
     assert "Attention" not in res.graph.op_counts()
     assert any("finite fill -10000 combined with a float mask" in m for m in res.graph.meta.get("near_misses", []))
     feeds = _feeds()
+    np.testing.assert_allclose(
+        next(iter(graphc.interpret(res.graph, feeds).values())), _ort(model, feeds), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_an_unbounded_float_mask_beside_a_finite_fill_is_not_fused():
+    # a float mask fed at run time may hold -inf, which would drop keys from a wholly masked row's
+    # average: only a bias bounded by construction (constants, gathers of them) joins the fill
+    net = _Net()
+    x = net.input("x", TensorProto.FLOAT, [B, S, HID])
+    q, k, v = _heads(net, x, H), _heads(net, x, H), _heads(net, x, H)
+    s = net.op("MatMul", q, net.op("Transpose", k, perm=[0, 1, 3, 2]))
+    s = net.op("Add", s, net.input("bias", TensorProto.FLOAT, [B, H, S, S]))
+    s = net.op("Add", s, net.op("Where", _keep(net, "window"), net.c(0.0), net.c(FMIN)))
+    o = net.op("MatMul", net.op("Softmax", s, axis=-1), v)
+    outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, [B, H, S, D])]
+    model = helper.make_model(
+        helper.make_graph(net.nodes, "t", net.inputs, outs, net.inits), opset_imports=[helper.make_opsetid("", 18)]
+    )
+    model.ir_version = 9
+    res = optimize(graphc.load_onnx(model), OptimizeOptions(opt_level=2, verify=True))
+    assert "Attention" not in res.graph.op_counts()
+    bias = RNG.normal(0, 1, (B, H, S, S)).astype(np.float32)
+    bias[2, :, :, :3] = -np.inf  # batch entry 2 is wholly padded: its rows average over keys 3..6
+    feeds = {**_feeds(), "bias": bias}
     np.testing.assert_allclose(
         next(iter(graphc.interpret(res.graph, feeds).values())), _ort(model, feeds), rtol=1e-5, atol=1e-5
     )
