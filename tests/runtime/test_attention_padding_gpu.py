@@ -43,7 +43,7 @@ def _check(model: onnx.ModelProto, feeds, precision: str, tmp_path) -> None:
             np.testing.assert_allclose(g, w, rtol=0, atol=2e-2 * scale, err_msg=name)  # the padded rows too
 
 
-@pytest.mark.parametrize("spelling", ["eager:window", "eager:causal", "where_min:window", "sdpa:window"])
+@pytest.mark.parametrize("spelling", ["eager:window", "eager:causal", "where_min:window", "sdpa:window", "bias:window"])
 @pytest.mark.parametrize("kv_heads", [H, 2])
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_mask_spellings(spelling, kv_heads, precision, tmp_path):
