@@ -56,13 +56,13 @@ added mask; an And of conditions inside it is fine) besides float biases bounded
 (constants, gathers from constant tables, their views, sums and products: a relative-position
 bias, `_bound`), which the fill absorbs as it does the scores: combined with other terms (a -inf
 Where, a float mask fed at run time, a second fill) such a row averages V over some subset of the
-keys, which this form does not express, so the Softmax is not fused. A constant term that leaves every row a key (the
-causal pattern) counts as a plain boolean one (is_causal) when it is alone, or its fill is -inf, or
-the other terms are constants that cannot bring a row's kept keys down to its fill. Otherwise (legacy
-GPT-2's Where(causal, scores, finfo.min) + (1 - mask) * finfo.min) a left-padded row's kept keys
-tie with the keys the causal term drops, and the decomposed graph averages V over both: an
-absorbing fill then joins the float mask as Where(causal, 0, fill), which is exact (score + fill ==
-fill), and a fill that does not absorb (masked_bias -1e4) is not fused.
+keys, which this form does not express, so the Softmax is not fused. A constant term that leaves
+every row a key (the causal pattern) counts as a plain boolean one (is_causal) when it is alone,
+or its fill is -inf, or the other terms are biases too small to bring a row's kept keys down to its
+fill. Otherwise (legacy GPT-2's Where(causal, scores, finfo.min) + (1 - mask) * finfo.min) a
+left-padded row's kept keys tie with the keys the causal term drops, and the decomposed graph
+averages V over both: an absorbing fill then joins the float mask as Where(causal, 0, fill), which
+is exact (score + fill == fill), and a fill that does not absorb (masked_bias -1e4) is not fused.
 
 Attention nodes already in the model are left as they are.
 """
@@ -621,7 +621,7 @@ def _keep_of_additive(g: Graph, m: Value) -> tuple[Value | np.ndarray, bool, flo
     if data is not None:
         if not is_float_data(data):
             return None
-        data = data.astype(np.float32)
+        data = np.asarray(data, np.float64)  # bfloat16 compares as its values
         with np.errstate(invalid="ignore"):
             masked = data <= MASK_FILL_MAX
             if not np.all((data == 0) | masked):
@@ -696,12 +696,17 @@ def _refine_masks(g: Graph, chain: _Chain, dims: dict[str, object], where: str):
         else:
             keep.append(k)
     # A constant keep mask that leaves every row a key: its fill never shows, unless a float mask
-    # also added can bring a row's kept keys down to the fill (see _causal_fill_shows).
+    # also added can bring a row's kept keys down to the fill: where it masks every kept key of a row
+    # with a fill of its own (legacy GPT-2's (1 - mask) * finfo.min on a left-padded row), the
+    # dropped keys' fill ties with them and the decomposed graph averages over both. A bias bounded
+    # by `bias` cannot, where fill + twice the bias (its widest spread) is still a masking fill.
+    bias = _bias_bound(g, additive)
     resolved: list[tuple[Value | np.ndarray, bool, float]] = []
+    folded = False
     for c, inv, fill in keep:
         c = _const_or(g, c)
         if isinstance(c, np.ndarray) and not _dead_rows(c != inv):
-            if math.isfinite(fill) and _fill_shows(g, additive, fill):
+            if math.isfinite(fill) and (bias is None or fill + 2 * bias > MASK_FILL_MAX):
                 if fill > ABSORBING_FILL:
                     raise _Decline(
                         f"{where}: a Where with the finite fill {fill:g} combined with a float mask "
@@ -711,6 +716,7 @@ def _refine_masks(g: Graph, chain: _Chain, dims: dict[str, object], where: str):
                 # absorbs s: one float mask (legacy GPT-2's causal Where plus its padding mask)
                 dtype = chain.qk.outputs[0].ttype.dtype.numpy
                 additive.append(np.where(c != inv, 0.0, fill).astype(dtype))
+                folded = True
                 continue
             fill = -np.inf
         resolved.append((c, inv, fill))
@@ -719,7 +725,7 @@ def _refine_masks(g: Graph, chain: _Chain, dims: dict[str, object], where: str):
     # A bounded float bias (a relative-position bias: MPNet, T5) beside the one finite-fill keep mask
     # leaves its wholly masked rows uniform over every key (fill + score + bias == fill), as
     # masked_rows "mean" gives; an unbounded one (a -inf mask) could drop keys from the average.
-    bounded = all(_bound(g, m) is not None for m in additive)
+    bounded = bias is not None and not folded
     if uniform and (len(keep) > 1 or (additive and not bounded)):
         raise _Decline(
             f"{where}: a finite-fill mask combined with other masks (its wholly masked rows average "
@@ -782,21 +788,15 @@ def _bound(g: Graph, v: Value | np.ndarray, depth: int = 0) -> float | None:
     return None
 
 
-def _fill_shows(g: Graph, additive: list[Value | np.ndarray], fill: float) -> bool:
-    """Whether the float masks `additive`, added after a Where that puts the finite `fill` on the
-    keys a constant keep mask drops, can make the fill matter on a row that keeps keys: where they
-    mask every kept key of a row with a fill of their own (legacy GPT-2's (1 - mask) * finfo.min
-    on a left-padded row), the dropped keys' `fill` ties with them and the decomposed graph
-    averages over both. Not where every term is a constant whose spread leaves the fill masked."""
-    if not additive:
-        return False
-    total = np.zeros(1, np.float64)
+def _bias_bound(g: Graph, additive: list[Value | np.ndarray]) -> float | None:
+    """A bound of |sum of the float masks `additive`| (0 for none), or None where one is unbounded."""
+    total = 0.0
     for m in additive:
-        c = _const_or(g, m)
-        if not isinstance(c, np.ndarray) or not is_float_data(c) or not np.isfinite(c).all():
-            return True
-        total = total + c.astype(np.float64)
-    return fill + float(total.max() - total.min()) > MASK_FILL_MAX
+        b = _bound(g, m)
+        if b is None:
+            return None
+        total += b
+    return total if total <= BOUNDED_BIAS else None
 
 
 def _uniform_terms(g: Graph, keeps: list[tuple[Value | np.ndarray, bool]]) -> list[tuple[Value | np.ndarray, bool]]:

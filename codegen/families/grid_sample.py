@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 
 from graphc.codegen.cuda_types import cuda_type, dtype_from_numpy_name
+from graphc.codegen.expr import lit
 from graphc.codegen.families.data import BLOCK, strides_of
 from graphc.codegen.kernel import KernelSource, StepContext, grid_1d, register_family, render
 from graphc.ir.types import DType
@@ -39,12 +40,6 @@ _FLOATS = (DType.float16, DType.bfloat16, DType.float32, DType.float64)
 
 def _matches(ctx: StepContext) -> bool:
     return ctx.step.op == "GridSample" and ctx.step.domain == ""
-
-
-def _literal(value: float, work: str) -> str:
-    """A C literal of `value` in the working type (repr: the shortest exact decimal)."""
-    text = repr(float(value))
-    return text + "f" if work == "float" else text
 
 
 def _generate(ctx: StepContext) -> list[KernelSource]:
@@ -84,10 +79,10 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
             {
                 "d": d,
                 "comp": nd - 1 - d,  # grid[..., 0] is the last spatial axis
-                "size": _literal(size, "double"),  # coordinates are double (the reference's float64)
-                "size_m1": _literal(size - 1, "double"),
-                "lo": _literal(lo, "double"),
-                "hi": _literal(hi, "double"),
+                "size": lit(size, "double"),  # coordinates are double (the reference's float64)
+                "size_m1": lit(size - 1, "double"),
+                "lo": lit(lo, "double"),
+                "hi": lit(hi, "double"),
                 "last": size - 1,
                 "stride": stride,
             }
@@ -112,9 +107,9 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         w=work,
         xt=xt,
         gt=gt,
-        one=_literal(1.0, work),
-        two=_literal(2.0, work),
-        zero=_literal(0.0, work),
+        one=lit(1.0, work),
+        two=lit(2.0, work),
+        zero=lit(0.0, work),
     )
     params = {"mode": mode, "padding_mode": padding, "align_corners": int(align), "nd": nd, "block": block}
     args = [step.inputs[0], step.inputs[1], step.outputs[0]]

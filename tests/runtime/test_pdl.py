@@ -33,6 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fake_cupy as F  # noqa: E402
 from test_engine_checks import refused, rewrite  # noqa: E402
 
+from tests.codegen.test_conv_serial_split_gpu import _model as deep_conv_model  # noqa: E402
+
 # the definition as common.cuh writes it
 DEFINE = next(
     line + "\n"
@@ -164,24 +166,9 @@ def test_an_engine_claiming_pdl_for_a_kernel_without_the_wait_is_refused(bert, t
     refused(rewrite(tmp_path / "old.engine", tmp_path / "claim.engine", claim), "recorded as PDL-ready")
 
 
-def _deep_conv_b1():
-    """ResNet-50's deep 3x3 conv at batch 1 with a residual: on sm_90 a cluster split-K conv."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    w = (rng.standard_normal((512, 512, 3, 3)) / 68.0).astype(np.float32)
-    g = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Add", ["c", "x"], ["y"])],
-        "deep3x3",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 512, 7, 7])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 512, 7, 7])],
-        [numpy_helper.from_array(w, "w")],
-    )
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-
-
 def test_cluster_kernels_are_not_recorded_and_older_records_still_load(tmp_path):
-    eng = graphc.compile(_deep_conv_b1(), target="cuda", precision="fp16", arch=["sm_90"])
+    # ResNet-50's deep 3x3 conv at batch 1 with its residual: on sm_90 a cluster split-K conv
+    eng = graphc.compile(deep_conv_model(), target="cuda", precision="fp16", arch=["sm_90"])
     ks = eng.kernels
     cluster = {d for d, s in ks.sources.items() if has_cluster_shape(s, ks.names[d])}
     assert len(cluster) == 1, [ln.params for s in eng.plan.steps for ln in s.launches]
