@@ -1,7 +1,8 @@
 """Reduced precision (fp16, bf16) for the CUDA target.
 
 Float32 weights become the target type at compile time (saturating: a constant beyond fp16's range,
-like the -3.4e38 of an attention mask, becomes -65504, not -inf, so that 0 * mask stays 0);
+like the -3.4e38 of an attention mask, becomes -65504, not -inf, so that 0 * mask stays 0; an
+infinite constant stays infinite);
 float32 values inside the graph follow. Graph inputs and outputs keep the model's dtypes, a Cast
 at each edge, unless the IO precision is the target type too (`io_precision="fp16"`, TensorRT's
 `--inputIOFormats/--outputIOFormats=fp16`, ONNX Runtime's float16 converter with

@@ -51,3 +51,39 @@ def test_mask_constants_saturate_instead_of_overflowing():
     h = convert_precision(g, "fp16")
     out = graphc.interpret(h, {"m": np.array([1, 0, 1, 0], np.float32)})["y"]
     assert np.isfinite(out).all() and out[0] == 0 and out[1] == -65504
+
+
+def test_infinite_constants_stay_infinite():
+    """A -inf constant (the fill of a fused attention mask) must not saturate to -65504: the
+    attention kernels find the rows with no key by their -inf, and -65504 + score is a real logit."""
+    g = graphc.load_onnx(
+        helper.make_model(
+            helper.make_graph(
+                [helper.make_node("Add", ["x", "c"], ["y"])],
+                "g",
+                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+                [numpy_helper.from_array(np.array([-np.inf, np.inf, -1e38], np.float32), "c")],
+            ),
+            opset_imports=[helper.make_opsetid("", 17)],
+        )
+    )
+    out = graphc.interpret(convert_precision(g, "fp16"), {"x": np.zeros(3, np.float32)})["y"]
+    assert out[0] == -np.inf and out[1] == np.inf and out[2] == -65504
+
+
+def test_fp16_bias_and_padding_mask_rows_with_no_key():
+    """A constant relative-position bias beside a finfo.min padding mask fuses as
+    Where(keep, bias, -inf) with wholly masked rows the mean of V; in fp16 the -inf once became
+    -65504 and those rows a softmax of the scores (cosine 0.93 to ONNX Runtime)."""
+    import onnxruntime as ort
+
+    from tests.passes.test_fuse_attention_padding import _feeds, _model
+
+    model, feeds = _model("bias:window"), _feeds()
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    engine = graphc.compile(model, target="cpu", precision="fp16", shapes={k: v.shape for k, v in feeds.items()})
+    assert engine.report["ops_after"].get("Attention") == 1, engine.report["ops_after"]
+    got = np.asarray(next(iter(engine.run(feeds).values())), np.float64)
+    scale = float(np.abs(want).max())
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-2 * scale)  # every row, the padded ones too
