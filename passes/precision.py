@@ -35,8 +35,10 @@ IO_PRECISIONS = (MODEL_IO, *TARGETS)
 
 def _convert_array(data: np.ndarray, dt: DType) -> np.ndarray:
     if dt is DType.float16:
+        # finite values beyond the range saturate; +-inf (a -inf mask fill the fused attention
+        # relies on to find rows with no key) and NaN pass through
         lim = float(np.finfo(np.float16).max)
-        data = np.clip(data, -lim, lim)  # NaN passes through
+        data = np.where(np.isinf(data), data, np.clip(data, -lim, lim))
     return data.astype(dt.numpy)
 
 
