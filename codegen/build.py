@@ -334,6 +334,16 @@ def build_cuda_engine(
 
     local = local_gpu_arch()
     archs = engine_archs(opts)
+    # Kernels see the storage precision: an fp8 engine's tensors are fp16 outside its MatMulFp8
+    # steps, which carry their own e4m3 types (passes/quantize_fp8.py).
+    precision = "fp16" if opts.precision == "fp8" else opts.precision
+    if opts.precision == "fp8":
+        from graphc.codegen.families.gemm_fp8 import FP8_ARCHS, check_fp8_archs
+
+        if not opts.arch and local is None:
+            archs = list(FP8_ARCHS)  # not the default list: its pre-Hopper archs have no FP8 kernel
+            log.info("precision fp8: an engine for %s only (its FP8 GEMM is sm_90a's)", ", ".join(archs))
+        check_fp8_archs(archs)
     choices: dict[str, Any] = {}
     if opts.tune != "off":
         if local is None:
@@ -349,7 +359,7 @@ def build_cuda_engine(
                 plan,
                 weights,
                 mode=opts.tune,
-                precision=opts.precision,
+                precision=precision,
                 allow_tf32=opts.allow_tf32,
                 cache_path=cache_path,
                 budget=budget.part(1 - VALIDATION_SHARE),  # the rest is the whole-graph check's
@@ -358,7 +368,7 @@ def build_cuda_engine(
             )
             # Kept only when the whole graph replays faster than untuned: a tuner that never loses.
             choices, check = validate_on_gpu(
-                plan, weights, tuned.choices, precision=opts.precision, allow_tf32=opts.allow_tf32,
+                plan, weights, tuned.choices, precision=precision, allow_tf32=opts.allow_tf32,
                 cache_dir=opts.cache_dir,
             )  # fmt: skip
             tuned.report["validation"] = check.as_json()
@@ -372,14 +382,14 @@ def build_cuda_engine(
         from graphc.codegen.families.gemm_tactics import check_tactics, tactic_options
 
         kernels = generate_for_archs(
-            plan, weights, archs, precision=opts.precision, allow_tf32=opts.allow_tf32, choices=choices,
+            plan, weights, archs, precision=precision, allow_tf32=opts.allow_tf32, choices=choices,
             tactics=check_tactics(getattr(opts, "tactics", ())), tactic_options=tactic_options(opts),
         )  # fmt: skip
         if host_ifs is not None and host_ifs.pending:
             from graphc.host_if_cuda import finish_cuda_branches
 
             finish_cuda_branches(
-                host_ifs, kernels, archs, precision=opts.precision, allow_tf32=opts.allow_tf32
+                host_ifs, kernels, archs, precision=precision, allow_tf32=opts.allow_tf32
             )  # fills the If steps' attrs (shared with `plan`'s steps) before the plan is completed
         final = complete_plan(plan, kernels)
     with phase("memory_plan"):

@@ -31,6 +31,8 @@ CUDA_TYPES: dict[DType, CudaType] = {
     DType.float16: CudaType("gc_half", "float", "gc_h2f({})", "gc_f2h({})"),
     DType.bfloat16: CudaType("gc_bf16", "float", "gc_bf2f({})", "gc_f2bf({})"),
     DType.float64: CudaType("double", "double", "{}", "{}"),
+    # FP8 E4M3 (fp8 engines' GEMM operands): bytes, computed in fp32; stores saturate (common.cuh)
+    DType.float8e4m3fn: CudaType("unsigned char", "float", "gc_e4m32f({})", "gc_f2e4m3({})"),
     DType.int8: CudaType("signed char", "int", "(int)({})", "(signed char)({})"),
     DType.uint8: CudaType("unsigned char", "unsigned", "(unsigned)({})", "(unsigned char)({})"),
     DType.int16: CudaType("short", "int", "(int)({})", "(short)({})"),

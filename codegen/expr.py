@@ -123,6 +123,9 @@ def _clip(a, at, i, o) -> str:
 
 def _cast(a, at, i, o) -> str:
     src, dst = i[0], o
+    if dst is DType.float8e4m3fn and not getattr(at, "saturate", 1):
+        # the e4m3 store saturates (common.cuh gc_f2e4m3); without saturation ONNX wants NaN there
+        raise CompileError("Cast to float8e4m3fn with saturate=0 has no CUDA form (the saturating one has)")
     ct = _ct(dst)
     if dst is DType.bool:
         return f"(({a[0]}) != 0)"

@@ -282,7 +282,11 @@ def _add_compile(sub) -> None:
     c.add_argument(
         "--arch", help="comma-separated CUDA archs for cubin (default: the local GPU, else sm_80,sm_86,sm_89,sm_90)"
     )
-    c.add_argument("--precision", choices=["fp32", "fp16", "bf16", "int8"], default=None, help="default fp32")
+    c.add_argument(
+        "--precision", choices=["fp32", "fp16", "bf16", "int8", "fp8"], default=None,
+        help="default fp32; fp8: MatMul/Gemm as FP8 E4M3 GEMMs, the rest fp16 (CUDA: sm_90 only; "
+        "needs --calibration-data)",
+    )  # fmt: skip
     c.add_argument("--fp16", action="store_true", help="same as --precision fp16 (trtexec)")
     c.add_argument("--bf16", action="store_true", help="same as --precision bf16 (trtexec)")
     c.add_argument("--int8", action="store_true", help="same as --precision int8 (trtexec)")
@@ -292,10 +296,13 @@ def _add_compile(sub) -> None:
         "the engine takes and returns fp16/bf16 (trtexec --inputIOFormats/--outputIOFormats=fp16)",
     )  # fmt: skip
     # ---- int8 calibration (issue 13; graphc/calibrate.py) ----
-    c.add_argument("--calibration-data", help="int8: CALIB.npz (per input [N, *shape]) or a folder of .npz feeds")
-    c.add_argument("--calibration-method", choices=["minmax", "entropy", "percentile"], default="entropy")
+    c.add_argument("--calibration-data", help="int8/fp8: CALIB.npz (per input [N, *shape]) or a folder of .npz feeds")
+    c.add_argument(
+        "--calibration-method", choices=["minmax", "entropy", "percentile"], default=None,
+        help="default entropy for int8, minmax for fp8",
+    )  # fmt: skip
     c.add_argument("--percentile", type=float, default=99.99, help="for --calibration-method percentile")
-    c.add_argument("--calibration-cache", help="int8: JSON file of calibrated ranges, reused when it matches")
+    c.add_argument("--calibration-cache", help="int8/fp8: JSON file of calibrated ranges, reused when it matches")
     c.add_argument(
         "--accuracy", help="int8: keep the most sensitive layers float until e.g. cosine:0.999 or max-rel:1e-2 holds"
     )
@@ -415,9 +422,19 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         )
         if args.validation_data and not args.accuracy:
             raise UsageError("--validation-data: only with --accuracy")
+    elif precision == "fp8":
+        if args.accuracy or args.validation_data:
+            raise UsageError("--accuracy/--validation-data: only with --precision int8")
+        opts.update(
+            calibration_data=args.calibration_data,
+            calibration_method=args.calibration_method,
+            percentile=args.percentile,
+            calibration_cache=args.calibration_cache,
+            calibration_progress=None if args.quiet else _calibration_printer,
+        )
     elif args.calibration_data or args.calibration_cache or args.accuracy or args.validation_data:
         raise UsageError(
-            "--calibration-data/--calibration-cache/--accuracy/--validation-data: only with --precision int8"
+            "--calibration-data/--calibration-cache/--accuracy/--validation-data: only with --precision int8 (or fp8)"
         )
     print(f"compiling {args.model} for {args.target} ({precision}, opt level {args.opt_level})", file=sys.stderr)
     engine = graphc.compile(str(model), **opts)

@@ -16,7 +16,12 @@ from graphc.errors import CompileError
 log = logging.getLogger(__name__)
 
 TARGETS = ("cpu", "cuda")
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
+# The calibration method each quantized precision takes when none is named: int8's levels are
+# uniform, so TensorRT's entropy threshold (clip outliers for resolution) suits it; E4M3's relative
+# precision is the same across its range, so clipping buys little there and fp8 takes the max.
+DEFAULT_CALIBRATION = {"int8": "entropy", "fp8": "minmax"}
+QUANTIZED = tuple(DEFAULT_CALIBRATION)
 
 
 @dataclass
@@ -24,7 +29,9 @@ class CompileOptions:
     """Every knob of a compile, in one place.
 
     target: "cpu" runs the plan with numpy (a reference); "cuda" generates CUDA kernels.
-    precision: "fp32" | "fp16" | "bf16" (reduced precisions are the CUDA target's).
+    precision: "fp32" | "fp16" | "bf16" (reduced precisions are the CUDA target's) | "int8" |
+        "fp8" (MatMul/Gemm as FP8 E4M3 GEMMs with calibrated scales, the rest fp16: sm_90 only on
+        CUDA; passes/quantize_fp8.py).
     io_precision: "model" (default: float inputs and outputs keep the model's types, cast at the
         edges) or the precision itself ("fp16", "bf16"): the engine takes and returns that type.
     shapes: input name (or symbolic dim name) -> concrete shape (or size).
@@ -41,9 +48,10 @@ class CompileOptions:
         False: every kernel is launched the ordinary way.
     tactics: CUDA: vendor tactics to use where measured faster, e.g. ("cublaslt",): GEMM steps through
         cuBLASLt (codegen/families/gemm_tactics.py, docs/tactics.md); () (default): graphc's kernels only.
-    calibration_*: precision "int8" (graphc/calibrate.py): the samples (CALIB.npz of [N, *shape]
-    per input, a folder of .npz feeds, or an iterable of feed dicts), "minmax" | "entropy" |
-    "percentile" (of |x|), the percentile, a JSON cache of the thresholds, a (done, total) callback.
+    calibration_*: precision "int8" or "fp8" (graphc/calibrate.py): the samples (CALIB.npz of
+    [N, *shape] per input, a folder of .npz feeds, or an iterable of feed dicts), "minmax" |
+    "entropy" | "percentile" (of |x|; default entropy for int8, minmax for fp8), the percentile, a
+    JSON cache of the thresholds, a (done, total) callback.
     accuracy: int8: "cosine:0.999" | "max-rel:1e-2": keep the most sensitive layers float until the
     target holds on validation_data (default: the calibration data); graphc/accuracy.py.
     """
@@ -70,7 +78,7 @@ class CompileOptions:
     extra: dict[str, Any] = field(default_factory=dict)
     # ---- int8 calibration (issue 13) ----
     calibration_data: Any = None
-    calibration_method: str = "entropy"
+    calibration_method: str | None = None  # None: DEFAULT_CALIBRATION of the precision
     percentile: float = 99.99
     calibration_cache: str | Path | None = None
     calibration_progress: Callable[[int, int], None] | None = None
@@ -106,14 +114,20 @@ class CompileOptions:
             check_tactics(self.tactics)
             if self.target != "cuda":
                 raise CompileError("tactics are for the cuda target")
+        if self.precision == "fp8" and self.target == "cuda" and self.arch:
+            from graphc.codegen.families.gemm_fp8 import check_fp8_archs
+
+            check_fp8_archs(list(self.arch))  # before calibrating: a one-line error naming the arch
         if self.tune_budget_s is not None and not (0 < float(self.tune_budget_s) < float("inf")):
             raise CompileError(f"tune_budget_s must be a positive number of seconds, got {self.tune_budget_s!r}")
         if self.has_profiles:
             missing = [n for n in ("min_shapes", "opt_shapes", "max_shapes") if getattr(self, n) is None]
             if missing:
                 raise CompileError(f"a profile needs min_shapes, opt_shapes and max_shapes; {missing[0]} is missing")
-            if self.precision == "int8":
-                raise CompileError("precision int8 with optimization profiles is not supported (calibrate one shape)")
+            if self.precision in QUANTIZED:
+                raise CompileError(
+                    f"precision {self.precision} with optimization profiles is not supported (calibrate one shape)"
+                )
         if self.accuracy is not None or self.validation_data is not None:
             from graphc.accuracy import parse_accuracy
 
@@ -183,7 +197,7 @@ def compile_loaded(graph: Any, model: Any, opts: CompileOptions, phase: _Phases)
     check_value_sizes(graph)  # a bound dim of 2**40 is one error here, not a huge allocation later
     target = pass_target(opts)
     calibrator = None
-    if opts.precision == "int8":
+    if opts.precision in QUANTIZED:
         calibrator = _int8_calibrator(graph, opts)
         target = dataclasses.replace(target, calibrator=calibrator)
     accuracy = None
@@ -228,10 +242,15 @@ def compile_loaded(graph: Any, model: Any, opts: CompileOptions, phase: _Phases)
         from graphc.passes.quantize_int8 import integer_ops
 
         # A QDQ model alone has no calibrator: its scales are its own (constants of the engine).
-        calibrated = (calibrator or Calibrator(None, opts.calibration_method, opts.percentile)).report()
+        calibrated = (calibrator or Calibrator(None, calibration_method(opts), opts.percentile)).report()
         report["quantization"] = {**calibrated, "integer_ops": integer_ops(optimized)}
         if accuracy is not None:
             report["quantization"]["accuracy"] = accuracy
+    if opts.precision == "fp8":
+        from graphc.passes.quantize_fp8 import fp8_report
+
+        assert calibrator is not None  # _int8_calibrator refuses an fp8 compile without samples or a cache
+        report["quantization"] = {**calibrator.report(), **fp8_report(optimized, calibrator.thresholds)}
     # what a report read on its own needs to say what it is about
     report["graphc_version"] = _graphc_version()
     report["model"] = str(model) if isinstance(model, (str, Path)) else f"<{type(model).__name__}>"
@@ -299,15 +318,21 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
+def calibration_method(opts: CompileOptions) -> str:
+    """The calibration method named, else the precision's default (DEFAULT_CALIBRATION)."""
+    return opts.calibration_method or DEFAULT_CALIBRATION.get(opts.precision, "entropy")
+
+
 def _int8_calibrator(graph: Any, opts: CompileOptions):
-    """The calibrator handed to the int8 pass; a model with no QDQ nodes needs samples or a cache."""
+    """The calibrator handed to the int8/fp8 pass; a model with no QDQ nodes needs samples or a cache
+    (an fp8 compile always does: its pass has no QDQ form)."""
     from graphc.calibrate import make_calibrator
 
-    has_qdq = any(n.op == "DequantizeLinear" for n in graph.nodes)
+    has_qdq = opts.precision == "int8" and any(n.op == "DequantizeLinear" for n in graph.nodes)
     if opts.calibration_data is None and opts.calibration_cache is None and not has_qdq:
         raise CompileError(
-            "precision int8 needs calibration_data (--calibration-data CALIB.npz), a calibration cache, "
-            "or a model in QDQ form"
+            f"precision {opts.precision} needs calibration_data (--calibration-data CALIB.npz), a calibration cache"
+            + (", or a model in QDQ form" if opts.precision == "int8" else "")
         )
     if opts.calibration_data is None and opts.calibration_cache is None:
         return None  # a QDQ model alone: its own scales, nothing to calibrate
@@ -315,7 +340,7 @@ def _int8_calibrator(graph: Any, opts: CompileOptions):
     return make_calibrator(
         opts.calibration_data,
         names,
-        opts.calibration_method,
+        calibration_method(opts),
         opts.percentile,
         opts.calibration_cache,
         opts.calibration_progress,

@@ -58,6 +58,9 @@ ANCHORS = frozenset(
         (INTERNAL_DOMAIN, "MatMul"),
         ("", "ConvInteger"),
         ("", "MatMulInteger"),
+        # fp8 engines' E4M3 GEMM (passes/quantize_fp8.py): dequantized by its alpha, so the epilogue
+        # is a float one (bias, activation, residual, the next layer's quantize)
+        (INTERNAL_DOMAIN, "MatMulFp8"),
     }
 )
 # Epilogues longer than this are cut (a DAG that long is a fusion of its own, not an epilogue).

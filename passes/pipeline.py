@@ -92,6 +92,7 @@ from graphc.passes.lower_int_quant import lower_int_quant
 from graphc.passes.lower_sequences import lower_sequences
 from graphc.passes.manager import FixedPoint, Pass, Stage
 from graphc.passes.precision import precision_pass
+from graphc.passes.quantize_fp8 import quantize_fp8
 from graphc.passes.quantize_int8 import quantize_int8, quantize_qdq_int8
 from graphc.passes.simplify import simplify
 from graphc.passes.target import (
@@ -99,6 +100,7 @@ from graphc.passes.target import (
     for_cuda,
     for_cuda_float,
     for_cuda_full_precision,
+    for_fp8,
     for_int8,
     for_reduced_precision,
     for_row_norm_epilogues,
@@ -193,6 +195,9 @@ def stages() -> list[Stage]:
         # attention fusion (its activation x activation MatMuls stay float), before epilogue
         # fusion (whose anchors are the float ops).
         Pass("quantize_int8", quantize_int8, min_level=0, when=for_int8, takes_target=True),
+        # fp8 (issue 13): the same candidates and calibration at the same place, as E4M3 GEMMs
+        # (passes/quantize_fp8.py); the precision pass (rule 10) then stores the rest in fp16.
+        Pass("quantize_fp8", quantize_fp8, min_level=0, when=for_fp8, takes_target=True),
         # Both ask the target what its fused kernels can hold (target.capabilities).
         Pass("fuse_epilogues", _with_capabilities(fuse_epilogues), min_level=2, takes_target=True),  # rule 8
         Pass("fuse_elementwise", _with_capabilities(fuse_elementwise), min_level=2, takes_target=True),  # rule 8

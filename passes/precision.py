@@ -43,7 +43,9 @@ def _convert_array(data: np.ndarray, dt: DType) -> np.ndarray:
 
 
 def _retype_attrs(op: str, attrs, target: DType):
-    if op == "Cast" and attrs.to == DType.float32.value:
+    # A Cast to float32 and graphc.MatMulFp8's float32 output (passes/quantize_fp8.py) follow the
+    # engine's storage type.
+    if op in ("Cast", "MatMulFp8") and attrs.to == DType.float32.value:
         return attrs.replace(to=target.value)
     if op == "ConstantOfShape" and attrs.value is not None and attrs.value.array.dtype == np.float32:
         return attrs.replace(value=TensorAttr(_convert_array(attrs.value.array, target)))
@@ -80,7 +82,9 @@ def precision_pass(graph: Graph, target: Target) -> Graph:
     """The pipeline's form: the target's precision and IO precision."""
     # ops the target computes only in float32 (the CUDA target's apache-tvm kernels) keep an fp32 boundary
     fp32_ops = getattr(target.capabilities, "fp32_ops", frozenset())
-    return convert_precision(graph, target.precision, getattr(target, "io_precision", MODEL_IO), fp32_ops)
+    # an fp8 engine stores its float tensors in fp16 (its GEMMs read e4m3: passes/quantize_fp8.py)
+    precision = getattr(target, "storage_precision", target.precision)
+    return convert_precision(graph, precision, getattr(target, "io_precision", MODEL_IO), fp32_ops)
 
 
 def check_io_precision(precision: str, io_precision: str) -> None:

@@ -144,7 +144,7 @@ def _float32(v: Value | None) -> bool:
 
 
 @dataclass(frozen=True)
-class _Candidate:
+class Candidate:
     node: Node
     x: Value
     w: np.ndarray  # Conv: as is; MatMul/Gemm: [K, N]
@@ -156,15 +156,15 @@ class _Candidate:
 def layer_names(graph: Graph) -> list[str]:
     """The names of the Conv/MatMul/Gemm nodes `quantize_int8` would quantize (in graph order):
     the layers an accuracy search may keep float (Target.keep_float takes these names)."""
-    found, _ = _candidates(graph)
+    found, _ = candidates(graph)
     return [c.node.name for c in found.values()]
 
 
-def _candidates(graph: Graph) -> tuple[dict[str, _Candidate], set[str]]:
+def candidates(graph: Graph) -> tuple[dict[str, Candidate], set[str]]:
     """By the name of the node whose output the integer form replaces; and the MatMuls whose bias
-    Add stands in for them."""
+    Add stands in for them. The fp8 pass (passes/quantize_fp8.py) takes the same candidates."""
     users = graph.consumers
-    found: dict[str, _Candidate] = {}
+    found: dict[str, Candidate] = {}
     folded: set[str] = set()
     for node in graph.nodes:
         if node.domain not in ("", "ai.onnx") or not node.inputs or not _float32(node.outputs[0]):
@@ -181,20 +181,20 @@ def _candidates(graph: Graph) -> tuple[dict[str, _Candidate], set[str]]:
             continue
         if node.op == "Conv" and w.ndim >= 3:
             b = None if bias is None else bias.reshape(-1, *([1] * (w.ndim - 2)))
-            found[node.name] = _Candidate(node, x, w, b, 1.0, (node,))
+            found[node.name] = Candidate(node, x, w, b, 1.0, (node,))
         elif node.op == "Gemm" and w.ndim == 2 and node.attrs.transA == 0:
             wk = w.T if node.attrs.transB else w
             b = None if bias is None else np.float32(node.attrs.beta) * bias
-            found[node.name] = _Candidate(node, x, wk, b, float(node.attrs.alpha), (node,))
+            found[node.name] = Candidate(node, x, wk, b, float(node.attrs.alpha), (node,))
         elif node.op == "MatMul" and w.ndim == 2 and x.ttype.rank >= 2:
             us = users.get(node.outputs[0].name, [])
             add = us[0] if len(us) == 1 and not graph.is_output(node.outputs[0].name) else None
             c = _bias_of(graph, add, node.outputs[0], w.shape[1]) if add is not None else None
             if add is not None and c is not None:
-                found[add.name] = _Candidate(node, x, w, c, 1.0, (node, add))
+                found[add.name] = Candidate(node, x, w, c, 1.0, (node, add))
                 folded.add(node.name)
             else:
-                found[node.name] = _Candidate(node, x, w, None, 1.0, (node,))
+                found[node.name] = Candidate(node, x, w, None, 1.0, (node,))
     return found, folded
 
 
@@ -226,19 +226,36 @@ def _cuda_arithmetic(graph: Graph) -> Graph:
     return decompose_qdq(graph)
 
 
-def _quantize_calibrated(graph: Graph, target: Target) -> Graph:
-    found, folded = _candidates(graph)
+def calibrated_candidates(
+    graph: Graph, target: Target, ops: frozenset[str] = frozenset({"Conv", "MatMul", "Gemm"}), tag: str = "int8"
+) -> tuple[dict[str, Candidate], set[str], dict[str, float]]:
+    """The candidates of `ops` less the target's keep_float ones, the MatMuls whose bias Add
+    stands in for them, and the calibrated amax of every candidate's input (`tag` names the
+    precision in the log)."""
+    found, folded = candidates(graph)
+    for k, c in list(found.items()):
+        if c.node.op not in ops:
+            del found[k]
+            folded.discard(c.node.name)
     if not found:
-        return graph
+        return found, folded, {}
     # Every candidate's input is calibrated, kept-float ones too: the calibrator then sees the same
     # question whatever the keep set (graphc/accuracy.py tries several), and answers from memory.
+    assert target.calibrator is not None
     names = sorted({c.x.name for c in found.values()})
-    amax = dict(target.calibrator(graph, names))
+    amax = {k: float(v) for k, v in target.calibrator(graph, names).items()}
     kept = {k: c for k, c in found.items() if c.node.name in target.keep_float}
     for k, c in kept.items():
-        log.info("int8: %s '%s' stays float (keep_float)", c.node.op, c.node.name)
+        log.info("%s: %s '%s' stays float (keep_float)", tag, c.node.op, c.node.name)
         del found[k]
         folded.discard(c.node.name)
+    return found, folded, amax
+
+
+def _quantize_calibrated(graph: Graph, target: Target) -> Graph:
+    found, folded, amax = calibrated_candidates(graph, target)
+    if not found:
+        return graph
     quant_x: dict[str, Value] = {}  # one QuantizeLinear per activation (Q, K and V share theirs)
 
     def visit(node: Node, ctx: RewriteContext) -> Rewritten | None:
@@ -428,4 +445,7 @@ __all__: Sequence[str] = (
     "integer_ops",
     "quantize_weight",
     "bias_int32",
+    "candidates",
+    "calibrated_candidates",
+    "Candidate",
 )

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from graphc.ir.graph import Graph
 
 TARGET_NAMES = ("cpu", "cuda")
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
 # (graph at the int8 pass, names of the float tensors to quantize) -> name -> calibrated amax;
 # compile() hands in graphc/calibrate.py's Calibrator (passes never run the interpreter themselves).
 Calibrator = Callable[["Graph", Sequence[str]], Mapping[str, float]]
@@ -28,7 +28,8 @@ Calibrator = Callable[["Graph", Sequence[str]], Mapping[str, float]]
 class Target:
     """name: "cpu" (the numpy reference executor) or "cuda" (generated CUDA kernels).
     precision: the storage type of float tensors inside the engine ("fp32", "fp16", "bf16"), or
-    "int8": Conv/MatMul/Gemm in integer arithmetic (passes/quantize_int8.py), the rest fp32.
+    "int8": Conv/MatMul/Gemm in integer arithmetic (passes/quantize_int8.py), the rest fp32;
+    "fp8": MatMul/Gemm as FP8 E4M3 GEMMs (passes/quantize_fp8.py), the rest fp16.
     allow_tf32: fp32 GEMMs and convolutions may use TF32 tensor cores (read by codegen; no pass
     changes the graph for it, it is here so that a pass that must know can ask).
     capabilities: what the target's fused kernels can hold (passes/capabilities.py); compile()
@@ -39,7 +40,7 @@ class Target:
     precision: str = "fp32"
     allow_tf32: bool = False
     capabilities: FusionCapabilities = REFERENCE
-    calibrator: Calibrator | None = None  # int8 only: where activation ranges come from
+    calibrator: Calibrator | None = None  # int8 and fp8: where activation ranges come from
     # int8 only: names of the Conv/MatMul/Gemm nodes the int8 pass leaves in float (the layers
     # graphc/accuracy.py's search keeps out of int8 for an accuracy target).
     keep_float: frozenset[str] = frozenset()
@@ -63,7 +64,13 @@ class Target:
 
     @property
     def reduced_precision(self) -> bool:
-        return self.precision in ("fp16", "bf16")
+        """Float tensors stored in 16 bits: fp16, bf16, and fp8 (an fp16 engine with E4M3 GEMMs)."""
+        return self.precision in ("fp16", "bf16", "fp8")
+
+    @property
+    def storage_precision(self) -> str:
+        """The precision float tensors are stored in: fp8 engines store fp16 outside their GEMMs."""
+        return "fp16" if self.precision == "fp8" else self.precision
 
     def __str__(self) -> str:
         return f"{self.name}/{self.precision}" + ("/tf32" if self.allow_tf32 else "")
@@ -78,10 +85,10 @@ def for_cuda(target: Target) -> bool:
 
 
 def for_cuda_float(target: Target) -> bool:
-    """CUDA float engines: fusions whose fused kernels the int8 path has no form of (the int8 GEMM
-    has no row-norm epilogue), and which would move the tensors an int8 engine calibrates away from
-    the CPU int8 engine's (which must compute the same integers)."""
-    return target.is_cuda and target.precision != "int8"
+    """CUDA float engines: fusions whose fused kernels the int8 and fp8 paths have no form of (their
+    GEMMs have no row-norm epilogue), and which would move the tensors they calibrate away from the
+    CPU engine's (which must compute the same quantized values)."""
+    return target.is_cuda and target.precision not in ("int8", "fp8")
 
 
 def for_cuda_full_precision(target: Target) -> bool:
@@ -104,3 +111,8 @@ def for_reduced_precision(target: Target) -> bool:
 def for_int8(target: Target) -> bool:
     """int8 engines: Conv/MatMul/Gemm become integer ops with calibrated or QDQ scales."""
     return target.precision == "int8"
+
+
+def for_fp8(target: Target) -> bool:
+    """fp8 engines: MatMul/Gemm become E4M3 GEMMs with calibrated scales."""
+    return target.precision == "fp8"

@@ -8,7 +8,7 @@ field list. SCHEMA_VERSION changes whenever the table does; engines record it.
 """
 
 # fmt: off
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 FUSED = ('graphc', 'Fused', ('anchor_op', 'anchor_domain', 'anchor_attrs', 'anchor_inputs', 'epilogue', 'outputs'))
 
@@ -317,6 +317,7 @@ OPS: dict[tuple[str, str], dict[str, tuple[str, bool, object]]] = {('', 'Abs'): 
  ('graphc', 'MatMul'): {'alpha': ('float', True, 1.0),
                         'trans_a': ('int', True, 0),
                         'trans_b': ('int', True, 0)},
+ ('graphc', 'MatMulFp8'): {'alpha': ('float', True, 1.0), 'to': ('int', True, 1)},
  ('graphc', 'MaxPoolNHWC'): {'ceil_mode': ('int', True, 0),
                              'dilations': ('ints', True, (1, 1)),
                              'kernel_shape': ('ints', True, (1, 1)),

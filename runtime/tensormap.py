@@ -33,7 +33,7 @@ PREFIX = "@tmap:"
 # Closed tables: a spec names one of these, never a driver enum value.
 _DTYPES = {"float16": ("FLOAT16", 2), "bfloat16": ("BFLOAT16", 2), "float32": ("FLOAT32", 4), "uint8": ("UINT8", 1)}
 # The tensor dtypes a map of each dtype may read: its own, and for raw bytes every 1-byte type.
-_READS = {"uint8": frozenset({"uint8", "int8"})}
+_READS = {"uint8": frozenset({"uint8", "int8", "float8_e4m3fn"})}
 _SWIZZLES = {"none": ("NONE", 0), "32B": ("32B", 32), "64B": ("64B", 64), "128B": ("128B", 128)}
 
 

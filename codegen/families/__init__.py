@@ -10,6 +10,7 @@ from graphc.codegen.families import reduction  # noqa: F401
 from graphc.codegen.families import data  # noqa: F401
 from graphc.codegen.families import gemm  # noqa: F401
 from graphc.codegen.families import gemm_int8  # noqa: F401
+from graphc.codegen.families import gemm_fp8  # noqa: F401
 from graphc.codegen.families import conv  # noqa: F401
 from graphc.codegen.families import pool  # noqa: F401
 from graphc.codegen.families import attention  # noqa: F401

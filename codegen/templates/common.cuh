@@ -32,6 +32,24 @@ __device__ __forceinline__ gc_bf16 gc_f2bf(float f) {
 #endif
 }
 
+// FP8 E4M3 (float8e4m3fn: bias 7, no infinities, 0x7f/0xff NaN, largest finite 448), stored as a
+// byte. To e4m3: round to nearest even, saturating to +-448 (inf too; NaN stays NaN), as ONNX's
+// saturating Cast and QuantizeLinear to float8e4m3fn. sm_89+ only (the fp8 engines are sm_90's:
+// codegen/families/gemm_fp8.py); an older arch never calls it, and ptxas would refuse it there.
+__device__ __forceinline__ unsigned char gc_f2e4m3(float f) {
+  unsigned short r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.f), "f"(f));  // f in the low byte
+  return (unsigned char)(r & 0xffu);
+}
+__device__ __forceinline__ float gc_e4m32f(unsigned char v) {
+  const unsigned e = (v >> 3) & 15u, m = v & 7u;
+  float a;
+  if ((v & 0x7fu) == 0x7fu) a = __uint_as_float(0x7fc00000u);
+  else if (e == 0) a = (float)m * 0.001953125f;  // m * 2^-9
+  else a = __uint_as_float(((e + 120u) << 23) | (m << 20));
+  return (v & 0x80u) ? -a : a;
+}
+
 // Pack two fp32 into a half2 / bf162 register (low half = a).
 __device__ __forceinline__ unsigned gc_pack_h2(float a, float b) {
   unsigned r;

@@ -32,3 +32,20 @@ def _matmul_t_compute(ins, attrs, n):
 
 
 register_kernel("MatMul", _matmul_t_compute, domain=INTERNAL_DOMAIN)
+
+
+def _matmul_fp8_compute(ins, attrs, n):
+    """graphc.MatMulFp8: the e4m3 operands widened to float32 (exact), their products summed in
+    float32 (numpy's sgemm; an e4m3 x e4m3 product is exact in float32, so only the sums round, as
+    in the GPU's fp32 accumulators, in another order), times alpha in float32, then `to`."""
+    from graphc.runtime.dtypes import DType
+
+    a = np.asarray(ins[0]).astype(np.float32)
+    b = np.asarray(ins[1]).astype(np.float32)
+    y = np.matmul(a, b.T)
+    if attrs.alpha != 1.0:
+        y = y * np.float32(attrs.alpha)
+    return [y.astype(DType(attrs.to).numpy)]
+
+
+register_kernel("MatMulFp8", _matmul_fp8_compute, domain=INTERNAL_DOMAIN)
