@@ -1,6 +1,9 @@
 """Fuse scaled dot-product attention, Softmax(Q @ K^T * scale + mask) @ V, into one Attention node.
 
-What is recognized, walking back from each Softmax over the last axis of a 4-D tensor:
+What is recognized, walking back from each Softmax over the last axis of a 4-D tensor (scores
+computed by 3-D batched matmuls over (batch * heads), viewed 4-D only around the mask and the
+Softmax, as DeBERTa-v2 and BLOOM export them, are first rewritten to 4-D throughout by
+passes/canonicalize_bmm_attention.py):
 
 - scores: MatMul(Q, K^T), or graphc.MatMul with trans flags and alpha (transpose elimination
   folds a Transpose of K's last two dims into trans_b=1; affine folding may put the scale into
@@ -53,10 +56,13 @@ left-padded row under a causal mask) is where the mask's fill matters:
   masks may leave a row no key, and stores NaN there as the decomposed graph does.
 A finite-fill keep mask that can wholly mask a row must be the only mask term (one Where or one
 added mask; an And of conditions inside it is fine) besides float biases bounded by construction
-(constants, gathers from constant tables, their views, sums and products: a relative-position
-bias, `_bound`), which the fill absorbs as it does the scores: combined with other terms (a -inf
-Where, a float mask fed at run time, a second fill) such a row averages V over some subset of the
-keys, which this form does not express, so the Softmax is not fused. A constant term that leaves
+(constants, gathers from constant tables, integers cast to float, their views, sums and products: a
+relative-position bias, BLOOM's ALiBi from a CumSum of the mask, `_bound`), which the fill absorbs
+as it does the scores, or biases made from the activations by matmuls inside that Where, which
+replaces them with the scores (DeBERTa's Where(keep, scores + c2p + p2c, finfo.min),
+`_inside_the_fill`); either becomes Where(keep, bias, -inf), a float mask. Combined with other
+terms (a -inf Where, a float mask fed at run time, a second fill) such a row averages V over some
+subset of the keys, which this form does not express, so the Softmax is not fused. A constant term that leaves
 every row a key (the causal pattern) counts as a plain boolean one (is_causal) when it is alone,
 or its fill is -inf, or the other terms are biases too small to bring a row's kept keys down to its
 fill. Otherwise (legacy GPT-2's Where(causal, scores, finfo.min) + (1 - mask) * finfo.min) a
@@ -73,6 +79,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 
+import ml_dtypes
 import numpy as np
 
 from graphc.ir.builder import GraphBuilder
@@ -236,6 +243,8 @@ class _Chain:
     softcap: float = 0.0
     additive: list[Value] = field(default_factory=list)
     keep: list[tuple[Value, bool, float]] = field(default_factory=list)  # (cond, inverted, fill)
+    # per keep: how many of `additive` are inside its Where (added to the scores it keeps)
+    inside: list[int] = field(default_factory=list)
 
 
 def _rank4(v: Value | None) -> bool:
@@ -320,6 +329,7 @@ def _find_chain(g: Graph, v: Value, depth: int = 0) -> _Chain | None:
                 chain.nodes.append(n)
                 chain.kinds.append("mask")
                 chain.keep.append((cond, inverted, fill))
+                chain.inside.append(len(chain.additive))
                 return chain
         return None
     return None
@@ -701,6 +711,7 @@ def _refine_masks(g: Graph, chain: _Chain, dims: dict[str, object], where: str):
     # dropped keys' fill ties with them and the decomposed graph averages over both. A bias bounded
     # by `bias` cannot, where fill + twice the bias (its widest spread) is still a masking fill.
     bias = _bias_bound(g, additive)
+    covered = _inside_the_fill(g, chain, additive, keep)
     resolved: list[tuple[Value | np.ndarray, bool, float]] = []
     folded = False
     for c, inv, fill in keep:
@@ -722,10 +733,12 @@ def _refine_masks(g: Graph, chain: _Chain, dims: dict[str, object], where: str):
         resolved.append((c, inv, fill))
     keep = resolved
     uniform = _uniform_terms(g, [(c, inv) for c, inv, fill in keep if math.isfinite(fill)])
-    # A bounded float bias (a relative-position bias: MPNet, T5) beside the one finite-fill keep mask
-    # leaves its wholly masked rows uniform over every key (fill + score + bias == fill), as
-    # masked_rows "mean" gives; an unbounded one (a -inf mask) could drop keys from the average.
-    bounded = bias is not None and not folded
+    # A bounded float bias (a relative-position bias: MPNet, T5; BLOOM's ALiBi) beside the one
+    # finite-fill keep mask leaves its wholly masked rows uniform over every key (fill + score + bias
+    # == fill), as masked_rows "mean" gives; an unbounded one (a -inf mask) could drop keys from the
+    # average. So does a bias inside that mask's Where, replaced by the fill with the scores
+    # (DeBERTa's, `_inside_the_fill`).
+    bounded = (bias is not None or covered) and not folded
     if uniform and (len(keep) > 1 or (additive and not bounded)):
         raise _Decline(
             f"{where}: a finite-fill mask combined with other masks (its wholly masked rows average "
@@ -774,6 +787,11 @@ def _bound(g: Graph, v: Value | np.ndarray, depth: int = 0) -> float | None:
     n = g.producer(v.name)
     if n is None or n.domain or depth > 12:
         return None
+    if n.op == "Cast" and n.outputs[0].ttype.dtype.is_float and n.inputs[0] is not None:
+        src = n.inputs[0]
+        cast = _cast_bound(src.ttype.dtype, n.outputs[0].ttype.dtype)
+        if cast is not None:
+            return cast
     if n.op in _BOUND_VIEWS or n.op == "Gather" or (n.op == "Cast" and n.outputs[0].ttype.dtype.is_float):
         src = n.inputs[0]
         return None if src is None else _bound(g, src, depth + 1)
@@ -786,6 +804,74 @@ def _bound(g: Graph, v: Value | np.ndarray, depth: int = 0) -> float | None:
     if n.op == "Neg" and n.inputs[0] is not None:
         return _bound(g, n.inputs[0], depth + 1)
     return None
+
+
+def _inside_the_fill(
+    g: Graph, chain: _Chain, additive: list[Value | np.ndarray], keep: list[tuple[Value | np.ndarray, bool, float]]
+) -> bool:
+    """The float masks `additive` are all inside the one finite-fill Where of the chain, its last
+    mask op (Where(keep, scores + bias, finfo.min): DeBERTa's c2p / p2c relative-position bias), and
+    made from the activations as the scores are (`_score_like`). Then a key the Where masks is the
+    fill whatever the bias, so a row it masks wholly is uniform over every key (masked_rows "mean"),
+    and a kept key is score + bias, as Where(keep, bias, -inf) added by Attention gives. Exact where
+    the scores and the bias are finite (no inf in the activations, no overflow: `_nan_guard`'s
+    condition for Q and K); a bias that may hold -inf by design (a float mask fed as an input, or
+    built with a fill) would leave a row only -inf kept keys, which the decomposed graph averages
+    over its masked keys: such a bias is not score-like."""
+    if len(chain.keep) != 1 or len(keep) != 1 or not additive:
+        return False
+    _, _, fill = chain.keep[0]
+    if not math.isfinite(fill) or chain.inside[0] != len(chain.additive):
+        return False
+    return all(_score_like(g, m) for m in additive)
+
+
+# Ops through which a value made from the activations stays one (a view, a gather of its elements).
+_SCORE_VIEWS = _BOUND_VIEWS | {"Gather", "GatherElements"}
+
+
+def _score_like(g: Graph, v: Value | np.ndarray, depth: int = 0) -> bool:
+    """v is computed from the activations by matmuls, as the scores are: a MatMul, views and
+    gathers of one, scalar scales, sums with such terms or with bounded ones (`_bound`). Finite
+    wherever the matmuls' inputs are; never a mask (no Where, no graph input, no fill)."""
+    if _bound(g, v) is not None:
+        return True
+    if isinstance(v, np.ndarray):
+        return False
+    n = g.producer(v.name)
+    if n is None or depth > 12:
+        return False
+    if _matmul_flags(n) is not None:
+        return all(i is not None and i.ttype.dtype.is_float for i in n.inputs[:2])
+    if n.domain:
+        return False
+    src = n.inputs[0] if n.inputs else None
+    if src is None:
+        return False
+    if n.op in _SCORE_VIEWS or (n.op == "Cast" and n.outputs[0].ttype.dtype.is_float and src.ttype.dtype.is_float):
+        return _score_like(g, src, depth + 1)
+    if n.op in ("Add", "Sub") and len(n.inputs) == 2:
+        return all(i is not None and _score_like(g, i, depth + 1) for i in n.inputs)
+    if n.op == "Neg":
+        return _score_like(g, src, depth + 1)
+    f = _scalar_factor(g, n)
+    return f is not None and _score_like(g, f[0], depth + 1)
+
+
+def _cast_bound(src: DType, dst: DType) -> float | None:
+    """|x| for x an integer (or bool) of dtype `src` cast to the float `dst`, when that is finite
+    and below BOUNDED_BIAS (2**63 for int64): whatever integer arithmetic made it, a cast integer is
+    bounded by its type (BLOOM's ALiBi, slopes times a CumSum of the attention mask). None for a
+    float source or where the integers can overflow `dst` (int32 in float16)."""
+    if src == DType.bool:
+        return 1.0
+    try:
+        info = np.iinfo(src.numpy)
+        top = float(ml_dtypes.finfo(dst.numpy).max)  # numpy's finfo knows no bfloat16
+    except (TypeError, ValueError):
+        return None
+    b = float(max(-int(info.min), int(info.max)))
+    return b if b <= top and b <= BOUNDED_BIAS else None
 
 
 def _bias_bound(g: Graph, additive: list[Value | np.ndarray]) -> float | None:

@@ -62,6 +62,7 @@ from collections.abc import Callable
 
 from graphc.ir.graph import Graph
 from graphc.passes.canonicalize import canonicalize
+from graphc.passes.canonicalize_bmm_attention import bmm_attention_to_4d
 from graphc.passes.canonicalize_gathers import gathers_to_views
 from graphc.passes.canonicalize_rotary import fuse_rotary
 from graphc.passes.canonicalize_views import cancel_view_chains
@@ -168,6 +169,7 @@ def stages() -> list[Stage]:
             "patterns",
             (
                 Pass("canonicalize", canonicalize, min_level=2),  # rule 4a
+                Pass("bmm_attention_to_4d", bmm_attention_to_4d, min_level=2),  # rule 4a
                 Pass("gathers_to_views", gathers_to_views, min_level=2),  # rule 4a
                 Pass("fuse_rotary", fuse_rotary, min_level=2),  # rule 4a
                 Pass("fuse_layernorm", fuse_layernorm, min_level=2),  # rule 4
