@@ -28,7 +28,8 @@ Ordering rules (why the list is in this order; each is repeated beside the passe
     out rotary embeddings become RotaryEmbedding (on the 3-D projection where they can), so
     attention fusion finds the head split after them. A Gather by constant indices that reads
     its data whole and in order (the mask's broadcast, spelled as index arithmetic) becomes a
-    Reshape (passes/canonicalize_gathers.py).
+    Reshape (passes/canonicalize_gathers.py). Attention on 3-D (batch * heads) bmm scores
+    (DeBERTa-v2, BLOOM) becomes 4-D throughout (passes/canonicalize_bmm_attention.py).
  5. Transpose elimination after cleanup (perms are constants by then) and before attention
     fusion, which expects the Q, K, V layouts in canonical form.
  6. BatchNorm and affine folding before epilogue fusion: the scale goes into the conv weights,

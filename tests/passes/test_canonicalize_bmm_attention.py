@@ -25,6 +25,7 @@ from graphc.ir.types import DType
 from graphc.passes import OptimizeOptions, optimize, pipeline
 from graphc.passes.canonicalize_bmm_attention import bmm_attention_to_4d
 from graphc.passes.fuse_attention import _cast_bound
+from graphc.passes.transpose import eliminate_transposes
 
 RNG = np.random.default_rng(11)
 B, S, H, D = 3, 7, 4, 8
@@ -184,12 +185,17 @@ def test_fused_and_exact(name):
     np.testing.assert_allclose(want[2], np.broadcast_to(want[2, :1], want[2].shape), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("transposes_first", [False, True])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_rewrite_alone_is_4d_and_exact(name):
+def test_rewrite_alone_is_4d_and_exact(name, transposes_first):
     # The canonicalization on its own: the scores chain and P @ V in 4-D (no Reshape between the
-    # QK matmul and the Softmax), the same numbers, and a second run finds nothing to do.
+    # QK matmul and the Softmax), the same numbers, and a second run finds nothing to do. K^T as
+    # the exports' 3-D Transpose(0, 2, 1), or (after transpose elimination) graphc.MatMul's trans_b.
     model = MODELS[name]()
     g0 = graphc.load_onnx(model)
+    if transposes_first:
+        g0 = eliminate_transposes(g0)
+        assert any(n.domain and n.op == "MatMul" and n.attrs.trans_b for n in g0.nodes)
     g = bmm_attention_to_4d(g0)
     assert g is not g0
     assert bmm_attention_to_4d(g) is g
