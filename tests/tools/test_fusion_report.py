@@ -86,3 +86,32 @@ def test_rows_and_before_tabulate_earlier_runs(tmp_path):
     row = _rows(md.read_text())[("llama", "dynamo")]
     k = int(row[4].split("→")[1])
     assert row[4] == f"{k + 7} → {k}" and row[5] == "0/2 → 2/2"
+
+
+def test_reads_the_architecture_corpus_manifest(tmp_path):
+    """tools/make_arch_corpus.py's manifest ({"models": {name: {inputs with symbolic dims,
+    exports: {exporter: {file, ok}}}}}): a row per export file present, its dims bound from
+    example_dims (an export that failed only the exporter's second-shape check still counts)."""
+    rec = json.loads((CORPUS / "manifest.json").read_text())["bert.eager.torchscript"]
+    shutil.copy(CORPUS / rec["file"], tmp_path / "bert.torchscript.onnx")
+    ins = [{"name": n, "dtype": "int64", "shape": ["batch", "seq"]} for n in rec["inputs"]]
+    manifest = {
+        "versions": {"torch": "2.13.0+cpu"},
+        "example_dims": {"batch": 2, "seq": 8},
+        "models": {
+            "bert": {
+                "inputs": ins,
+                "exports": {
+                    "torchscript": {"file": "bert.torchscript.onnx", "ok": False},
+                    "dynamo": {"file": "bert.dynamo.onnx", "ok": False},  # no file: no row
+                },
+            }
+        },
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    md_path = tmp_path / "out.md"
+    assert fusion_report.main(["--dir", str(tmp_path), "--md", str(md_path)]) == 0
+    rows = [r for r in md_path.read_text().splitlines() if r.startswith("| bert ")]
+    assert len(rows) == 1, rows
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert cells[1:3] == ["arch corpus torch 2.13", "torchscript"] and cells[5] == "2/2", cells
