@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphc.codegen.cuda_types import cuda_type, dtype_from_numpy_name
-from graphc.codegen.epilogue import render_epilogue, step_operands
+from graphc.codegen.epilogue import step_operands
 from graphc.codegen.expr import lit
 from graphc.codegen.families import gemm_sm90 as sm90
 from graphc.codegen.families.gemm import OperandLayout
-from graphc.codegen.kernel import KernelSource, StepContext, ceil_div, register_family
+from graphc.codegen.kernel import KernelSource, StepContext, register_family
 from graphc.errors import CompileError
 from graphc.ir.types import DType
 from graphc.ops.fused import ACC
@@ -148,74 +148,25 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         p = {**sm90.int8_heuristic(prob, vec_ok, light_epilogue=not byte_out), **params}
     if not sm90.int8_valid(prob, p):
         raise ctx.fail(f"FP8 TMA GEMM parameters {p} are not valid for M={prob.M} N={prob.N} K={prob.K}")
-    bn, stages = p["BN"], p["STAGES"]
-    ktiles = ceil_div(prob.K, sm90.E4M3.bk)
-    name = ctx.kernel_name()
-    rendered = render_epilogue(
-        prob.epilogue, prob.outputs, ops, out_specs, prob.out_shape, prob.dtype, where=where, name=f"{name}_epi"
-    )
-    out_names = [step.inputs[i] for i in rendered.inputs] + list(step.outputs[: len(rendered.outputs)])
-    vec = None
-    if vec_epi:
-        vec = sm90._vec_epilogue_vars(
-            prob, ops, out_specs, rendered, 1, name, where, vec_epi, byte_outputs=True, fast_div=bool(fast_div)
-        )
-    p["VEC_EPI"] = vec["mode"] if vec is not None else 0
-    p["FAST_DIV"] = int(vec is not None and vec["fast"] is not None)
-    overlap, warp_epi = sm90._schedule(ctx, p)
-    ta, _ = sm90._tmap(prob.inputs[0], DType.int8, prob.a, prob.K, sm90.BM, 1)  # 1-byte maps: "uint8"
-    tb, _ = sm90._tmap(prob.inputs[1], DType.int8, prob.b, prob.K, bn, 1)
     ct = cuda_type(prob.dtype, where)
-    common = {
-        "epilogue": rendered,
-        "epilogue_name": f"{name}_epi",
-        "st": ct.storage,
-        "ct": ct.compute,
-        "alpha_lit": None if prob.alpha == 1.0 else lit(prob.alpha, ct.compute),
-        "c_param": False,
-        "c_expr": None,
-        "out_args": list(rendered.args),
-    }
-    kparams = ["const gc_tmap* __restrict__ tA", "const gc_tmap* __restrict__ tB", *rendered.params]
-    source = sm90._render(
-        common,
-        name,
-        kparams,
+    return sm90.one_byte_kernel(
+        ctx,
         prob,
-        sm90.E4M3,
+        ops,
         p,
-        vec,
-        overlap=overlap,
-        warp_epi=warp_epi,
-        ktiles=ktiles,
-        kt_per=ktiles,
-        a_batched=False,
-        b_batched=False,
+        vec_epi,
+        fast_div,
+        elem=sm90.E4M3,
+        acc_dtype=prob.dtype,
+        types={
+            "st": ct.storage,
+            "ct": ct.compute,
+            "alpha_lit": None if prob.alpha == 1.0 else lit(prob.alpha, ct.compute),
+        },
+        family="gemm_fp8",
+        path="fp8_tma",
+        extra={"alpha": prob.alpha},
     )
-    kp = {
-        "path": "fp8_tma",
-        **p,
-        "M": prob.M,
-        "N": prob.N,
-        "K": prob.K,
-        "batch": 1,
-        "alpha": prob.alpha,
-        "requires_arch": "sm_90a",
-        "tmaps": [ta, tb],
-        "persistent": True,  # the grid: see gemm_sm90.generate()
-    }
-    return [
-        KernelSource(
-            "gemm_fp8",
-            name,
-            source,
-            (min(sm90.units(prob, bn, 1), sm90.SM_COUNT), 1, 1),
-            (sm90.THREADS, 1, 1),
-            ["@tmap:0", "@tmap:1", *out_names],
-            sm90.shared_bytes(bn, stages),
-            params=kp,
-        )
-    ]
 
 
 def _matches(ctx: StepContext) -> bool:

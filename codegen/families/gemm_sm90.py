@@ -124,10 +124,11 @@ def tile_cost(prob: Problem, bn: int, s: int, bm: int = BM) -> float:
 _EFF = {128: 0.86, 192: 0.95, 256: 1.0}  # per-element speed of each tile width (fewer operand bytes a FLOP)
 
 
-def heuristic(prob: Problem, vec_ok: bool = True) -> dict[str, Any]:
+def heuristic(prob: Problem, vec_ok: bool = True, residual: bool = False) -> dict[str, Any]:
     """Tile width and split count by a wave model: the busiest SM's share of (padded) tile work,
     the wider tiles a little faster per element (fewer operand bytes per FLOP), split-K charged its
-    workspace round trip; then the OVERLAP rule (overlap_rule) where the problem can have the 8-column
+    workspace round trip; then the OVERLAP rule (overlap_rule) and the tall rule (tall_rule; with
+    `residual`, an epilogue input of the output's shape) where the problem can have the 8-column
     vector epilogue (`vec_ok`). Measured rules: see docs/results/gemm_sm90.md and
     docs/results/gemm_sm90_epilogue_2026-12-01.md."""
     ktiles = ceil_div(prob.K, BK)
@@ -149,9 +150,10 @@ def heuristic(prob: Problem, vec_ok: bool = True) -> dict[str, Any]:
         best["PINGPONG"] = 0
     if vec_ok and overlap_rule(prob, best):
         best = {"BN": OVERLAP_RULE_BN, "SPLITS": 1, "PINGPONG": 0, "OVERLAP": 1}
-    if vec_ok and tall_rule(prob, best):
+    if vec_ok and tall_rule(prob, best, residual):
         gelu = any(e.op in PINGPONG_EPILOGUE_OPS for e in prob.epilogue)
-        bn = 192 if not gelu or wave_fill(prob, 192, 192) >= wave_fill(prob, 192, 128) else 128
+        heavy = gelu or residual
+        bn = 192 if not heavy or wave_fill(prob, 192, 192) >= wave_fill(prob, 192, 128) else 128
         best = {"BM": 192, "BN": bn, "SPLITS": 1, "PINGPONG": 0, "WARP_EPI": 1}
     best["STAGES"] = max_stages(best["BN"], best.get("BM", BM))
     return best
@@ -175,18 +177,24 @@ def wave_fill(prob: Problem, bm: int, bn: int) -> float:
 # bias + Gelu: BM 192 BN 128 WARP_EPI 0.0444 ms at 4096x3072x768 (ping-pong BN 128 0.0466),
 # BN 192 0.0643 at 6304x3072x768 (ping-pong 0.0745) -> for Gelu every M >= 4096 with N, K in
 # 768..3072, BN 192 where it fills the waves as well as BN 128.
+# bias + residual (a residual [M, N] input: attention's output projection and the FFN's second GEMM),
+# B [N, K] (2026-12-03, --sweep --epilogue bias-res --layout k): BM 192 BN 128 WARP_EPI 0.0325 ms at
+# 4096x768x3072 against OVERLAP BN 192's 0.0354, 0.0119 against 0.0131 at 4096x768x768 (2026-12-02,
+# B [K, N]: 0.0327 against 0.0350); at 6304x768x3072 BM 192 BN 192 WARP_EPI (0.0468) as the wave
+# fill already chose -> with a residual, as with Gelu, every M >= 4096 with N, K in 768..3072.
 TALL_RULE_MIN_GAIN = 0.12
 TALL_RULE_MIN_M = 4096
 
 
-def tall_rule(prob: Problem, best: dict[str, Any]) -> bool:
-    """Whether the heuristic takes BM 192 over its 128-row choice `best` (rule above)."""
+def tall_rule(prob: Problem, best: dict[str, Any], residual: bool = False) -> bool:
+    """Whether the heuristic takes BM 192 over its 128-row choice `best` (rule above; `residual`:
+    an epilogue input of the output's shape)."""
     lo, hi = OVERLAP_RULE_NK
     if best["SPLITS"] != 1 or prob.batch * prob.M < TALL_RULE_MIN_M or prob.N % 8:
         return False
     if not (lo <= prob.N <= hi and lo <= prob.K <= hi):
         return False
-    if any(e.op in PINGPONG_EPILOGUE_OPS for e in prob.epilogue):
+    if residual or any(e.op in PINGPONG_EPILOGUE_OPS for e in prob.epilogue):
         return True
     return wave_fill(prob, 192, 192) >= wave_fill(prob, BM, best["BN"]) + TALL_RULE_MIN_GAIN
 
@@ -317,6 +325,14 @@ def vector_epilogue(prob: Problem, ops: dict, splits: int, width: int = 8) -> li
         vtype, nv = _vec_type(op.dtype.itemsize, width)
         got.append(VecInput(i, last == 1, ct.storage, vtype, nv, broadcast_index(shape, out_shape, "base")))
     return got
+
+
+def has_residual(prob: Problem, ops: dict) -> bool:
+    """Whether the fused epilogue reads an input of the output's own shape (a residual)."""
+    used = {r.index for e in prob.epilogue for r in e.args if r.kind == "in"}
+    return any(
+        (op := ops.get(i)) is not None and op.const is None and tuple(op.shape) == tuple(prob.out_shape) for i in used
+    )
 
 
 def pingpong_wide(p: dict[str, Any], bn: int) -> bool:
@@ -601,7 +617,8 @@ def generate(
             **params,
         }
     else:
-        p = {**heuristic(prob, vec_epi == 1 and vec_epilogue_ok(prob, ops, out_specs)), **params}
+        vec_ok = vec_epi == 1 and vec_epilogue_ok(prob, ops, out_specs)
+        p = {**heuristic(prob, vec_ok, has_residual(prob, ops)), **params}
     if not valid(prob, p):
         raise ctx.fail(f"TMA GEMM parameters {p} are not valid for M={prob.M} N={prob.N} K={prob.K}")
     bn, stages, bm = p["BN"], p["STAGES"], p.pop("BM", BM)
@@ -956,7 +973,6 @@ def generate_int8(ctx: StepContext, prob, params: dict[str, Any] | None = None) 
     """The int8 TMA GEMM of a gemm_int8 step (`prob`: its gemm_int8.Int8Problem); `params` forces
     INT8_KEYS (a BN alone: cooperative, the deepest ring), else int8_heuristic."""
     step = ctx.step
-    where = f"{step.kind} node '{step.name}'"
     why = int8_unsupported(prob)
     if why is not None:
         raise ctx.fail(f"no int8 TMA GEMM: {why}")
@@ -974,11 +990,49 @@ def generate_int8(ctx: StepContext, prob, params: dict[str, Any] | None = None) 
         p = {**int8_heuristic(prob, vec_ok), **params}
     if not int8_valid(prob, p):
         raise ctx.fail(f"int8 TMA GEMM parameters {p} are not valid for M={prob.M} N={prob.N} K={prob.K}")
+    return one_byte_kernel(
+        ctx,
+        prob,
+        ops,
+        p,
+        vec_epi,
+        fast_div,
+        elem=ELEMS[DType.int8],
+        acc_dtype=DType.int32,
+        types={"st": "signed char", "ct": "int", "alpha_lit": None},
+        family="gemm_int8",
+        path="int8_tma",
+        extra={"VEC_A": 1, "VEC_B": 1},
+    )
+
+
+def one_byte_kernel(
+    ctx: StepContext,
+    prob,
+    ops: dict,
+    p: dict[str, Any],
+    vec_epi: int,
+    fast_div: int,
+    *,
+    elem: Elem,
+    acc_dtype: DType,
+    types: dict[str, Any],
+    family: str,
+    path: str,
+    extra: dict[str, Any],
+) -> list[KernelSource]:
+    """The TMA GEMM kernel of a step on 1-byte K-major operands (int8, e4m3) with the chosen
+    parameters `p` (int8 and gemm_fp8 choose them): `acc_dtype` is the accumulator's type as the
+    epilogue sees it (int32 for int8, the anchor's output for e4m3), `types` the template's st / ct /
+    alpha_lit; the launch's parameters are `path`, the schedule, the shape and `extra`."""
+    step = ctx.step
+    where = f"{step.kind} node '{step.name}'"
     bn, stages = p["BN"], p["STAGES"]
-    ktiles = ceil_div(prob.K, INT8_BK)
+    ktiles = ceil_div(prob.K, elem.bk)
     name = ctx.kernel_name()
+    out_specs = [ctx.tensors[o] for o in step.outputs]
     rendered = render_epilogue(
-        prob.epilogue, prob.outputs, ops, out_specs, prob.out_shape, DType.int32, where=where, name=f"{name}_epi"
+        prob.epilogue, prob.outputs, ops, out_specs, prob.out_shape, acc_dtype, where=where, name=f"{name}_epi"
     )
     out_names = [step.inputs[i] for i in rendered.inputs] + list(step.outputs[: len(rendered.outputs)])
     vec = None
@@ -992,21 +1046,19 @@ def generate_int8(ctx: StepContext, prob, params: dict[str, Any] | None = None) 
             name,
             where,
             vec_epi,
-            acc_dtype=DType.int32,
+            acc_dtype=acc_dtype,
             byte_outputs=True,
             fast_div=bool(fast_div),
         )
     p["VEC_EPI"] = vec["mode"] if vec is not None else 0
     p["FAST_DIV"] = int(vec is not None and vec["fast"] is not None)
     overlap, warp_epi = _schedule(ctx, p)
-    ta, _ = _tmap(prob.inputs[0], DType.int8, prob.a, prob.K, BM, 1)
+    ta, _ = _tmap(prob.inputs[0], DType.int8, prob.a, prob.K, BM, 1)  # 1-byte maps read raw bytes
     tb, _ = _tmap(prob.inputs[1], DType.int8, prob.b, prob.K, bn, 1)
     common = {
         "epilogue": rendered,
         "epilogue_name": f"{name}_epi",
-        "st": "signed char",
-        "ct": "int",
-        "alpha_lit": None,
+        **types,
         "c_param": False,
         "c_expr": None,
         "out_args": list(rendered.args),
@@ -1017,7 +1069,7 @@ def generate_int8(ctx: StepContext, prob, params: dict[str, Any] | None = None) 
         name,
         kparams,
         prob,
-        ELEMS[DType.int8],
+        elem,
         p,
         vec,
         overlap=overlap,
@@ -1028,21 +1080,20 @@ def generate_int8(ctx: StepContext, prob, params: dict[str, Any] | None = None) 
         b_batched=False,
     )
     kp = {
-        "path": "int8_tma",
+        "path": path,
         **p,
         "M": prob.M,
         "N": prob.N,
         "K": prob.K,
         "batch": 1,
-        "VEC_A": 1,
-        "VEC_B": 1,
+        **extra,
         "requires_arch": "sm_90a",
         "tmaps": [ta, tb],
         "persistent": True,  # the grid: see generate()
     }
     return [
         KernelSource(
-            "gemm_int8",
+            family,
             name,
             source,
             (min(units(prob, bn, 1), SM_COUNT), 1, 1),

@@ -8,6 +8,7 @@ import copy
 import numpy as np
 import pytest
 
+from graphc.codegen.epilogue import step_operands
 from graphc.codegen.families import gemm_sm90
 from graphc.codegen.families.gemm import problem_of, standalone_context
 from graphc.errors import CompileError
@@ -203,9 +204,38 @@ def test_overlap_rule_needs_the_vector_epilogue():
         epilogue=(EpilogueOp("Add", get_op("Add").attrs(), (ACC, IN(2))),), outputs=(OP(0),),
     )  # fmt: skip
     (k,) = gemm_sm90.generate(ctx)
-    assert k.params.get("OVERLAP") == 1  # a residual [M, N] vectorizes
+    # a residual [M, N] vectorizes, and takes the tall rule (BM 192 BN 128: 132 tiles at M 4096)
+    assert (k.params.get("BM"), k.params["BN"], k.params.get("WARP_EPI"), k.params["VEC_EPI"]) == (192, 128, 1, 1)
     (k,) = gemm_sm90.generate(ctx, {"VEC_EPI": 0})
-    assert "OVERLAP" not in k.params and k.params["VEC_EPI"] == 0
+    assert "OVERLAP" not in k.params and "BM" not in k.params and k.params["VEC_EPI"] == 0
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "bias", "want"),
+    [
+        (4096, 768, 3072, True, (192, 128)),  # BERT's FFN2 at batch 32: 132 tiles of 192 x 128
+        (4096, 768, 768, False, (192, 128)),  # the attention output projection
+        (6304, 768, 3072, True, (192, 192)),  # ViT's: 132 tiles of 192 x 192
+        (2048, 768, 3072, True, None),  # below the measured M
+        (4096, 4096, 4096, True, None),  # outside the measured N, K
+    ],
+)
+def test_residual_takes_the_tall_rule(m, n, k, bias, want):
+    """bias + residual [M, N] (measured: gemm_sm90.tall_rule's notes) takes BM 192 with the
+    per-warp epilogue where M >= 4096 and N, K are linear-layer sizes, BN by the wave fill."""
+    add = EpilogueOp("Add", get_op("Add").attrs(), (ACC, IN(2)))
+    epi, extra = ((add, EpilogueOp("Add", get_op("Add").attrs(), (OP(0), IN(3)))), [(n,), (m, n)]) if bias else (
+        (add,), [(m, n)])  # fmt: skip
+    ctx = standalone_context(
+        "MatMul", [(m, k), (n, k), *extra], DType.float16, domain="graphc",
+        attrs=get_op("MatMul", "graphc").attrs(trans_b=1), n_anchor=2, epilogue=epi, outputs=(OP(len(epi) - 1),),
+    )  # fmt: skip
+    kern = gemm_sm90.generate(ctx)[0]
+    if want is None:
+        assert "BM" not in kern.params, kern.params
+    else:
+        assert (kern.params.get("BM"), kern.params["BN"], kern.params.get("WARP_EPI")) == (*want, 1), kern.params
+    assert gemm_sm90.has_residual(problem_of(ctx), step_operands(ctx))
 
 
 def test_overlap_parameters():
