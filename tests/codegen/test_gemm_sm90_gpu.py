@@ -558,8 +558,14 @@ def test_engine_runs_tma_gemms(tmp_path):
     eng = graphc.compile(model, target="cuda", precision="fp16", arch=["sm_90"])
     paths = [ln.params.get("path") for s in eng.plan.steps for ln in s.launches if ln.family == "gemm"]
     assert paths.count("tma") == 2, paths
-    overlap = [ln.params.get("OVERLAP") for s in eng.plan.steps for ln in s.launches if ln.family == "gemm"]
-    assert overlap == [1, 1], overlap  # the OVERLAP rule (bias + ReLU; residual)
+    sched = [
+        (ln.params.get("OVERLAP"), ln.params.get("BM"), ln.params.get("WARP_EPI"))
+        for s in eng.plan.steps
+        for ln in s.launches
+        if ln.family == "gemm"
+    ]
+    # the OVERLAP rule (bias + ReLU), the tall rule (the residual: BM 192, per-warp epilogue)
+    assert sched == [(1, None, None), (None, 192, 1)], sched
     path = tmp_path / "mlp.engine"
     eng.save(path)
     loaded = graphc.runtime.load(path)
