@@ -68,3 +68,15 @@ def test_corpus_exports_with_wholly_padded_rows(key, precision, tmp_path):
     mask[1, :3] = 0  # left padding: under a causal mask its first rows see only padding
     feeds["attention_mask"] = mask
     _check(model, feeds, precision, tmp_path)
+
+
+@pytest.mark.parametrize("name", ["deberta", "bloom"])
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_bmm_score_spellings(name, precision, tmp_path):
+    """DeBERTa-v2's disentangled bias inside the fill's Where and BLOOM's ALiBi beside a causal and
+    padding mask (3-D batch*heads scores; tests/passes/test_canonicalize_bmm_attention.py): one fused
+    Attention with a float mask, is_causal for BLOOM, masked_rows "mean", on rows with no key."""
+    from tests.passes.test_canonicalize_bmm_attention import MODELS
+    from tests.passes.test_canonicalize_bmm_attention import _feeds as bmm_feeds
+
+    _check(MODELS[name](), bmm_feeds(), precision, tmp_path)
