@@ -6,7 +6,7 @@
 #   OUT=dir [PRECISIONS=fp16,fp32,bf16] [EXPORTER=torchscript|dynamo|both] [ARCH=sm_90] bash tools/gpu_session.sh
 #
 # Each step has a time limit in seconds (TESTS_S, ZOO_S, EXPORTS_S, GEMM_S, SM90_S, PROF_S, TORCH_S, QUANT_S, HOST_S,
-# TACTICS_S, TAILS_S, ATT_S, INT8_S, FP8_S); 0 skips the
+# TACTICS_S, TAILS_S, ATT_S, INT8_S, FP8_S, FP8_ENGINE_S); 0 skips the
 # step. The defaults (130+70+170+40, TORCH_S=0) fit one 10-minute device call; a comparison with
 # PyTorch alone: TESTS_S=0 ZOO_S=0 EXPORTS_S=0 GEMM_S=0 TORCH_S=400 (about 5 minutes); TORCH_MODELS
 # picks models (five take ~310 s with --quick), TORCH_ARGS adds bench_torch flags, e.g. the
@@ -93,6 +93,8 @@ step "tactics" "$TACTICS_S" "$OUT/tactics.log" python3 tools/bench_tactics.py --
 step "attention bench" "${ATT_S:-0}" "$OUT/attention.txt" python3 tools/bench_attention.py --done-when --iters 30
 step "int8 bench" "${INT8_S:-0}" /tmp/int8_bench.log python3 tools/bench_int8.py --quick --iterations 30 --workers 14 --out "$OUT/int8.md"
 step "fp8 bench" "${FP8_S:-0}" /tmp/fp8_bench.log python3 tools/bench_fp8.py --iterations 50 --out "$OUT/fp8.md"
+# An fp8 engine (--precision fp8) against the CPU fp8 engine and the fp16 engine (2026-12-03; ~10 s).
+step "fp8 engine" "${FP8_ENGINE_S:-0}" "$OUT/fp8_engine.log" python3 tools/bench_fp8_engine.py --out "$OUT/fp8_engine.json"
 # ResNet-50's batch-22 cliff: static engines at batch 8-32 with conv_sm90.TAIL_BASE values (~60 s).
 step "conv tails" "$TAILS_S" "$OUT/conv_tails.log" python3 tools/bench_conv_tails.py \
   --engines 22@1.0,20@1.0,22@0.6,22@0.3,22@0.0,24@1.0,24@0.3,16@1.0,16@0.3,32@1.0,32@0.3 --jobs 16 --work /tmp/ct \
