@@ -190,6 +190,18 @@ def residual_mlp_model(m: int, d: int, h: int, rng: np.random.Generator, scaled:
     return model, weights
 
 
+def have_nvrtc() -> bool:
+    """Whether NVRTC (cuda-bindings and the nvidia-cuda-nvrtc wheel) loads here: code generation's
+    tests compile real cubins without a GPU where it does."""
+    try:
+        from graphc.codegen.nvrtc import nvrtc_version
+
+        nvrtc_version()
+        return True
+    except Exception:
+        return False
+
+
 def cuobjdump_path() -> str | None:
     """cuobjdump from PATH, else from the nvidia-cuda-cuobjdump wheel (the test extra), else None."""
     found = shutil.which("cuobjdump")
@@ -203,3 +215,42 @@ def cuobjdump_path() -> str | None:
         for cand in Path(root).glob("*/bin/cuobjdump"):
             return str(cand)
     return None
+
+
+class OnnxNet:
+    """A tiny onnx.helper graph writer for hand-built test models: graph inputs, constants as
+    initializers (c0, c1, ...), nodes by op (output names op<n>, node names PREFIX/Op_<n>)."""
+
+    prefix = "n"
+
+    def __init__(self) -> None:
+        self.nodes: list = []
+        self.inits: list = []
+        self.inputs: list = []
+        self.n = 0
+
+    def input(self, name: str, elem: int, shape) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, elem, shape))
+        return name
+
+    def c(self, value, dtype=np.float32) -> str:
+        self.n += 1
+        name = f"c{self.n}"
+        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
+        return name
+
+    def i64(self, value) -> str:
+        return self.c(value, np.int64)
+
+    def op(self, op: str, *inputs: str, **attrs) -> str:
+        self.n += 1
+        out = f"{op.lower()}{self.n}"
+        self.nodes.append(helper.make_node(op, list(inputs), [out], name=f"{self.prefix}/{op}_{self.n}", **attrs))
+        return out
+
+    def make(self, outs: list, opset: int = 18, ir_version: int = 9, infer: bool = False) -> onnx.ModelProto:
+        """The model of the nodes so far with graph outputs `outs` (ValueInfoProtos)."""
+        g = helper.make_graph(self.nodes, "t", self.inputs, outs, self.inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+        m.ir_version = ir_version
+        return onnx.shape_inference.infer_shapes(m) if infer else m

@@ -15,15 +15,9 @@ import pytest
 
 import graphc
 from graphc.errors import CompileError
-from helpers import cuobjdump_path, residual_mlp_model
+from helpers import cuobjdump_path, have_nvrtc, residual_mlp_model
 
-try:
-    from graphc.codegen.nvrtc import nvrtc_version
-
-    nvrtc_version()
-    HAVE_NVRTC = True
-except Exception:
-    HAVE_NVRTC = False
+HAVE_NVRTC = have_nvrtc()
 
 CUOBJDUMP = cuobjdump_path()
 needs_nvrtc = pytest.mark.skipif(not HAVE_NVRTC, reason="needs NVRTC (cuda-bindings)")

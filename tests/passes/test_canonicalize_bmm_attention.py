@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import graphc
 from graphc.ir.graph import Graph
@@ -26,6 +26,7 @@ from graphc.passes import OptimizeOptions, optimize, pipeline
 from graphc.passes.canonicalize_bmm_attention import bmm_attention_to_4d
 from graphc.passes.fuse_attention import _cast_bound
 from graphc.passes.transpose import eliminate_transposes
+from tests.helpers import OnnxNet
 
 RNG = np.random.default_rng(11)
 B, S, H, D = 3, 7, 4, 8
@@ -34,39 +35,11 @@ R = 2 * S  # DeBERTa's relative positions (2 * position buckets)
 FMIN = float(np.finfo(np.float32).min)
 
 
-class _Net:
-    def __init__(self) -> None:
-        self.nodes: list = []
-        self.inits: list = []
-        self.inputs: list = []
-        self.n = 0
-
-    def input(self, name: str, elem: int, shape) -> str:
-        self.inputs.append(helper.make_tensor_value_info(name, elem, shape))
-        return name
-
-    def c(self, value, dtype=np.float32) -> str:
-        self.n += 1
-        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), f"c{self.n}"))
-        return f"c{self.n}"
-
-    def i64(self, value) -> str:
-        return self.c(value, np.int64)
-
-    def op(self, op: str, *inputs: str, **attrs) -> str:
-        self.n += 1
-        out = f"{op.lower()}{self.n}"
-        self.nodes.append(helper.make_node(op, list(inputs), [out], name=f"layer/attn/{op}_{self.n}", **attrs))
-        return out
+class _Net(OnnxNet):
+    prefix = "layer/attn"
 
     def model(self, out: str) -> onnx.ModelProto:
-        outs = [helper.make_tensor_value_info(out, TensorProto.FLOAT, [B, S, HID])]
-        m = helper.make_model(
-            helper.make_graph(self.nodes, "t", self.inputs, outs, self.inits),
-            opset_imports=[helper.make_opsetid("", 18)],
-        )
-        m.ir_version = 9
-        return m
+        return self.make([helper.make_tensor_value_info(out, TensorProto.FLOAT, [B, S, HID])])
 
 
 def _heads3(net: _Net, x: str) -> str:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import graphc
 import models
@@ -17,6 +16,7 @@ from graphc.ir.verify import verify_graph
 from graphc.ops.internal import INTERNAL_DOMAIN
 from graphc.passes import OptimizeOptions, optimize, pipeline
 from graphc.passes.fuse_attention import fuse_attention
+from tests.helpers import OnnxNet
 
 RNG = np.random.default_rng(2)
 
@@ -31,36 +31,12 @@ B, S, H, D = 2, 6, 3, 4  # batch, seq, heads, head_dim
 HID = H * D
 
 
-class _Net:
-    def __init__(self):
-        self.nodes: list = []
-        self.inits: list = []
-        self.inputs: list = []
-        self.n = 0
-
-    def input(self, name: str, elem: int, shape) -> str:
-        self.inputs.append(helper.make_tensor_value_info(name, elem, shape))
-        return name
-
-    def c(self, value, dtype=np.float32) -> str:
-        self.n += 1
-        name = f"c{self.n}"
-        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
-        return name
-
-    def op(self, op: str, *inputs: str, **attrs) -> str:
-        self.n += 1
-        out = f"{op.lower()}{self.n}"
-        self.nodes.append(helper.make_node(op, list(inputs), [out], name=f"attn/{op}_{self.n}", **attrs))
-        return out
+class _Net(OnnxNet):
+    prefix = "attn"
 
     def model(self, outputs: list[str], out_shape=None):
         elem = TensorProto.FLOAT if out_shape else TensorProto.UNDEFINED
-        outs = [helper.make_tensor_value_info(o, elem, out_shape) for o in outputs]
-        g = helper.make_graph(self.nodes, "t", self.inputs, outs, self.inits)
-        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
-        m.ir_version = 9
-        return onnx.shape_inference.infer_shapes(m)
+        return self.make([helper.make_tensor_value_info(o, elem, out_shape) for o in outputs], infer=True)
 
 
 def _heads(net: _Net, x: str, name: str, seq: int = S) -> str:

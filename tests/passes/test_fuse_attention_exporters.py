@@ -11,46 +11,24 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import graphc
 from graphc.passes import OptimizeOptions, optimize
 from graphc.passes.canonicalize import _sandwich_perm
+from tests.helpers import OnnxNet
 
 RNG = np.random.default_rng(11)
 B, S, H, D = 2, 5, 4, 8
 HID = H * D
 
 
-class _Net:
-    def __init__(self) -> None:
-        self.nodes: list = []
-        self.inits: list = []
-        self.inputs: list = []
-        self.n = 0
-
-    def input(self, name: str, elem: int, shape) -> str:
-        self.inputs.append(helper.make_tensor_value_info(name, elem, shape))
-        return name
-
-    def c(self, value, dtype=np.float32) -> str:
-        self.n += 1
-        name = f"c{self.n}"
-        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
-        return name
-
-    def op(self, op: str, *inputs: str, **attrs) -> str:
-        self.n += 1
-        out = f"{op.lower()}{self.n}"
-        self.nodes.append(helper.make_node(op, list(inputs), [out], name=f"sdpa/{op}_{self.n}", **attrs))
-        return out
+class _Net(OnnxNet):
+    prefix = "sdpa"
 
     def model(self, output: str) -> onnx.ModelProto:
         outs = [helper.make_tensor_value_info(output, TensorProto.FLOAT, [B, S, HID])]
-        g = helper.make_graph(self.nodes, "t", self.inputs, outs, self.inits)
-        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-        m.ir_version = 8
-        return m
+        return self.make(outs, opset=17, ir_version=8)
 
 
 def _proj(net: _Net, x: str, heads: int) -> str:

@@ -14,11 +14,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import graphc
 from graphc.ir.graph import Graph
 from graphc.passes import OptimizeOptions, optimize, pipeline
+from tests.helpers import OnnxNet
 
 RNG = np.random.default_rng(5)
 B, S, H, D = 3, 7, 4, 8
@@ -27,27 +28,8 @@ WINDOW = 2  # a key j is in query i's window when i - WINDOW < j <= i (Mistral's
 FMIN = float(np.finfo(np.float32).min)
 
 
-class _Net:
-    def __init__(self) -> None:
-        self.nodes: list = []
-        self.inits: list = []
-        self.inputs: list = []
-        self.n = 0
-
-    def input(self, name: str, elem: int, shape) -> str:
-        self.inputs.append(helper.make_tensor_value_info(name, elem, shape))
-        return name
-
-    def c(self, value, dtype=np.float32) -> str:
-        self.n += 1
-        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), f"c{self.n}"))
-        return f"c{self.n}"
-
-    def op(self, op: str, *inputs: str, **attrs) -> str:
-        self.n += 1
-        out = f"{op.lower()}{self.n}"
-        self.nodes.append(helper.make_node(op, list(inputs), [out], name=f"layer/attn/{op}_{self.n}", **attrs))
-        return out
+class _Net(OnnxNet):
+    prefix = "layer/attn"
 
 
 def _heads(net: _Net, x: str, heads: int) -> str:
