@@ -23,6 +23,13 @@ Rules (named by their algebra):
   the form the attention matcher takes as Attention's `scale`, and one Mul instead of two. Done
   only when the product feeds a Softmax (through the score chain's Add / Where / Mul / Div), so
   that an unscaled product cannot overflow fp16 anywhere but inside what becomes Attention.
+- SPATIAL_MEAN  reduce_mean(x, axes = every axis after the second, keepdims) -> global_average_pool(x)
+  for x of rank 4 or more:
+  the dynamo exporter writes adaptive_avg_pool2d(x, 1) and x.mean((2, 3), keepdim=True) (the
+  squeeze-excitation blocks of EfficientNet, RegNet, MobileNetV3) as ReduceMean where TorchScript
+  writes GlobalAveragePool; as the pool, the layout pass keeps it in the convolutions' NHWC layout
+  instead of wrapping it in Transposes (EfficientNet-B0's dynamo export: 10 Transposes left). The
+  same mean (up to the order of the float sums).
 """
 
 from __future__ import annotations
@@ -194,9 +201,32 @@ def _split_scale(g: Graph, node: Node, ctx: RewriteContext) -> Rewritten | None:
     return Rewritten([y], [a[2], b_[2], node])
 
 
+# ---- SPATIAL_MEAN ------------------------------------------------------------------------------
+
+
+def _spatial_mean(g: Graph, node: Node, ctx: RewriteContext) -> Rewritten | None:
+    if not _onnx(node, "ReduceMean") or len(node.inputs) != 2 or node.inputs[1] is None:
+        return None
+    x = node.inputs[0]
+    shape = None if x is None else x.ttype.shape
+    # images only (N, C, H, W[, D]): a rank-3 mean over the last axis is a sequence model's
+    # LayerNorm or RMSNorm statistic, which their matchers look for as ReduceMean
+    if shape is None or len(shape) < 4 or node.attrs.keepdims != 1 or not x.ttype.dtype.is_float:
+        return None
+    axes = g.const(node.inputs[1].name)
+    if axes is None or axes.dtype.kind not in "iu":
+        return None
+    rank = len(shape)
+    norm = sorted(int(a) + rank if int(a) < 0 else int(a) for a in axes.reshape(-1))
+    if norm != list(range(2, rank)):
+        return None
+    y = ctx.b.op("GlobalAveragePool", [ctx.mapv(x)], name=node.name)
+    return Rewritten([y], [node])
+
+
 # ---- the pass ----------------------------------------------------------------------------------
 
-RULES = (_reshape_sandwich, _split_scale)
+RULES = (_reshape_sandwich, _split_scale, _spatial_mean)
 
 
 def canonicalize(graph: Graph) -> Graph:
