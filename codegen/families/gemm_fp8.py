@@ -33,7 +33,6 @@ from graphc.codegen.cuda_types import cuda_type, dtype_from_numpy_name
 from graphc.codegen.epilogue import step_operands
 from graphc.codegen.expr import lit
 from graphc.codegen.families import gemm_sm90 as sm90
-from graphc.codegen.families.gemm import OperandLayout
 from graphc.codegen.kernel import KernelSource, StepContext, register_family
 from graphc.errors import CompileError
 from graphc.ir.types import DType
@@ -63,7 +62,7 @@ def check_fp8_archs(archs: Sequence[str]) -> None:
 
 
 @dataclass
-class Fp8Problem:
+class Fp8Problem(sm90.KMajorOperands):
     """out [..., N] = epilogue(alpha * A [M, K] . B [N, K]^T), A's leading dims folded into M."""
 
     M: int
@@ -78,14 +77,6 @@ class Fp8Problem:
     batch_dims: tuple = ()
     conv: None = None
     batch: int = 1
-
-    @property
-    def a(self) -> OperandLayout:
-        return OperandLayout(self.M, self.K, 1, [])
-
-    @property
-    def b(self) -> OperandLayout:
-        return OperandLayout(self.N, self.K, 1, [])
 
 
 def problem_of(ctx: StepContext) -> Fp8Problem:

@@ -1105,11 +1105,28 @@ def one_byte_kernel(
     ]
 
 
-# ---- FP8 E4M3 (standalone: no fp8 dtype in the IR yet, so no engine step takes it) -------------
+# ---- FP8 E4M3 outside any plan (tools/bench_fp8.py; engines: codegen/families/gemm_fp8.py) ------
+
+
+class KMajorOperands:
+    """The operand layouts of out [M, N] = A [M, K] . B [N, K]^T, both K-major and unbatched (the
+    1-byte GEMMs' only layout), for a problem class with M, N and K."""
+
+    M: int
+    N: int
+    K: int
+
+    @property
+    def a(self) -> OperandLayout:
+        return OperandLayout(self.M, self.K, 1, [])
+
+    @property
+    def b(self) -> OperandLayout:
+        return OperandLayout(self.N, self.K, 1, [])
 
 
 @dataclass
-class RowsProblem:
+class RowsProblem(KMajorOperands):
     """A GEMM of K-major operands outside any plan: out [M, N] = A [M, K] . B [N, K]^T."""
 
     M: int
@@ -1120,14 +1137,6 @@ class RowsProblem:
     batch_dims: tuple = ()
     conv: None = None
     batch: int = 1
-
-    @property
-    def a(self) -> OperandLayout:
-        return OperandLayout(self.M, self.K, 1, [])
-
-    @property
-    def b(self) -> OperandLayout:
-        return OperandLayout(self.N, self.K, 1, [])
 
     @property
     def out_shape(self) -> tuple[int, int]:
