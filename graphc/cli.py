@@ -409,21 +409,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         progress=_progress_printer(console) if not args.quiet else None,
         **profile_opts,
     )
-    if precision == "int8":
-        opts.update(
-            calibration_data=args.calibration_data,
-            calibration_method=args.calibration_method,
-            percentile=args.percentile,
-            calibration_cache=args.calibration_cache,
-            calibration_progress=None if args.quiet else _calibration_printer,
-            accuracy=args.accuracy,
-            validation_data=args.validation_data,
-            accuracy_progress=None if args.quiet else _accuracy_printer,
-        )
-        if args.validation_data and not args.accuracy:
-            raise UsageError("--validation-data: only with --accuracy")
-    elif precision == "fp8":
-        if args.accuracy or args.validation_data:
+    if precision in ("int8", "fp8"):  # calibrated precisions
+        if precision == "fp8" and (args.accuracy or args.validation_data):
             raise UsageError("--accuracy/--validation-data: only with --precision int8")
         opts.update(
             calibration_data=args.calibration_data,
@@ -432,6 +419,14 @@ def _cmd_compile(args: argparse.Namespace) -> int:
             calibration_cache=args.calibration_cache,
             calibration_progress=None if args.quiet else _calibration_printer,
         )
+        if precision == "int8":
+            opts.update(
+                accuracy=args.accuracy,
+                validation_data=args.validation_data,
+                accuracy_progress=None if args.quiet else _accuracy_printer,
+            )
+            if args.validation_data and not args.accuracy:
+                raise UsageError("--validation-data: only with --accuracy")
     elif args.calibration_data or args.calibration_cache or args.accuracy or args.validation_data:
         raise UsageError(
             "--calibration-data/--calibration-cache/--accuracy/--validation-data: only with --precision int8 (or fp8)"
