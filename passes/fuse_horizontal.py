@@ -54,8 +54,11 @@ def _bias_of(graph: Graph, mm: Node, n: int) -> tuple[Node, np.ndarray] | None:
     add = users[0]
     if add.op != "Add" or add.domain != "" or len(add.inputs) != 2:
         return None
-    other = add.inputs[1] if add.inputs[0] is out else add.inputs[0]
-    if other is None or other is out:
+    # by name: a Value read by a node is not always the object its producer holds (the dynamo
+    # exports' Linear biases were missed, each left an Add kernel on its slab of the stacked GEMM)
+    a0 = add.inputs[0]
+    other = add.inputs[1] if a0 is not None and a0.name == out.name else a0
+    if other is None or other.name == out.name:
         return None
     data = graph.const(other.name)
     if data is None or data.dtype != out.type.dtype.numpy or data.size != n:

@@ -202,7 +202,8 @@ def _bias_of(graph: Graph, add: Node, y: Value, n: int) -> np.ndarray | None:
     """The constant of `Add(y, c)` when it is a bias along the last axis (shape [..1, n])."""
     if add.op != "Add" or add.domain not in ("", "ai.onnx") or not _float32(add.outputs[0]):
         return None
-    other = add.inputs[1] if add.inputs[0] is y else add.inputs[0]
+    a0 = add.inputs[0]  # values compare by name (a node's input need not be its producer's object)
+    other = add.inputs[1] if a0 is not None and a0.name == y.name else a0
     c = None if other is None else graph.const(other.name)
     if c is None or c.dtype != np.float32 or c.ndim > y.ttype.rank or c.ndim == 0:
         return None

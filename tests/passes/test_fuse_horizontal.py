@@ -255,3 +255,25 @@ def test_unequal_split_is_left_alone():
             node.input[:] = ["qk", "q"]
     g = _cuda_graph(model).graph
     assert any(n.op == "Split" for n in g.nodes)
+
+
+def test_biases_found_when_the_add_reads_an_equal_value_object():
+    """A node's input Value need not be the object its producer holds (an equal Value of the same
+    name and type, as earlier rewrites leave them): the biases are still stacked into the GEMM, not
+    left as an Add on each slab (the dynamo exports of Qwen2 lost them so: 4 more kernels)."""
+    import dataclasses
+
+    from graphc.ir.graph import Value
+
+    g = bind_shapes(load_onnx(_qkv_model()), None)
+    nodes = []
+    for n in g.nodes:
+        if n.op == "Add":
+            n = dataclasses.replace(n, inputs=tuple(None if v is None else Value(v.name, v.type) for v in n.inputs))
+        nodes.append(n)
+    g = g.with_nodes(nodes)
+    h = fuse_horizontal(g)
+    mms = [n for n in h.nodes if n.op == "MatMul"]
+    adds = [n for n in h.nodes if n.op == "Add"]
+    assert len(mms) == 1 and mms[0].name.endswith("_horizontal"), h.op_counts()
+    assert len(adds) == 2, h.op_counts()  # the one stacked bias Add, and q * k + v's

@@ -201,3 +201,33 @@ def test_cuda_int8_compiles_every_quantized_form():
 def test_int8_without_data_or_qdq_says_what_it_needs():
     with pytest.raises(CompileError, match="calibration_data"):
         graphc.compile(_small_model(), target="cpu", precision="int8")
+
+
+def test_bias_found_through_an_equal_value_object():
+    """The bias of Add(y, c) is found when the Add reads an equal Value of y's name and type that
+    is not y's object (as earlier rewrites leave them), in either operand order."""
+    import dataclasses
+
+    from graphc.ir.graph import Value
+    from graphc.ir.types import DType, TensorType
+    from graphc.passes.quantize_int8 import _bias_of
+
+    t = TensorType(DType.float32, (2, 4))
+    y, c = Value("y", t), np.arange(4, dtype=np.float32)
+    g = graphc.load_onnx(
+        helper.make_model(
+            helper.make_graph(
+                [helper.make_node("Add", ["y", "c"], ["z"])],
+                "g",
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+                [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 4])],
+                [numpy_helper.from_array(c, "c")],
+            ),
+            opset_imports=[helper.make_opsetid("", 17)],
+        )
+    )
+    (add,) = g.nodes
+    for inputs in (add.inputs, add.inputs[::-1]):
+        node = dataclasses.replace(add, inputs=tuple(Value(v.name, v.type) for v in inputs))
+        got = _bias_of(g, node, y, 4)
+        assert got is not None and np.array_equal(got, c)
