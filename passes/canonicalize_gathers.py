@@ -14,6 +14,12 @@ Rules (named by their algebra):
   shifted windows: two slices and a concat per rolled axis, 4 launches, become 1). A concat
   that puts x back in order is a reshape, by the first rule.
 
+- GATHER_ND_OF_TRANSPOSE  gather_nd(transpose(x, p), c) (batch_dims 0, index tuples of length 1)
+  -> gather(x, c[..., 0], axis=p[0]) then a reshape (a transpose where the order of the kept
+  axes changes) to gather_nd's shape: the dynamo exporter's ``x[..., k, :]`` on a 5-D view
+  (Falcon's grouped K and V: a Transpose bringing the axis first, a GatherND of [[k]], a Reshape),
+  which TorchScript writes as one Gather. The Transpose, read by those GatherNDs only, goes.
+
 Where they come from: the exporters spell the attention mask's broadcast
 ``mask[:, None, None, :]`` as index arithmetic that constant folding turns into such a gather
 (the TorchScript export of BERT and GPT-2: a Gather of the flattened mask by arange(seq); the
@@ -128,11 +134,47 @@ def _slices_concat_to_gather(g: Graph, node: Node, ctx: RewriteContext) -> Rewri
     return Rewritten([y], [node, *producers])
 
 
+def _gather_nd_of_transpose(g: Graph, node: Node, ctx: RewriteContext) -> Rewritten | None:
+    if node.domain or node.op != "GatherND" or node.attrs.batch_dims != 0 or len(node.outputs) != 1:
+        return None
+    t = g.producer(node.inputs[0].name)
+    idx = g.const(node.inputs[1].name)
+    if t is None or t.domain or t.op != "Transpose" or idx is None or idx.ndim < 1 or idx.shape[-1] != 1:
+        return None
+    x = t.inputs[0]
+    xs, ys = _static_shape(x), _static_shape(node.outputs[0])
+    if xs is None or ys is None or t.attrs.perm is None:
+        return None
+    p = [int(a) for a in t.attrs.perm]
+    a, j = p[0], idx.ndim - 1  # the gathered axis of x, and the index dims the result starts with
+    # Gather(x, idx[..., 0], axis=a) is x.shape[:a] + idx dims + x.shape[a + 1:]; GatherND's result
+    # is the idx dims, then x's axes in the order p[1:]
+    pos = [q if q < a else q + j - 1 for q in p[1:]]
+    perm = list(range(a, a + j)) + pos
+    b = ctx.b
+    ids = b.add_constant(np.ascontiguousarray(idx[..., 0].astype(np.int64)), f"{node.name}/indices")
+    y = b.op("Gather", [ctx.mapv(x), ids], {"axis": a}, name=f"{node.name}/gather")
+    gshape = (*xs[:a], *idx.shape[:-1], *xs[a + 1 :])
+    kept = [ax for ax in perm if gshape[ax] != 1]
+    if kept == sorted(kept):  # only unit axes move: the same element order, a view
+        shape = b.add_constant(np.array(ys, dtype=np.int64), f"{node.name}/shape")
+        y = b.op("Reshape", [y, shape], name=f"{node.name}/view")
+    else:
+        y = b.op("Transpose", [y], {"perm": perm}, name=f"{node.name}/transpose")
+    log.debug("%s: GatherND of a Transpose -> Gather along axis %d", node.name, a)
+    return Rewritten([y], [node])
+
+
 def gathers_to_views(graph: Graph) -> Graph:
-    """GATHER_ARANGE, GATHER_ND_ARANGE and SLICES_CONCAT everywhere they apply (the Gather that
-    SLICES_CONCAT makes becomes a Reshape on the next run of the fixed point, if it is one)."""
+    """GATHER_ARANGE, GATHER_ND_ARANGE, SLICES_CONCAT and GATHER_ND_OF_TRANSPOSE everywhere they
+    apply (the Gather that SLICES_CONCAT makes becomes a Reshape on the next run of the fixed point,
+    if it is one)."""
 
     def visit(node: Node, ctx: RewriteContext) -> Rewritten | None:
-        return _gather_to_reshape(graph, node, ctx) or _slices_concat_to_gather(graph, node, ctx)
+        return (
+            _gather_to_reshape(graph, node, ctx)
+            or _slices_concat_to_gather(graph, node, ctx)
+            or _gather_nd_of_transpose(graph, node, ctx)
+        )
 
     return rewrite_graph(graph, visit)

@@ -123,3 +123,44 @@ def test_slices_along_another_axis_or_read_elsewhere_stay():
     for g0 in (_roll_graph(3, extra_axis=True), _roll_graph(3, slice_is_output=True)):
         g1 = gathers_to_views(g0)
         assert g1.op_counts() == {"Slice": 2, "Concat": 1}
+
+
+@pytest.mark.parametrize(
+    ("perm", "idx", "view"),
+    [
+        ((3, 0, 1, 2, 4), [[2]], True),  # Falcon's x[..., -2, :] as dynamo writes it: then a view
+        ((3, 0, 1, 2, 4), [[-1]], True),
+        ((3, 0, 1, 2, 4), [[1], [3]], False),  # two indices: the order of the kept axes changes
+        ((1, 0, 2, 3, 4), [[0]], True),
+        ((2, 4, 3, 1, 0), [[1]], False),
+    ],
+)
+def test_gather_nd_of_a_transpose_is_one_gather(perm, idx, view):
+    from graphc.ir.graph import Graph
+    from tests.helpers import OnnxNet, run_ort
+
+    xs = (2, 5, 2, 4, 3)
+    net = OnnxNet()
+    x = net.input("x", TensorProto.FLOAT, list(xs))
+    t = net.op("Transpose", x, perm=list(perm))
+    y = net.op("GatherND", t, net.i64(idx))
+    model = net.make([helper.make_tensor_value_info(y, TensorProto.FLOAT, None)], infer=True)
+    g: Graph = gathers_to_views(graphc.bind_shapes(graphc.load_onnx(model), None))
+    ops = g.op_counts()
+    assert "GatherND" not in ops and ops.get("Gather") == 1, ops
+    assert ("Reshape" in ops) == view and ("Transpose" in ops) != view, ops  # the input's Transpose is gone
+    feeds = {"x": np.random.default_rng(4).normal(size=xs).astype(np.float32)}
+    want = next(iter(run_ort(model, feeds).values()))
+    np.testing.assert_array_equal(next(iter(graphc.interpret(g, feeds).values())), want)
+
+
+def test_gather_nd_of_a_transpose_read_elsewhere_keeps_the_transpose():
+    from tests.helpers import OnnxNet
+
+    net = OnnxNet()
+    x = net.input("x", TensorProto.FLOAT, [2, 3, 4])
+    t = net.op("Transpose", x, perm=[2, 0, 1])
+    y = net.op("GatherND", t, net.i64([[1]]))
+    outs = [helper.make_tensor_value_info(v, TensorProto.FLOAT, None) for v in (y, t)]
+    g = gathers_to_views(graphc.load_onnx(net.make(outs, infer=True)))
+    assert g.op_counts().get("Transpose") == 1 and "GatherND" not in g.op_counts()
