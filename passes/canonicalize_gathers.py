@@ -20,6 +20,12 @@ Rules (named by their algebra):
   (Falcon's grouped K and V: a Transpose bringing the axis first, a GatherND of [[k]], a Reshape),
   which TorchScript writes as one Gather. The Transpose, read by those GatherNDs only, goes.
 
+- SLICES_SPLIT  slice(x, [a0, a1)), slice(x, [a1, a2)), ... along one axis -> split(x, sizes) when
+  the step-1 Slices of x along that axis partition it and x is a GEMM's output (through views and
+  a bias Add; rotate_half's halves stay the rotary matcher's): TorchScript's q, k, v of a fused QKV
+  projection (GPT-NeoX, Phi-3's qkv_proj and gate_up_proj) are Slices where dynamo writes a Split;
+  as a Split of a GEMM's output they become the slab views of a batched GEMM (passes/fuse_horizontal.py).
+
 Where they come from: the exporters spell the attention mask's broadcast
 ``mask[:, None, None, :]`` as index arithmetic that constant folding turns into such a gather
 (the TorchScript export of BERT and GPT-2: a Gather of the flattened mask by arange(seq); the
@@ -165,16 +171,79 @@ def _gather_nd_of_transpose(g: Graph, node: Node, ctx: RewriteContext) -> Rewrit
     return Rewritten([y], [node])
 
 
+def _axis_range(g: Graph, node: Node, shape: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """(axis, start, stop) of a step-1 Slice with constant operands along one axis, keeping every
+    index of the others and a non-empty contiguous range of that axis; else None."""
+    if node.domain or node.op != "Slice" or len(node.inputs) < 4 or node.inputs[3] is None:
+        return None
+    axes = g.const(node.inputs[3].name)
+    if axes is None or axes.size != 1:
+        return None
+    axis = int(axes.reshape(-1)[0]) + (len(shape) if int(axes.reshape(-1)[0]) < 0 else 0)
+    if not 0 <= axis < len(shape):
+        return None
+    kept = _slice_indices(g, node, shape, axis)
+    if kept is None or not kept.size or not np.array_equal(kept, np.arange(kept[0], kept[0] + kept.size)):
+        return None
+    return axis, int(kept[0]), int(kept[0] + kept.size)
+
+
+def _from_gemm(g: Graph, v, depth: int = 0) -> bool:
+    """v is a GEMM's output, through views and a bias Add: a fused projection's result. (Other
+    slices are left to their matchers: rotate_half's two halves are rotary's, passes/canonicalize_rotary.py.)"""
+    n = g.producer(v.name)
+    if n is None or depth > 3:
+        return False
+    if n.op in ("MatMul", "Gemm") and n.domain in ("", "graphc"):
+        return True
+    if n.domain or n.op not in ("Reshape", "Add") or not n.inputs or n.inputs[0] is None:
+        return False
+    if n.op == "Add":
+        consts = [i for i in n.inputs if i is not None and g.const(i.name) is not None]
+        others = [i for i in n.inputs if i is not None and g.const(i.name) is None]
+        return len(consts) == 1 and len(others) == 1 and _from_gemm(g, others[0], depth + 1)
+    return _from_gemm(g, n.inputs[0], depth + 1)
+
+
+def _slices_split(g: Graph, node: Node, ctx: RewriteContext, made: dict) -> Rewritten | None:
+    if node.name in made:  # a sibling made the Split
+        return Rewritten([made.pop(node.name)], [node])
+    x = node.inputs[0] if node.inputs else None
+    xs = None if x is None else _static_shape(x)
+    if xs is None or _axis_range(g, node, xs) is None or not _from_gemm(g, x):
+        return None
+    slices = [u for u in g.users(x.name) if u.op == "Slice" and not u.domain and u.inputs[0].name == x.name]
+    ranges = [(_axis_range(g, u, xs), u) for u in slices]
+    if len(ranges) < 2 or any(r is None for r, _ in ranges) or len({r[0] for r, _ in ranges}) != 1:
+        return None
+    ranges.sort(key=lambda ru: ru[0][1])
+    axis = ranges[0][0][0]
+    bounds = [(r[1], r[2]) for r, _ in ranges]
+    gaps = any(prev[1] != nxt[0] for prev, nxt in zip(bounds, bounds[1:], strict=False))
+    if bounds[0][0] != 0 or bounds[-1][1] != xs[axis] or gaps:
+        return None  # not a partition of the axis
+    b = ctx.b
+    sizes = b.add_constant(np.array([hi - lo for lo, hi in bounds], dtype=np.int64), f"{node.name}/split_sizes")
+    outs = b.add_node("Split", [ctx.mapv(x), sizes], {"axis": axis}, name=f"{node.name}/split", outputs=len(bounds))
+    for (_, u), v in zip(ranges, outs.outputs, strict=True):
+        made[u.name] = v
+    log.debug("%s: %d slices of %s partition axis %d -> one Split", node.name, len(bounds), x.name, axis)
+    return Rewritten([made.pop(node.name)], [node])
+
+
 def gathers_to_views(graph: Graph) -> Graph:
-    """GATHER_ARANGE, GATHER_ND_ARANGE, SLICES_CONCAT and GATHER_ND_OF_TRANSPOSE everywhere they
-    apply (the Gather that SLICES_CONCAT makes becomes a Reshape on the next run of the fixed point,
+    """GATHER_ARANGE, GATHER_ND_ARANGE, SLICES_CONCAT, GATHER_ND_OF_TRANSPOSE and SLICES_SPLIT
+    everywhere they apply (the Gather that SLICES_CONCAT makes becomes a Reshape on the next run of the fixed point,
     if it is one)."""
+
+    made: dict[str, object] = {}  # SLICES_SPLIT: a Slice's name -> its output of the Split made
 
     def visit(node: Node, ctx: RewriteContext) -> Rewritten | None:
         return (
             _gather_to_reshape(graph, node, ctx)
             or _slices_concat_to_gather(graph, node, ctx)
             or _gather_nd_of_transpose(graph, node, ctx)
+            or _slices_split(graph, node, ctx, made)
         )
 
     return rewrite_graph(graph, visit)

@@ -120,6 +120,7 @@ def test_a_roll_by_zero_is_a_reshape():
 
 
 def test_slices_along_another_axis_or_read_elsewhere_stay():
+    # (the second: a partition of the axis, but of a graph input, not of a GEMM's output: no Split)
     for g0 in (_roll_graph(3, extra_axis=True), _roll_graph(3, slice_is_output=True)):
         g1 = gathers_to_views(g0)
         assert g1.op_counts() == {"Slice": 2, "Concat": 1}
@@ -164,3 +165,35 @@ def test_gather_nd_of_a_transpose_read_elsewhere_keeps_the_transpose():
     outs = [helper.make_tensor_value_info(v, TensorProto.FLOAT, None) for v in (y, t)]
     g = gathers_to_views(graphc.load_onnx(net.make(outs, infer=True)))
     assert g.op_counts().get("Transpose") == 1 and "GatherND" not in g.op_counts()
+
+
+@pytest.mark.parametrize(
+    ("parts", "split"),
+    [
+        ([(0, 8), (8, 16), (16, 24)], True),  # TorchScript's q, k, v of a fused QKV projection
+        ([(16, 24), (0, 16)], True),  # any order, unequal sizes
+        ([(0, 8), (8, 16)], False),  # leaves the end out
+        ([(0, 8), (4, 24)], False),  # overlaps
+    ],
+)
+def test_slices_that_partition_an_axis_are_one_split(parts, split):
+    from tests.helpers import OnnxNet, run_ort
+
+    net = OnnxNet()
+    x = net.input("x", TensorProto.FLOAT, [2, 3, 16])
+    rng = np.random.default_rng(6)
+    # a fused projection with its bias, viewed as [2, 3, 2, 12] (GPT-NeoX's q, k, v per head)
+    h = net.op("Add", net.op("MatMul", x, net.c(rng.normal(size=(16, 24)))), net.c(rng.normal(size=24)))
+    h = net.op("Reshape", h, net.i64([2, 3, 2, 12]))
+    parts = [(lo // 2, hi // 2) for lo, hi in parts]
+    ys = [net.op("Slice", h, net.i64([lo]), net.i64([hi]), net.i64([-1])) for lo, hi in parts]
+    outs = [helper.make_tensor_value_info(y, TensorProto.FLOAT, None) for y in ys]
+    model = net.make(outs, infer=True)
+    g = gathers_to_views(graphc.load_onnx(model))
+    ops = g.op_counts()
+    assert (ops.get("Split") == 1 and "Slice" not in ops) if split else ("Split" not in ops), ops
+    feeds = {"x": np.random.default_rng(5).normal(size=(2, 3, 16)).astype(np.float32)}
+    want = run_ort(model, feeds)
+    got = graphc.interpret(g, feeds)
+    for name, w in want.items():  # the same elements (the matmul's float sums aside)
+        np.testing.assert_allclose(got[name], w, rtol=1e-5, atol=1e-5)
