@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx
-from onnx import TensorProto
+from onnx import TensorProto, helper, numpy_helper
 
 from models._graph import DEFAULT_OPSET, Dim, GraphWriter
 
@@ -60,3 +60,31 @@ def build(
 
 def sample_inputs(config: dict, shapes: dict[str, list[int]], rng: np.random.Generator) -> dict[str, np.ndarray]:
     return {"input": rng.standard_normal(shapes["input"]).astype(np.float32)}
+
+
+def residual_mlp_model(m: int, d: int, h: int, rng: np.random.Generator, scaled: bool = True):
+    """y = relu(x @ w1 + b1) @ w2 + x over x [m, d] float32 (a transformer MLP block with a
+    residual), and its weights by name; `scaled` divides each weight by sqrt(fan-in). Here rather
+    than in tests/ so that tools run on the GPU machine import it too (with tests/ on sys.path,
+    tests/graphc would shadow the installed package)."""
+    w1 = rng.standard_normal((d, h)) / (np.sqrt(d) if scaled else 1.0)
+    b1 = rng.standard_normal(h)
+    w2 = rng.standard_normal((h, d)) / (np.sqrt(h) if scaled else 1.0)
+    weights = {"w1": w1.astype(np.float32), "b1": b1.astype(np.float32), "w2": w2.astype(np.float32)}
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["t"]),
+        helper.make_node("Add", ["t", "b1"], ["u"]),
+        helper.make_node("Relu", ["u"], ["v"]),
+        helper.make_node("MatMul", ["v", "w2"], ["z"]),
+        helper.make_node("Add", ["z", "x"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, d])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, d])],
+        [numpy_helper.from_array(a, n) for n, a in weights.items()],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    return model, weights

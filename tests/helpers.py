@@ -12,6 +12,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import graphc
+from models.mlp import residual_mlp_model  # noqa: F401  (tests import it from here)
 
 # Tolerances per dtype for comparing graphc's reference with ONNX Runtime or numpy. Tight
 # enough to catch a wrong formula: fp32 at 1e-5 relative, not the 1e-1 that hides bugs.
@@ -162,32 +163,6 @@ def quantize_zoo_model(name: str, folder) -> tuple[onnx.ModelProto, dict[str, np
     onnx.save(m, src)
     quantize_qdq(src, dst, [models.sample_inputs(name, m, seed=i) for i in range(3)])
     return onnx.load(dst), models.sample_inputs(name, m, seed=7)
-
-
-def residual_mlp_model(m: int, d: int, h: int, rng: np.random.Generator, scaled: bool = True):
-    """y = relu(x @ w1 + b1) @ w2 + x over x [m, d] float32 (a transformer MLP block with a
-    residual), and its weights by name; `scaled` divides each weight by sqrt(fan-in)."""
-    w1 = rng.standard_normal((d, h)) / (np.sqrt(d) if scaled else 1.0)
-    b1 = rng.standard_normal(h)
-    w2 = rng.standard_normal((h, d)) / (np.sqrt(h) if scaled else 1.0)
-    weights = {"w1": w1.astype(np.float32), "b1": b1.astype(np.float32), "w2": w2.astype(np.float32)}
-    nodes = [
-        helper.make_node("MatMul", ["x", "w1"], ["t"]),
-        helper.make_node("Add", ["t", "b1"], ["u"]),
-        helper.make_node("Relu", ["u"], ["v"]),
-        helper.make_node("MatMul", ["v", "w2"], ["z"]),
-        helper.make_node("Add", ["z", "x"], ["y"]),
-    ]
-    g = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, d])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, d])],
-        [numpy_helper.from_array(a, n) for n, a in weights.items()],
-    )
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 10
-    return model, weights
 
 
 def have_nvrtc() -> bool:

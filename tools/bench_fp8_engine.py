@@ -18,33 +18,7 @@ import numpy as np
 
 import graphc
 from graphc.bench import benchmark
-
-
-def residual_mlp_model(m: int, d: int, h: int, rng: np.random.Generator):
-    """y = relu(x @ w1 + b1) @ w2 + x over x [m, d] (tests/helpers.py's model; not imported from
-    there: with tests/ on sys.path, tests/graphc shadows an editable install's graphc)."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    w = {
-        "w1": (rng.standard_normal((d, h)) / np.sqrt(d)).astype(np.float32),
-        "b1": rng.standard_normal(h).astype(np.float32),
-        "w2": (rng.standard_normal((h, d)) / np.sqrt(h)).astype(np.float32),
-    }
-    nodes = [
-        helper.make_node("MatMul", ["x", "w1"], ["t"]),
-        helper.make_node("Add", ["t", "b1"], ["u"]),
-        helper.make_node("Relu", ["u"], ["v"]),
-        helper.make_node("MatMul", ["v", "w2"], ["z"]),
-        helper.make_node("Add", ["z", "x"], ["y"]),
-    ]
-    g = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, d])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, d])],
-        [numpy_helper.from_array(a, n) for n, a in w.items()],
-    )
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), w
+from models.mlp import residual_mlp_model
 
 
 def _cos(a: np.ndarray, b: np.ndarray) -> float:
