@@ -40,23 +40,10 @@ import math
 import numpy as np
 
 from graphc.ir.graph import Graph, Node, Value
-from graphc.passes.fuse_util import is_float_data, scalar
+from graphc.passes.fuse_util import is_float_data, is_onnx, scalar, static_dims
 from graphc.passes.rewrite import RewriteContext, Rewritten, rewrite_graph
 
 log = logging.getLogger(__name__)
-
-
-def _onnx(node: Node | None, *ops: str) -> bool:
-    return node is not None and not node.domain and node.op in ops
-
-
-def _static(v: Value | None) -> tuple[int, ...] | None:
-    if v is None:
-        return None
-    s = v.ttype.shape
-    if s is None or not all(isinstance(d, int) for d in s):
-        return None
-    return tuple(s)
 
 
 # ---- RESHAPE_SANDWICH --------------------------------------------------------------------------
@@ -122,16 +109,16 @@ def _sandwich_perm(
 
 
 def _reshape_sandwich(g: Graph, node: Node, ctx: RewriteContext) -> Rewritten | None:
-    if not _onnx(node, "Reshape") or node.inputs[1] is None:
+    if not is_onnx(node, "Reshape") or node.inputs[1] is None:
         return None
     t = g.producer(node.inputs[0].name)
-    if not _onnx(t, "Transpose") or g.is_output(t.outputs[0].name) or len(g.users(t.outputs[0].name)) != 1:
+    if not is_onnx(t, "Transpose") or g.is_output(t.outputs[0].name) or len(g.users(t.outputs[0].name)) != 1:
         return None
     r = g.producer(t.inputs[0].name)
-    if not _onnx(r, "Reshape"):
+    if not is_onnx(r, "Reshape"):
         return None
     x = r.inputs[0]
-    xs, ys, zs = _static(x), _static(r.outputs[0]), _static(node.outputs[0])
+    xs, ys, zs = static_dims(x), static_dims(r.outputs[0]), static_dims(node.outputs[0])
     if xs is None or ys is None or zs is None:
         return None
     p = tuple(t.attrs.perm) if t.attrs.perm is not None else tuple(reversed(range(len(ys))))
@@ -165,7 +152,7 @@ def _scalar_mul(g: Graph, v: Value | None) -> tuple[Value, float, Node] | None:
     """(x, c, node) when v = x * c (either order) with c a finite scalar float constant, v of x's
     type, and v read by one node only."""
     n = None if v is None else g.producer(v.name)
-    if not _onnx(n, "Mul") or g.is_output(v.name) or len(g.users(v.name)) != 1:
+    if not is_onnx(n, "Mul") or g.is_output(v.name) or len(g.users(v.name)) != 1:
         return None
     for x, k in ((n.inputs[0], n.inputs[1]), (n.inputs[1], n.inputs[0])):
         data = None if k is None else g.const(k.name)
@@ -182,13 +169,13 @@ def _feeds_softmax(g: Graph, v: Value, depth: int = 0) -> bool:
     if depth > 4 or len(users) != 1 or g.is_output(v.name):
         return False
     u = users[0]
-    if _onnx(u, "Softmax"):
+    if is_onnx(u, "Softmax"):
         return True
-    return _onnx(u, *_SCORE_CHAIN) and _feeds_softmax(g, u.outputs[0], depth + 1)
+    return is_onnx(u, *_SCORE_CHAIN) and _feeds_softmax(g, u.outputs[0], depth + 1)
 
 
 def _split_scale(g: Graph, node: Node, ctx: RewriteContext) -> Rewritten | None:
-    if not _onnx(node, "MatMul"):
+    if not is_onnx(node, "MatMul"):
         return None
     a, b_ = _scalar_mul(g, node.inputs[0]), _scalar_mul(g, node.inputs[1])
     if a is None or b_ is None or not _feeds_softmax(g, node.outputs[0]):
@@ -205,7 +192,7 @@ def _split_scale(g: Graph, node: Node, ctx: RewriteContext) -> Rewritten | None:
 
 
 def _spatial_mean(g: Graph, node: Node, ctx: RewriteContext) -> Rewritten | None:
-    if not _onnx(node, "ReduceMean") or len(node.inputs) != 2 or node.inputs[1] is None:
+    if not is_onnx(node, "ReduceMean") or len(node.inputs) != 2 or node.inputs[1] is None:
         return None
     x = node.inputs[0]
     shape = None if x is None else x.ttype.shape

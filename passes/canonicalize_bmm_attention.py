@@ -35,7 +35,7 @@ import numpy as np
 from graphc.ir.builder import GraphBuilder
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ops.internal import INTERNAL_DOMAIN
-from graphc.passes.canonicalize import _onnx, _static
+from graphc.passes.fuse_util import is_onnx, static_dims
 from graphc.passes.rewrite import RewriteContext, Rewritten, rewrite_graph
 
 log = logging.getLogger(__name__)
@@ -81,17 +81,17 @@ def _scores_path(g: Graph, v: Value, split: _Split, depth: int = 0) -> list[Node
     """The nodes from the QK bmm to v's producer (matmul first), each read only by the next; v is
     (B * H, Sq, Sk). None when v is not such a chain."""
     n = g.producer(v.name)
-    s = _static(v)
+    s = static_dims(v)
     if n is None or s is None or len(s) != 3 or s[0] != split.b * split.h or depth > _MAX_DEPTH:
         return None
     if _matmul(n):
-        a, b = (_static(i) for i in n.inputs[:2])
+        a, b = (static_dims(i) for i in n.inputs[:2])
         if a is None or b is None or len(a) != 3 or len(b) != 3 or a[0] != s[0] or b[0] != s[0]:
             return None
         return [n]
-    if not _onnx(n, *_ELEMENTWISE):
+    if not is_onnx(n, *_ELEMENTWISE):
         return None
-    if any(i is None or (sh := _static(i)) is None or split.shape(sh) is None for i in n.inputs):
+    if any(i is None or (sh := static_dims(i)) is None or split.shape(sh) is None for i in n.inputs):
         return None
     for i in n.inputs:
         if i.type != v.type:
@@ -114,23 +114,23 @@ class _Plan:
 
 def _plan(g: Graph, softmax: Node) -> _Plan | None:
     x = softmax.inputs[0]
-    xs = _static(x)
+    xs = static_dims(x)
     if xs is None or len(xs) != 4 or softmax.attrs.axis not in (-1, 3):
         return None
     b, h, sq, sk = xs
     split = _Split(b, h)
     p = softmax.outputs[0]
     users = g.users(p.name)
-    if g.is_output(p.name) or len(users) != 1 or not _onnx(users[0], "Reshape"):
+    if g.is_output(p.name) or len(users) != 1 or not is_onnx(users[0], "Reshape"):
         return None
     merge = users[0]
-    if _static(merge.outputs[0]) != (b * h, sq, sk):
+    if static_dims(merge.outputs[0]) != (b * h, sq, sk):
         return None
     readers = g.users(merge.outputs[0].name)
     if g.is_output(merge.outputs[0].name) or len(readers) != 1 or not _matmul(readers[0]):
         return None
     pv = readers[0]
-    vs = _static(pv.inputs[1])
+    vs = static_dims(pv.inputs[1])
     if pv.inputs[0] != merge.outputs[0] or vs is None or len(vs) != 3 or vs[0] != b * h:
         return None
     if pv.domain and pv.attrs.trans_a:
@@ -151,16 +151,16 @@ def _find_split(g: Graph, v: Value, split: _Split, depth: int) -> Node | None:
     n = g.producer(v.name)
     if n is None or depth > _MAX_DEPTH:
         return None
-    if _onnx(n, "Reshape"):
-        src = _static(n.inputs[0])
-        out = _static(n.outputs[0])
+    if is_onnx(n, "Reshape"):
+        src = static_dims(n.inputs[0])
+        out = static_dims(n.outputs[0])
         if src is not None and out is not None and len(src) == 3 and src == (split.b * split.h, *out[2:]):
             return n
         return None
-    if not _onnx(n, *_ELEMENTWISE):
+    if not is_onnx(n, *_ELEMENTWISE):
         return None
     for i in n.inputs:
-        if i is not None and _static(i) == _static(v) and _sole_reader(g, i, n):
+        if i is not None and static_dims(i) == static_dims(v) and _sole_reader(g, i, n):
             found = _find_split(g, i, split, depth + 1)
             if found is not None:
                 return found
@@ -175,10 +175,10 @@ def _view(
 ) -> Value:
     """v (in the new graph) viewed as `shape`: the Reshape's own input where v is a Reshape of a
     tensor of that shape already (the head split v was merged from), else a new Reshape."""
-    if _static(v) == shape:
+    if static_dims(v) == shape:
         return mapv(v)
     r = g.producer(v.name)
-    if _onnx(r, "Reshape") and _static(r.inputs[0]) == shape:
+    if is_onnx(r, "Reshape") and static_dims(r.inputs[0]) == shape:
         return mapv(r.inputs[0])
     target = b.add_constant(np.array(shape, dtype=np.int64), f"{hint}/shape")
     return b.op("Reshape", [mapv(v), target], name=f"{hint}/view4d")
@@ -188,19 +188,19 @@ def _operand4(g: Graph, b: GraphBuilder, v: Value, mapv: Callable[[Value], Value
     """A (B * H, S, D) matmul operand as (B, H, S, D), looking through what attention fusion reads
     through (a scale by a scalar constant, a swap of the last two axes), so that the view lands on
     the head split it came from."""
-    s = _static(v)
+    s = static_dims(v)
     four = split.shape(s)
     n = g.producer(v.name)
     alone = n is not None and not g.is_output(v.name) and len(g.users(v.name)) == 1
-    if alone and _onnx(n, "Transpose") and tuple(n.attrs.perm or ()) == (0, 2, 1):
+    if alone and is_onnx(n, "Transpose") and tuple(n.attrs.perm or ()) == (0, 2, 1):
         inner = _operand4(g, b, n.inputs[0], mapv, split, hint)
         return b.op("Transpose", [inner], {"perm": [0, 1, 3, 2]}, name=f"{n.name}/4d")
-    if alone and _onnx(n, "Mul", "Div") and len(n.inputs) == 2:
+    if alone and is_onnx(n, "Mul", "Div") and len(n.inputs) == 2:
         for k, (x, c) in enumerate(((n.inputs[0], n.inputs[1]), (n.inputs[1], n.inputs[0]))):
             if k == 1 and n.op == "Div":
                 break  # c / x is no scale of x
             data = None if c is None else g.const(c.name)
-            if x is None or _static(x) != s or data is None or data.size != 1:
+            if x is None or static_dims(x) != s or data is None or data.size != 1:
                 continue
             inner = _operand4(g, b, x, mapv, split, hint)
             args = [inner, mapv(c)] if k == 0 else [mapv(c), inner]  # c broadcasts alike in 4-D
@@ -222,7 +222,7 @@ def _emit_scores(g: Graph, b: GraphBuilder, plan: _Plan, mapv: Callable[[Value],
                 if i.name in done:
                     ins.append(done[i.name])
                 else:
-                    ins.append(_view(g, b, i, mapv, split.shape(_static(i)), f"{n.name}/in{k}"))
+                    ins.append(_view(g, b, i, mapv, split.shape(static_dims(i)), f"{n.name}/in{k}"))
         out = b.add_node(n.op, ins, n.attrs, name=hint, domain=n.domain).outputs[0]
         done[n.outputs[0].name] = out
     return done[plan.path[-1].outputs[0].name]
@@ -232,7 +232,7 @@ def _emit_pv(g: Graph, b: GraphBuilder, plan: _Plan, mapv: Callable[[Value], Val
     pv = plan.pv
     v4 = _operand4(g, b, pv.inputs[1], mapv, plan.split, f"{pv.name}/v")
     y = b.add_node(pv.op, [mapv(plan.softmax.outputs[0]), v4], pv.attrs, name=f"{pv.name}/4d", domain=pv.domain)
-    shape = b.add_constant(np.array(_static(pv.outputs[0]), dtype=np.int64), f"{pv.name}/shape")
+    shape = b.add_constant(np.array(static_dims(pv.outputs[0]), dtype=np.int64), f"{pv.name}/shape")
     return b.op("Reshape", [y.outputs[0], shape], name=f"{pv.name}/merge")
 
 
@@ -240,7 +240,7 @@ def bmm_attention_to_4d(graph: Graph) -> Graph:
     """The rule above at every Softmax it applies to."""
     roots: dict[str, tuple[str, _Plan]] = {}
     for node in graph.nodes:
-        if _onnx(node, "Softmax"):
+        if is_onnx(node, "Softmax"):
             plan = _plan(graph, node)
             if plan is not None:
                 roots[plan.split_in.name] = ("scores", plan)

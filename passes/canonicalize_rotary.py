@@ -25,15 +25,11 @@ import logging
 import numpy as np
 
 from graphc.ir.graph import Graph, Node, Value
-from graphc.passes.fuse_util import is_float_data
+from graphc.passes.fuse_util import is_float_data, is_onnx
 from graphc.passes.rewrite import RewriteContext, Rewritten, rewrite_graph
 
 log = logging.getLogger(__name__)
 _HEAD_SPLIT = (0, 2, 1, 3)
-
-
-def _onnx(node: Node | None, *ops: str) -> bool:
-    return node is not None and not node.domain and node.op in ops
 
 
 def _ints(g: Graph, v: Value | None) -> list[int] | None:
@@ -43,7 +39,7 @@ def _ints(g: Graph, v: Value | None) -> list[int] | None:
 
 def _half_slice(g: Graph, n: Node | None, x: Value, d: int) -> str | None:
     """ "lo" for x[..., :d/2], "hi" for x[..., d/2:], else None (a Slice of x's last axis)."""
-    if not _onnx(n, "Slice") or n.inputs[0] != x or len(n.inputs) < 4:
+    if not is_onnx(n, "Slice") or n.inputs[0] != x or len(n.inputs) < 4:
         return None
     starts, ends, axes = (_ints(g, n.inputs[i]) for i in (1, 2, 3))
     steps = _ints(g, n.inputs[4]) if len(n.inputs) > 4 and n.inputs[4] is not None else [1]
@@ -62,10 +58,10 @@ def _half_slice(g: Graph, n: Node | None, x: Value, d: int) -> str | None:
 def _rotate_half_of(g: Graph, v: Value) -> Value | None:
     """x when v = concat(-x[..., d/2:], x[..., :d/2], axis=-1)."""
     c = g.producer(v.name)
-    if not _onnx(c, "Concat") or len(c.inputs) != 2 or c.attrs.axis not in (-1, 3):
+    if not is_onnx(c, "Concat") or len(c.inputs) != 2 or c.attrs.axis not in (-1, 3):
         return None
     neg = g.producer(c.inputs[0].name)
-    if not _onnx(neg, "Neg"):
+    if not is_onnx(neg, "Neg"):
         return None
     hi = g.producer(neg.inputs[0].name)
     lo = g.producer(c.inputs[1].name)
@@ -97,7 +93,7 @@ def _cache(data: np.ndarray, batch: int, seq: int, d: int) -> np.ndarray | None:
 def _products(g: Graph, v: Value) -> list[tuple[Value, np.ndarray]]:
     """(operand, constant) for v = operand * constant (either order)."""
     n = g.producer(v.name)
-    if not _onnx(n, "Mul") or g.is_output(v.name) or len(g.users(v.name)) != 1:
+    if not is_onnx(n, "Mul") or g.is_output(v.name) or len(g.users(v.name)) != 1:
         return []
     out = []
     for a, c in ((n.inputs[0], n.inputs[1]), (n.inputs[1], n.inputs[0])):
@@ -108,7 +104,7 @@ def _products(g: Graph, v: Value) -> list[tuple[Value, np.ndarray]]:
 
 
 def _match(g: Graph, node: Node, misses: list[str]):
-    if not _onnx(node, "Add") or node.inputs[0] is None or node.inputs[1] is None:
+    if not is_onnx(node, "Add") or node.inputs[0] is None or node.inputs[1] is None:
         return None
     for left, right in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
         for x, cos in _products(g, left):
@@ -133,10 +129,10 @@ def _match(g: Graph, node: Node, misses: list[str]):
 def _head_split_source(g: Graph, x: Value) -> tuple[Value, int] | None:
     """(y, heads) when x = Transpose(Reshape(y (B, S, H*d) -> (B, S, H, d)), (0, 2, 1, 3))."""
     t = g.producer(x.name)
-    if not _onnx(t, "Transpose") or t.attrs.perm is None or tuple(t.attrs.perm) != _HEAD_SPLIT:
+    if not is_onnx(t, "Transpose") or t.attrs.perm is None or tuple(t.attrs.perm) != _HEAD_SPLIT:
         return None
     r = g.producer(t.inputs[0].name)
-    if not _onnx(r, "Reshape"):
+    if not is_onnx(r, "Reshape"):
         return None
     y = r.inputs[0]
     ys, xs = y.ttype.shape, r.outputs[0].ttype.shape

@@ -25,7 +25,8 @@ import logging
 import numpy as np
 
 from graphc.ir.graph import Graph, Node
-from graphc.passes.canonicalize import _onnx, _refine, _static
+from graphc.passes.canonicalize import _refine
+from graphc.passes.fuse_util import is_onnx, static_dims
 from graphc.passes.rewrite import RewriteContext, Rewritten, rewrite_graph
 
 log = logging.getLogger(__name__)
@@ -64,16 +65,16 @@ def keeps_order(xs: tuple[int, ...], p: tuple[int, ...], s: tuple[int, ...], q: 
 
 
 def _transpose_sandwich(g: Graph, node: Node, ctx: RewriteContext) -> Rewritten | None:
-    if not _onnx(node, "Transpose"):
+    if not is_onnx(node, "Transpose"):
         return None
     r = g.producer(node.inputs[0].name)
-    if not _onnx(r, "Reshape") or g.is_output(r.outputs[0].name) or len(g.users(r.outputs[0].name)) != 1:
+    if not is_onnx(r, "Reshape") or g.is_output(r.outputs[0].name) or len(g.users(r.outputs[0].name)) != 1:
         return None
     t = g.producer(r.inputs[0].name)
-    if not _onnx(t, "Transpose"):
+    if not is_onnx(t, "Transpose"):
         return None
     x = t.inputs[0]
-    xs, s, zs = _static(x), _static(r.outputs[0]), _static(node.outputs[0])
+    xs, s, zs = static_dims(x), static_dims(r.outputs[0]), static_dims(node.outputs[0])
     if xs is None or s is None or zs is None:
         return None
     if not keeps_order(xs, _perm(t, len(xs)), s, _perm(node, len(s))):

@@ -86,7 +86,7 @@ from graphc.ir.builder import GraphBuilder
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.types import DType, TensorType
 from graphc.ops.internal import INTERNAL_DOMAIN
-from graphc.passes.fuse_util import is_float_data, scalar
+from graphc.passes.fuse_util import is_float_data, is_onnx, scalar
 from graphc.passes.rewrite import RewriteContext, Rewritten, rewrite_graph
 
 # A Where fill at or below this is "masked": exp(fill - row max) is 0 in float32 for any
@@ -132,14 +132,10 @@ class _Operand:
         return tuple(s[p] for p in self.perm)
 
 
-def _onnx(node: Node | None, *ops: str) -> bool:
-    return node is not None and not node.domain and node.op in ops
-
-
 def _scalar_factor(g: Graph, node: Node) -> tuple[Value, float] | None:
     """(x, f) when node is x * c, c * x or x / c with c a scalar float constant and the result
     of x's shape and dtype; the node's value is x * f."""
-    if not _onnx(node, "Mul", "Div") or len(node.inputs) != 2:
+    if not is_onnx(node, "Mul", "Div") or len(node.inputs) != 2:
         return None
     a, c = node.inputs
     order = [(a, c)] if node.op == "Div" else [(a, c), (c, a)]
@@ -162,7 +158,7 @@ def _trace(g: Graph, v: Value, perm: tuple[int, ...], *, scales: bool) -> _Opera
     op = _Operand(v, perm)
     while True:
         n = g.producer(op.base.name)
-        if _onnx(n, "Transpose") and n.inputs[0] is not None and n.inputs[0].ttype.shape is not None:
+        if is_onnx(n, "Transpose") and n.inputs[0] is not None and n.inputs[0].ttype.shape is not None:
             p = n.attrs.perm
             p = tuple(p) if p is not None else tuple(reversed(range(len(n.inputs[0].ttype.shape))))
             if len(p) != 4:
@@ -192,13 +188,13 @@ def _repeat_kv(g: Graph, op: _Operand) -> _Operand:
     if op.perm[1] != 1:
         return op
     r = g.producer(op.base.name)
-    if not _onnx(r, "Reshape"):
+    if not is_onnx(r, "Reshape"):
         return op
     e = g.producer(r.inputs[0].name)
-    if not _onnx(e, "Expand"):
+    if not is_onnx(e, "Expand"):
         return op
     u = g.producer(e.inputs[0].name)
-    if not _onnx(u, "Reshape", "Unsqueeze"):
+    if not is_onnx(u, "Reshape", "Unsqueeze"):
         return op
     kv = u.inputs[0]
     s_out, s_exp, s_in, s_kv = (t.ttype.shape for t in (r.outputs[0], e.outputs[0], e.inputs[0], kv))
@@ -267,7 +263,7 @@ def _softcap(g: Graph, n: Node) -> tuple[Value, float, list[Node]] | None:
     if outer is None or outer[1] <= 0:
         return None
     t = g.producer(outer[0].name)
-    if not _onnx(t, "Tanh"):
+    if not is_onnx(t, "Tanh"):
         return None
     d = g.producer(t.inputs[0].name)
     inner = None if d is None else _scalar_factor(g, d)
@@ -387,8 +383,8 @@ def _nan_guard(g: Graph, p: Value) -> tuple[Node, Node] | None:
     users = g.users(p.name)
     if len(users) != 2 or g.is_output(p.name):
         return None
-    isnan = next((u for u in users if _onnx(u, "IsNaN")), None)
-    w = next((u for u in users if _onnx(u, "Where")), None)
+    isnan = next((u for u in users if is_onnx(u, "IsNaN")), None)
+    w = next((u for u in users if is_onnx(u, "Where")), None)
     if isnan is None or w is None or len(w.inputs) != 3:
         return None
     nan = isnan.outputs[0]
@@ -408,7 +404,7 @@ def _safe_softmax(g: Graph, p: Value, chain: _Chain) -> Node | None:
     if len(users) != 1 or g.is_output(p.name):
         return None
     w = users[0]
-    if not _onnx(w, "Where") or w.inputs[2] != p or w.outputs[0].type != p.type:
+    if not is_onnx(w, "Where") or w.inputs[2] != p or w.outputs[0].type != p.type:
         return None
     zero = g.const(w.inputs[1].name) if w.inputs[1] is not None else None
     if zero is None or zero.size != 1 or not is_float_data(zero) or float(zero.reshape(())) != 0.0:
@@ -420,12 +416,12 @@ def _safe_softmax(g: Graph, p: Value, chain: _Chain) -> Node | None:
     if chain.keep or len(chain.additive) != 1:
         return None
     eq = g.producer(dead.name)
-    if not _onnx(eq, "Equal"):
+    if not is_onnx(eq, "Equal"):
         return None
     for mx, ninf in ((eq.inputs[0], eq.inputs[1]), (eq.inputs[1], eq.inputs[0])):
         c = g.const(ninf.name)
         r = g.producer(mx.name)
-        if c is None or c.size != 1 or not np.isneginf(c).all() or not _onnx(r, "ReduceMax"):
+        if c is None or c.size != 1 or not np.isneginf(c).all() or not is_onnx(r, "ReduceMax"):
             continue
         axes = g.const(r.inputs[1].name) if len(r.inputs) > 1 and r.inputs[1] is not None else None
         rank = len(r.inputs[0].ttype.shape or ())
@@ -504,7 +500,7 @@ def _analyze(g: Graph, softmax: Node) -> _Plan | None:
         if (
             len(t) == 1
             and not g.is_output(pv.outputs[0].name)
-            and _onnx(t[0], "Transpose")
+            and is_onnx(t[0], "Transpose")
             and t[0].attrs.perm is not None
             and tuple(t[0].attrs.perm) == _HEAD_SPLIT
         ):
@@ -646,7 +642,7 @@ def _keep_of_additive(g: Graph, m: Value) -> tuple[Value | np.ndarray, bool, flo
             return keep, False, float(fills.max())
         return None
     n = g.producer(m.name)
-    if not _onnx(n, "Where") or len(n.inputs) != 3 or n.inputs[0].ttype.dtype != DType.bool:
+    if not is_onnx(n, "Where") or len(n.inputs) != 3 or n.inputs[0].ttype.dtype != DType.bool:
         return None
     cond, a, b = n.inputs
     if cond.type.shape != m.type.shape:
@@ -674,7 +670,7 @@ def _conjuncts(g: Graph, v: Value | np.ndarray, depth: int = 0) -> list[Value | 
     if data is not None:
         return [data]
     n = g.producer(v.name)
-    if depth < 4 and _onnx(n, "And") and len(n.inputs) == 2:
+    if depth < 4 and is_onnx(n, "And") and len(n.inputs) == 2:
         return _conjuncts(g, n.inputs[0], depth + 1) + _conjuncts(g, n.inputs[1], depth + 1)
     return [v]
 
@@ -950,7 +946,7 @@ def _to_3d(g: Graph, b: GraphBuilder, o: _Operand, mapv, hint: str) -> Value:
         return mapv(o.base)  # _single_head_3d
     batch, seq, heads, dim = o.base.ttype.shape
     r = g.producer(o.base.name)
-    if _onnx(r, "Reshape") and r.inputs[0] is not None and not r.attrs.allowzero:
+    if is_onnx(r, "Reshape") and r.inputs[0] is not None and not r.attrs.allowzero:
         src = r.inputs[0]
         target = g.const(r.inputs[1].name) if r.inputs[1] is not None else None
         s = src.ttype.shape
@@ -1044,7 +1040,7 @@ def fuse_attention(graph: Graph) -> Graph:
     plans: dict[str, _Plan] = {}
     misses: list[str] = []
     for node in graph.nodes:
-        if not _onnx(node, "Softmax"):
+        if not is_onnx(node, "Softmax"):
             continue
         try:
             plan = _analyze(graph, node)

@@ -195,6 +195,21 @@ def producer_op(graph: Graph, v: Value | None, *ops: str) -> Node | None:
     return n
 
 
+def is_onnx(node: Node | None, *ops: str) -> bool:
+    """Whether `node` is an ONNX-domain node of one of `ops`."""
+    return node is not None and not node.domain and node.op in ops
+
+
+def static_dims(v: Value | None) -> tuple[int, ...] | None:
+    """The shape of `v` where every dim is a known int, else None."""
+    if v is None:
+        return None
+    s = v.ttype.shape
+    if s is None or not all(isinstance(d, int) for d in s):
+        return None
+    return tuple(s)
+
+
 __all__ = [
     "CONST_RTOL",
     "Const",
@@ -204,6 +219,7 @@ __all__ = [
     "closed_interior",
     "const_tol",
     "is_float",
+    "is_onnx",
     "is_scalar",
     "near_misses",
     "producer_op",
@@ -211,5 +227,6 @@ __all__ = [
     "relaxed",
     "same_shape",
     "scalar",
+    "static_dims",
     "with_interior_check",
 ]
