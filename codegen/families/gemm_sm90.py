@@ -150,6 +150,8 @@ def heuristic(prob: Problem, vec_ok: bool = True, residual: bool = False) -> dic
         best["PINGPONG"] = 0
     if vec_ok and overlap_rule(prob, best):
         best = {"BN": OVERLAP_RULE_BN, "SPLITS": 1, "PINGPONG": 0, "OVERLAP": 1}
+    if not vec_ok and wide_element_wise_rule(prob, best):
+        best = {"BN": OVERLAP_RULE_BN, "SPLITS": 1, "PINGPONG": 0, "OVERLAP": 1}
     if vec_ok and tall_rule(prob, best, residual):
         gelu = any(e.op in PINGPONG_EPILOGUE_OPS for e in prob.epilogue)
         heavy = gelu or residual
@@ -227,6 +229,23 @@ def overlap_rule(prob: Problem, best: dict[str, Any]) -> bool:
     )
 
 
+# OVERLAP with the element-wise stores (ov_chunk_scalar) for a wide output without the vector
+# epilogue, measured on an H200 (2026-12-03, tools/bench_gemm_sm90.py --sweep --shape
+# 4096x50257x768 --layout k, fp16, CUDA-graph replays; docs/results/gemm_sm90_odd_n_2026-12-03.md):
+# GPT-2's LM head (N = 50257 odd, no bias) OVERLAP BN 192 0.570 ms against the cooperative BN 256
+# default's 0.679 (OVERLAP BN 128 0.644, cooperative BN 192 0.658, ping-pong BN 192 0.677, BM 192
+# BN 192 per-warp 0.664; cuBLAS through torch.matmul 3.06). At 128 rows (the small-M rule's
+# shape) OVERLAP BN 128 0.0283 ms ties the rule's cooperative BN 128 (28.4-28.9 us), so that rule
+# stays. Narrower N (the vector epilogue's 768..3072 rules) was not measured without it.
+WIDE_RULE_MIN_M = 4096
+
+
+def wide_element_wise_rule(prob: Problem, best: dict[str, Any]) -> bool:
+    """Whether the heuristic takes OVERLAP BN 192 for a problem without the vector epilogue (rule
+    above)."""
+    return best["SPLITS"] == 1 and prob.batch * prob.M >= WIDE_RULE_MIN_M and prob.N >= WIDE_N
+
+
 # Epilogue ops that make the heuristic take the ping-pong schedule (BN 128). Measured on an H200
 # (2026-12-01, tools/bench_gemm_sm90.py --epilogue bias-gelu, CUDA-graph replays): bias + GELU at
 # 4096x3072x768 0.0466 ms against 0.0489 cooperative BN 256 (BN 192 ping-pong 0.0462), at
@@ -260,16 +279,18 @@ def valid(prob: Problem, p: dict[str, Any]) -> bool:
 
 def _schedule(ctx: StepContext, p: dict[str, Any]) -> tuple[int, int]:
     """OVERLAP and WARP_EPI taken out of `p` (and put back only where set, so the parameters and
-    cache keys of the other forms stay as they were), checked against the epilogue p["VEC_EPI"]."""
+    cache keys of the other forms stay as they were), checked against the epilogue p["VEC_EPI"]:
+    their per-warp chunks take the 8-column vector epilogue or the element-wise one (N % 8 != 0),
+    not the accumulator-layout one."""
     overlap, warp_epi = int(p.pop("OVERLAP", 0)), int(p.pop("WARP_EPI", 0))
     for key, on in (("OVERLAP", overlap), ("WARP_EPI", warp_epi)):
         if on not in (0, 1):
             raise ctx.fail(f"TMA GEMM parameter {key}={on!r} (0, 1)")
         if on:
             p[key] = 1
-        if on and p["VEC_EPI"] != 1:
+        if on and p["VEC_EPI"] == 2:
             raise ctx.fail(
-                f"TMA GEMM {key}=1 needs the 8-column vector epilogue (VEC_EPI 1), which this step cannot have"
+                f"TMA GEMM {key}=1 takes the 8-column vector epilogue (VEC_EPI 1) or the element-wise one (0)"
             )
     return overlap, warp_epi
 
@@ -375,9 +396,10 @@ def _tmap(tensor: str, dtype: DType, lay, k: int, tile_rows: int, batch: int) ->
 
 
 def _fast_gelu(function: str) -> str:
-    """The epilogue function with GELU (erf form) through sm90.cuh's gc_gelu_fast instead of
-    common.cuh's erff (see there for its error); the split-K reduce kernel keeps erff."""
-    return function.replace("gc_gelu(", "gc_gelu_fast(")
+    """The epilogue function with GELU through sm90.cuh's gc_gelu_fast (erf form) and
+    gc_gelu_tanh_fast (tanh form) instead of common.cuh's erff and tanhf (see there for their
+    errors); the split-K reduce kernel keeps erff and tanhf."""
+    return function.replace("gc_gelu(", "gc_gelu_fast(").replace("gc_gelu_tanh(", "gc_gelu_tanh_fast(")
 
 
 def _vec_epilogue_vars(

@@ -240,7 +240,8 @@ def test_residual_takes_the_tall_rule(m, n, k, bias, want):
 
 def test_overlap_parameters():
     """OVERLAP (the epilogue during the next tile's main loop) holds two accumulator arrays: BN 128
-    or 192, one K slice, cooperative consumers, and the 8-column vector epilogue."""
+    or 192, one K slice, cooperative consumers, and the 8-column vector epilogue or the element-wise
+    stores (N % 8 != 0), not the accumulator-layout one."""
     ctx = _ctx(4096, 3072, 768)
     for p in (
         {"BN": 256, "OVERLAP": 1},
@@ -249,10 +250,15 @@ def test_overlap_parameters():
     ):
         with pytest.raises(CompileError, match="not valid"):
             gemm_sm90.generate(ctx, p)
-    with pytest.raises(CompileError, match="OVERLAP=1 needs the 8-column vector epilogue"):
-        gemm_sm90.generate(ctx, {"BN": 128, "OVERLAP": 1, "VEC_EPI": 0})
-    with pytest.raises(CompileError, match="OVERLAP=1 needs the 8-column vector epilogue"):
-        gemm_sm90.generate(_ctx(4096, 3076, 768, b_layout="k"), {"BN": 128, "OVERLAP": 1})
+    with pytest.raises(CompileError, match="OVERLAP=1 takes the 8-column vector epilogue"):
+        gemm_sm90.generate(ctx, {"BN": 128, "OVERLAP": 1, "VEC_EPI": 2})
+    # the element-wise stores in per-warp chunks: asked for, or where N % 8 != 0 allows no other
+    odd = [_ctx(4096, n, 768, b_layout="k") for n in (3076, 50257)]
+    for c, p in ((ctx, {"VEC_EPI": 0}), (odd[0], {}), (odd[1], {})):
+        for sched in ({"BN": 128, "OVERLAP": 1}, {"BM": 192, "BN": 192, "WARP_EPI": 1}):
+            (k,) = gemm_sm90.generate(c, {**sched, **p})
+            assert k.params["VEC_EPI"] == 0 and all(k.params[x] == v for x, v in sched.items()), k.params
+            assert "ov_chunk_scalar" not in k.source and "wep[r * EP + lane]" in k.source
     (k,) = gemm_sm90.generate(ctx, {"BN": 192, "OVERLAP": 1})
     assert k.params["OVERLAP"] == 1 and k.params["VEC_EPI"] == 1 and k.params["PINGPONG"] == 0
     (plain,) = gemm_sm90.generate(ctx, {"BN": 192})
@@ -341,6 +347,27 @@ def test_tall_tile_compiles_without_spills(epilogue):
     assert "0 bytes spill stores, 0 bytes spill loads" in log, log
 
 
+@pytest.mark.parametrize("sched", [{"BN": 192, "OVERLAP": 1}, {"BM": 192, "BN": 192, "WARP_EPI": 1}])
+def test_odd_n_per_warp_epilogue_compiles_without_spills(sched):
+    """The element-wise per-warp chunks (N odd: GPT-2's LM head with a bias) with two accumulator
+    arrays of BN 192 (OVERLAP) or BM 192's 128 registers: the wgmma stay asynchronous, no spill."""
+    ctx = standalone_context(
+        "MatMul",
+        [(4096, 768), (50257, 768), (50257,)],
+        DType.float16,
+        n_anchor=2,
+        epilogue=(EpilogueOp("Add", get_op("Add").attrs(), (ACC, IN(2))),),
+        outputs=(OP(0),),
+        domain="graphc",
+        attrs=get_op("MatMul", "graphc").attrs(trans_b=1),
+    )
+    (k,) = gemm_sm90.generate(ctx, sched)
+    assert k.params["VEC_EPI"] == 0
+    log = _ptxas_log(k.source)
+    assert "C7511" not in log and "serialized" not in log, log
+    assert "0 bytes spill stores, 0 bytes spill loads" in log, log
+
+
 @pytest.mark.parametrize(
     ("m", "n", "k", "tall"),
     [
@@ -361,3 +388,35 @@ def test_tall_rule(m, n, k, tall):
     if tall:
         assert (p["BN"], p["WARP_EPI"], p["STAGES"]) == (192, 1, gemm_sm90.max_stages(192, 192))
     assert gemm_sm90.heuristic(problem_of(_ctx(m, n, k)), vec_ok=False).get("BM") is None
+
+
+def test_fast_gelu_forms():
+    """FAST_GELU (the default without split-K) takes both GELU forms onto sm90.cuh's MUFU versions;
+    FAST_GELU 0 keeps common.cuh's erff / tanhf."""
+    for approx, fast_fn in (("none", "gc_gelu_fast("), ("tanh", "gc_gelu_tanh_fast(")):
+        epi = (
+            EpilogueOp("Add", get_op("Add").attrs(), (ACC, IN(2))),
+            EpilogueOp("Gelu", get_op("Gelu").attrs(approximate=approx), (OP(0),)),
+        )
+        ctx = standalone_context(
+            "MatMul", [(4096, 768), (768, 3072), (3072,)], DType.float16, n_anchor=2, epilogue=epi, outputs=(OP(1),)
+        )
+        for fast in (1, 0):
+            (k,) = gemm_sm90.generate(ctx, {"FAST_GELU": fast})
+            body = k.source[k.source.index(f"{k.name}_epi") :]  # past the headers' definitions
+            assert k.params["FAST_GELU"] == fast and (fast_fn in body) == bool(fast), k.params
+            assert fast or "_fast(" not in body
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "overlap"),
+    [(4096, 50257, True), (8192, 50257, True), (4096, 8193, True), (2048, 50257, False), (4096, 3075, False)],
+)
+def test_wide_element_wise_rule(m, n, overlap):
+    """A wide output with the element-wise stores (N odd: GPT-2's LM head) takes OVERLAP BN 192
+    from M = 4096 (measured there); narrower or shorter problems keep the wave model's tile."""
+    ctx = _ctx(m, n, 768, b_layout="k")
+    (k,) = gemm_sm90.generate(ctx)
+    assert k.params["VEC_EPI"] == 0
+    got = (k.params.get("OVERLAP"), k.params["BN"]) if overlap else k.params.get("OVERLAP")
+    assert got == ((1, gemm_sm90.OVERLAP_RULE_BN) if overlap else None), k.params

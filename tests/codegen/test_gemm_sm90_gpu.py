@@ -150,6 +150,26 @@ def _cases() -> list[Case]:
                     params={"VEC_EPI": vec, "FAST_GELU": fast},
                 )
             )
+    # GELU's tanh form (GPT-2's): tanhf against the fast sigmoid form (gc_gelu_tanh_fast); the
+    # accumulators (256 products of uniform(-1, 1) values) span about -15..15
+    bt = (
+        EpilogueOp("Add", get_op("Add").attrs(), (ACC, IN(2))),
+        EpilogueOp("Gelu", get_op("Gelu").attrs(approximate="tanh"), (OP(0),)),
+    )
+    for vec, fast in ((1, 1), (1, 0), (0, 1)):
+        for mode in ("fp16", "bf16"):
+            cases.append(
+                Case(
+                    f"{mode}-ffn-tanh-vec{vec}-fast{fast}",
+                    mode,
+                    "MatMul",
+                    [(520, 256), (256, 776), (776,)],
+                    n_anchor=2,
+                    epilogue=bt,
+                    outputs=(OP(1),),
+                    params={"VEC_EPI": vec, "FAST_GELU": fast},
+                )
+            )
     cases.append(
         Case(
             "fp16-ffn-pingpong-vec",
@@ -239,7 +259,61 @@ def _cases() -> list[Case]:
     )
     cases += _overlap_cases(bg, row2, cast)
     cases += _tall_cases(bg, row2)
+    cases += _odd_n_cases(bg, row2)
     return cases
+
+
+def _odd_n_cases(bg, row2) -> list[Case]:
+    """N odd (B stored [N, K], as GPT-2's 50257-column LM head): the per-warp schedules with the
+    element-wise stores (ov_chunk_scalar), OVERLAP at both widths (many tiles a CTA, M and N
+    edges), the tall tile's per-warp epilogue, ping-pong with it; bias + Gelu and a per-row input
+    with two outputs in the epilogue."""
+    out = []
+    for bn in (128, 192):
+        out.append(
+            Case(
+                f"fp16-oddn-overlap-bn{bn}",
+                "fp16",
+                "MatMul",
+                [(2184, 520), (1067, 520)],
+                domain="graphc",
+                attrs={"trans_b": 1},
+                params={"BN": bn, "OVERLAP": 1},
+            )
+        )
+    out.append(
+        Case(
+            "bf16-oddn-ffn-overlap",
+            "bf16",
+            "MatMul",
+            [(2176, 768), (1545, 768), (1545,)],
+            domain="graphc",
+            attrs={"trans_b": 1},
+            n_anchor=2,
+            epilogue=bg,
+            outputs=(OP(1),),
+            params={"BN": 128, "OVERLAP": 1},
+        )
+    )
+    for cid, params in (
+        ("fp16-oddn-2out-tall", {"BM": 192, "BN": 128, "WARP_EPI": 1}),
+        ("fp16-oddn-2out-warpepi-pp", {"BN": 192, "PINGPONG": 1, "WARP_EPI": 1}),
+    ):
+        out.append(
+            Case(
+                cid,
+                "fp16",
+                "MatMul",
+                [(2600, 256), (1063, 256), (2600, 1)],
+                domain="graphc",
+                attrs={"trans_b": 1},
+                n_anchor=2,
+                epilogue=row2,
+                outputs=(OP(0), OP(1)),
+                params=params,
+            )
+        )
+    return out
 
 
 def _tall_cases(bg, row2) -> list[Case]:
@@ -522,7 +596,7 @@ def _run(case: Case):
 # the epilogue form each case must get (VEC_EPI): the vector stores wherever N % 8 == 0 unless
 # turned off, and never under split-K (the reduce kernel runs the epilogue)
 def _want_vec(case: Case, splits: int) -> int:
-    if case.id == "fp16-n132" or splits > 1:
+    if case.id == "fp16-n132" or "-oddn-" in case.id or splits > 1:
         return 0
     return (case.params or {}).get("VEC_EPI", 1)
 
