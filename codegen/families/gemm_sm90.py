@@ -869,10 +869,33 @@ def select(ctx: StepContext) -> list[KernelSource]:
     if mid_m(prob) and (wg := mid_m_cluster(prob)) is not None:
         log.debug("%s: mid-M GEMM on wgmma cluster split-K %s", ctx.step.name, wg)
         return _generate(ctx.with_params(wg))
-    if not selected(prob):
+    if not selected(prob) and not narrow_mlp(prob):
         log.debug("%s: not on the TMA GEMM (M=%d N=%d K=%d)", ctx.step.name, prob.M, prob.N, prob.K)
         return []
     return generate(ctx)
+
+
+# MatMuls with many rows and one of N, K narrow (ConvNeXt-T's and Swin-T's stage-0/1 MLPs: 96..768
+# channels, 4x expansion), measured on an H200 (2026-12-03, tools/bench_gemm_sm90.py --lean, fp16, B
+# [N, K], CUDA-graph replays, cuBLAS time / ours; docs/results/gemm_sm90_narrow_mlp_2026-12-03.md):
+# the TMA heuristic against the default path (mma.sync) the engine ran before:
+#   100352x384x96 0.72 (0.30), 100352x96x384 0.96 (0.40)   (batch 32, stage 0)
+#   3136x384x96 0.75 (0.51), 3136x96x384 0.65 (0.49), 784x768x192 0.72 (0.49), 784x192x768 0.59 (0.32)
+# ConvNeXt-T at batch 32 went from 3.14 to 2.09 ms. 1x1 convolutions keep their own rules
+# (conv_sm90.select calls selected() only): not measured with these channel counts.
+NARROW_MLP_MIN_M = 784
+NARROW_MLP_MIN_NK = 96
+
+
+def narrow_mlp(prob: Problem) -> bool:
+    """Whether a MatMul outside selected()'s measured ranges takes the TMA GEMM by the rule above."""
+    return (
+        unsupported(prob) is None
+        and prob.dtype in (DType.float16, DType.bfloat16)
+        and prob.batch * prob.M >= NARROW_MLP_MIN_M
+        and min(prob.N, prob.K) >= NARROW_MLP_MIN_NK
+        and not mid_m(prob)
+    )
 
 
 # Smaller N or K than this keep the default path: the rules were measured from 768 up.

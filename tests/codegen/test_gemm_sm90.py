@@ -420,3 +420,28 @@ def test_wide_element_wise_rule(m, n, overlap):
     assert k.params["VEC_EPI"] == 0
     got = (k.params.get("OVERLAP"), k.params["BN"]) if overlap else k.params.get("OVERLAP")
     assert got == ((1, gemm_sm90.OVERLAP_RULE_BN) if overlap else None), k.params
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "tma"),
+    [
+        (100352, 384, 96, True),  # ConvNeXt-T stage 0 at batch 32
+        (100352, 96, 384, True),
+        (3136, 384, 96, True),  # ... at batch 1
+        (784, 192, 768, True),
+        (512, 384, 96, False),  # fewer rows than measured
+        (100352, 64, 384, False),  # narrower than measured
+        (128, 96, 384, False),
+    ],
+)
+def test_narrow_mlp_rule(m, n, k, tma):
+    """MatMuls with many rows and a narrow N or K (ConvNeXt's and Swin's stage-0/1 MLPs) run on the
+    TMA GEMM from M = 784 and 96 channels, where the default path was 1.4-2.5x slower."""
+    ctx = _ctx(m, n, k, b_layout="k")
+    ctx.precision = "fp16"
+    ks = gemm_sm90.select(ctx)
+    assert gemm_sm90.narrow_mlp(problem_of(ctx)) == tma
+    if tma:
+        assert ks and ks[0].params["path"] == "tma", [k.params for k in ks]
+    else:
+        assert not ks or ks[0].params.get("path") != "tma"

@@ -260,6 +260,21 @@ def _cases() -> list[Case]:
     cases += _overlap_cases(bg, row2, cast)
     cases += _tall_cases(bg, row2)
     cases += _odd_n_cases(bg, row2)
+    # narrow MLPs (gemm_sm90.narrow_mlp: ConvNeXt's stage 0): N or K below one tile, bias + Gelu
+    for cid, n, k in (("fp16-narrow-k96", 384, 96), ("bf16-narrow-n96", 96, 384)):
+        cases.append(
+            Case(
+                cid,
+                cid[:4],
+                "MatMul",
+                [(3200, k), (n, k), (n,)],
+                domain="graphc",
+                attrs={"trans_b": 1},
+                n_anchor=2,
+                epilogue=bg,
+                outputs=(OP(1),),
+            )
+        )
     return cases
 
 
