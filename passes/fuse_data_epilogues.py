@@ -143,6 +143,8 @@ def _move_then_elementwise(graph: Graph, move: Node, caps: FusionCapabilities) -
         return None
     if views and any(v.name != seen.name and tuple(v.ttype.shape) != u_shape for v in u.inputs):
         return None
+    if views and not all(isinstance(d, int) for d in (*x.ttype.shape, *u_shape)):
+        return None  # the views back and forth need constant shapes (a symbolic dim has none)
     if not all(caps.fuses_epilogue(anchor.anchor_op, e.op, u.outputs[0].ttype.dtype) for e in ua.epilogue):
         return None
     n_in, n_ops = len(move.inputs), len(anchor.epilogue)

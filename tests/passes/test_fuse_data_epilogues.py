@@ -175,6 +175,23 @@ def test_through_a_view_with_a_full_shape_residual():
     assert _kinds(_optimized(m, CUDA16)) == ["Fused[Transpose]"]
 
 
+def test_no_fusion_through_a_view_of_symbolic_shape():
+    # The same with a symbolic batch, optimized before shapes are bound (tools/fusion_report.py's
+    # and `graphc check`'s unbound graphs): the views back and forth need constant shapes, so the
+    # rule leaves the Add out (building them raised a ValueError); the Cast still moves in.
+    shape = np.array([-1, 12, 5], np.int64)
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["t", "shape"], ["r"]),
+        helper.make_node("Add", ["r", "s"], ["y"]),
+    ]
+    m = _model(nodes, [("x", F, ["b", 3, 4, 5]), ("s", F, ["b", 12, 5])], [("y", F, ["b", 12, 5])], [("shape", shape)])
+    g = optimize(graphc.load_onnx(m), OptimizeOptions(opt_level=2, verify=True, target=CUDA16)).graph
+    (move,) = [n for n in g.nodes if n.op == "Fused" and n.attrs.anchor_op == "Transpose"]
+    assert "Add" not in [e.op for e in move.attrs.epilogue]  # the fp16 engine's input Cast only
+    assert any(n.op == "Add" or (n.op == "Fused" and n.attrs.anchor_op is None) for n in g.nodes)
+
+
 def test_a_slab_view_gather_takes_no_epilogue():
     # x[1] of a (3, 4, 8) tensor is a view (no kernel): relu(x[1]) stays one elementwise kernel.
     idx = np.array(1, np.int64)
