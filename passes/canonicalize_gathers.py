@@ -25,6 +25,8 @@ Rules (named by their algebra):
   a bias Add; rotate_half's halves stay the rotary matcher's): TorchScript's q, k, v of a fused QKV
   projection (GPT-NeoX, Phi-3's qkv_proj and gate_up_proj) are Slices where dynamo writes a Split;
   as a Split of a GEMM's output they become the slab views of a batched GEMM (passes/fuse_horizontal.py).
+  Also three or more such Slices of a Transpose of a GEMM's output (TorchScript's GPT-NeoX q, k, v
+  of its transposed QKV projection; dynamo writes a Split there): one Split kernel, not three.
 
 Where they come from: the exporters spell the attention mask's broadcast
 ``mask[:, None, None, :]`` as index arithmetic that constant folding turns into such a gather
@@ -205,14 +207,27 @@ def _from_gemm(g: Graph, v, depth: int = 0) -> bool:
     return _from_gemm(g, n.inputs[0], depth + 1)
 
 
+def _qkv_of_transposed_gemm(g: Graph, x, slices: list[Node]) -> bool:
+    """x is a Transpose of a GEMM's output (through views and a bias Add) and three or more Slices
+    read it: TorchScript's GPT-NeoX slices q, k and v out of its fused projection transposed to
+    [batch, heads, seq, 3 * head_dim], where dynamo writes one Split of the same transpose. (Two
+    slices of a transposed projection are rotate_half's halves of q or k: the rotary matcher's.)"""
+    t = g.producer(x.name)
+    if t is None or t.domain or t.op != "Transpose" or len(slices) < 3:
+        return False
+    return _from_gemm(g, t.inputs[0])
+
+
 def _slices_split(g: Graph, node: Node, ctx: RewriteContext, made: dict) -> Rewritten | None:
     if node.name in made:  # a sibling made the Split
         return Rewritten([made.pop(node.name)], [node])
     x = node.inputs[0] if node.inputs else None
     xs = None if x is None else _static_shape(x)
-    if xs is None or _axis_range(g, node, xs) is None or not _from_gemm(g, x):
+    if xs is None or _axis_range(g, node, xs) is None:
         return None
     slices = [u for u in g.users(x.name) if u.op == "Slice" and not u.domain and u.inputs[0].name == x.name]
+    if not (_from_gemm(g, x) or _qkv_of_transposed_gemm(g, x, slices)):
+        return None
     ranges = [(_axis_range(g, u, xs), u) for u in slices]
     if len(ranges) < 2 or any(r is None for r, _ in ranges) or len({r[0] for r, _ in ranges}) != 1:
         return None

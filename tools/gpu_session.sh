@@ -76,7 +76,10 @@ step "profile" "$PROF_S" /tmp/prof.log python3 tools/profile_kernels.py --export
   --models ${PROF_MODELS:-bert,gpt2,resnet50} --batch 1,32 --top 8 --out "$OUT/profile_kernels.md"
 step "gemm bench" "$GEMM_S" "$OUT/bench_gemm.txt" python3 tools/bench_gemm.py --quick
 # The Hopper TMA GEMM's variants against cuBLAS (sm_90 only; about 3 minutes for every shape).
-step "sm90 gemm bench" "$SM90_S" "$OUT/bench_gemm_sm90.txt" python3 tools/bench_gemm_sm90.py --out /tmp/sm90
+# SM90_ARGS picks shapes and forms, e.g. the 2026-12-03 LM-head and narrow-MLP sweeps (13 s, 8 s):
+#   SM90_ARGS="--sweep --shape 4096x50257x768 --shape 128x50257x768 --layout k"
+#   SM90_ARGS="--lean --shape 100352x384x96 --shape 100352x96x384 --layout k --layout mn"
+step "sm90 gemm bench" "$SM90_S" "$OUT/bench_gemm_sm90.txt" python3 tools/bench_gemm_sm90.py --out /tmp/sm90 ${SM90_ARGS:-}
 # Like for like (tools/bench_torch.py): both sides through the ordinary call and as graph replays.
 step "against PyTorch" "$TORCH_S" /tmp/vs_torch.log python3 tools/bench_torch.py --quick ${TORCH_MODELS:+--models $TORCH_MODELS} $TORCH_ARGS \
   --budget-s $(( TORCH_S > 90 ? TORCH_S - 60 : TORCH_S )) --out "$OUT/vs_torch.md" --json "$OUT/vs_torch.json"

@@ -197,3 +197,35 @@ def test_slices_that_partition_an_axis_are_one_split(parts, split):
     got = graphc.interpret(g, feeds)
     for name, w in want.items():  # the same elements (the matmul's float sums aside)
         np.testing.assert_allclose(got[name], w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("parts", "read_elsewhere", "split"),
+    [
+        ([(0, 4), (4, 8), (8, 12)], False, True),  # TorchScript's GPT-NeoX q, k, v of the transposed projection
+        ([(0, 6), (6, 12)], False, False),  # two halves: rotate_half's, left to the rotary matcher
+        ([(0, 4), (4, 8), (8, 12)], True, True),  # read elsewhere too: still one kernel for the three
+    ],
+)
+def test_slices_of_a_transposed_projection(parts, read_elsewhere, split):
+    """Three or more Slices partitioning the last axis of a transposed fused projection are one
+    Split of that transpose, as the dynamo exporter writes it."""
+    from tests.helpers import OnnxNet, run_ort
+
+    net = OnnxNet()
+    x = net.input("x", TensorProto.FLOAT, [2, 3, 16])
+    rng = np.random.default_rng(7)
+    h = net.op("Add", net.op("MatMul", x, net.c(rng.normal(size=(16, 24)))), net.c(rng.normal(size=24)))
+    t = net.op("Transpose", net.op("Reshape", h, net.i64([2, 3, 2, 12])), perm=[0, 2, 1, 3])
+    ys = [net.op("Slice", t, net.i64([lo]), net.i64([hi]), net.i64([3])) for lo, hi in parts]
+    if read_elsewhere:
+        ys.append(net.op("Relu", t))
+    model = net.make([helper.make_tensor_value_info(y, TensorProto.FLOAT, None) for y in ys], infer=True)
+    g = gathers_to_views(graphc.load_onnx(model))
+    ops = g.op_counts()
+    assert (ops.get("Split") == 1 and "Slice" not in ops) if split else ("Split" not in ops), ops
+    assert ops.get("Transpose") == 1
+    feeds = {"x": rng.normal(size=(2, 3, 16)).astype(np.float32)}
+    want, got = run_ort(model, feeds), graphc.interpret(g, feeds)
+    for name, w in want.items():
+        np.testing.assert_allclose(got[name], w, rtol=1e-5, atol=1e-5)
