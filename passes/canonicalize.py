@@ -30,6 +30,13 @@ Rules (named by their algebra):
   writes GlobalAveragePool; as the pool, the layout pass keeps it in the convolutions' NHWC layout
   instead of wrapping it in Transposes (EfficientNet-B0's dynamo export: 10 Transposes left). The
   same mean (up to the order of the float sums).
+- NARROW_FLAG_CUMSUM  cumsum(cast(cast(b, intN), intM), axis) -> cast(cumsum(cast(b, intN), axis), intM)
+  for a bool b, integer types intN narrower than intM, and an axis of static length L <= intN's
+  maximum: the partial sums of 0/1 flags lie in [0, L], so the narrow sums are exact. RoBERTa's
+  (XLM-R's, MPNet's) position ids, cumsum(mask.int(), 1): torch promotes the int32 cumsum to
+  int64, so the dynamo exporter writes a Cast to int64 before the CumSum (a kernel of its own)
+  where TorchScript sums the int32 flags; in the narrow form the Cast after the CumSum folds into
+  the elementwise kernel that reads it.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import math
 import numpy as np
 
 from graphc.ir.graph import Graph, Node, Value
+from graphc.ir.types import DType
 from graphc.passes.fuse_util import is_float_data, is_onnx, scalar, static_dims
 from graphc.passes.rewrite import RewriteContext, Rewritten, rewrite_graph
 
@@ -211,9 +219,35 @@ def _spatial_mean(g: Graph, node: Node, ctx: RewriteContext) -> Rewritten | None
     return Rewritten([y], [node])
 
 
+def _narrow_flag_cumsum(g: Graph, node: Node, ctx: RewriteContext) -> Rewritten | None:
+    if not is_onnx(node, "CumSum") or len(node.inputs) != 2 or node.inputs[0] is None or node.inputs[1] is None:
+        return None
+    wide = g.producer(node.inputs[0].name)
+    if not is_onnx(wide, "Cast") or wide.inputs[0] is None:
+        return None
+    y = wide.inputs[0]
+    flags = g.producer(y.name)
+    if not is_onnx(flags, "Cast") or flags.inputs[0] is None or flags.inputs[0].ttype.dtype is not DType.bool:
+        return None
+    nt, wt = y.ttype.dtype, node.inputs[0].ttype.dtype
+    if not (nt.is_int and wt.is_int and nt.is_signed and wt.is_signed and nt.itemsize < wt.itemsize):
+        return None
+    axis, shape = g.const(node.inputs[1].name), static_dims(y)
+    if axis is None or axis.size != 1 or shape is None:
+        return None
+    a = int(axis.reshape(-1)[0])
+    if not -len(shape) <= a < len(shape) or shape[a] > np.iinfo(nt.numpy).max:
+        return None
+    b = ctx.b
+    s = b.op("CumSum", [ctx.mapv(y), ctx.mapv(node.inputs[1])], node.attrs, name=f"{node.name}/narrow")
+    out = b.op("Cast", [s], {"to": wt.value}, name=node.name)
+    log.debug("%s: cumsum of %s flags in %s, then cast to %s", node.name, nt.name, nt.name, wt.name)
+    return Rewritten([out], [node])
+
+
 # ---- the pass ----------------------------------------------------------------------------------
 
-RULES = (_reshape_sandwich, _split_scale, _spatial_mean)
+RULES = (_reshape_sandwich, _split_scale, _spatial_mean, _narrow_flag_cumsum)
 
 
 def canonicalize(graph: Graph) -> Graph:
