@@ -75,6 +75,7 @@ from graphc.passes.decompose_conv_transpose import decompose_conv_transpose
 from graphc.passes.decompose_einsum import decompose_einsum
 from graphc.passes.decompose_qdq import decompose_qdq
 from graphc.passes.decompose_rnn import decompose_rnn
+from graphc.passes.decompose_tensor_scatter import decompose_tensor_scatter
 from graphc.passes.decompose_window_ops import decompose_window_ops
 from graphc.passes.fold_affine import fold_affine
 from graphc.passes.fold_batchnorm import fold_batchnorm
@@ -137,6 +138,7 @@ def cuda_forms() -> tuple[Pass, ...]:
         Pass("decompose_conv_transpose", decompose_conv_transpose, min_level=0, when=for_cuda),
         Pass("decompose_einsum", decompose_einsum, min_level=0, when=for_cuda),
         Pass("decompose_window_ops", decompose_window_ops, min_level=0, when=for_cuda),
+        Pass("decompose_tensor_scatter", decompose_tensor_scatter, min_level=0, when=for_cuda),
         # For CUDA also at opt level 0, where rule 3's pass does not run (the CUDA target has no
         # Quantize/DequantizeLinear kernel); at level 1+ the later run then finds nothing.
         Pass("decompose_qdq", decompose_qdq, min_level=0, when=for_cuda),

@@ -8,7 +8,7 @@ field list. SCHEMA_VERSION changes whenever the table does; engines record it.
 """
 
 # fmt: off
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 FUSED = ('graphc', 'Fused', ('anchor_op', 'anchor_domain', 'anchor_attrs', 'anchor_inputs', 'epilogue', 'outputs'))
 
@@ -287,6 +287,7 @@ OPS: dict[tuple[str, str], dict[str, tuple[str, bool, object]]] = {('', 'Abs'): 
  ('', 'Swish'): {'alpha': ('float', True, 1.0)},
  ('', 'Tan'): {},
  ('', 'Tanh'): {},
+ ('', 'TensorScatter'): {'axis': ('int', True, -2), 'mode': ('str', True, 'linear')},
  ('', 'ThresholdedRelu'): {'alpha': ('float', True, 1.0)},
  ('', 'Tile'): {},
  ('', 'TopK'): {'axis': ('int', True, -1), 'largest': ('int', True, 1), 'sorted': ('int', True, 1)},

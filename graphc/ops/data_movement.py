@@ -333,6 +333,39 @@ def _scatternd_infer(ctx: InferContext):
 register_op("ScatterND", category=Category.DATA, infer=_scatternd_infer)
 
 
+def _tensor_scatter_infer(ctx: InferContext):
+    """TensorScatter (opset 24, a KV-cache write): past_cache and update alike but in the sequence
+    axis, where the update is no longer; write_indices one per batch row."""
+    t, ut = ctx.type(0), ctx.type(1)
+    if ctx.attrs.mode not in ("linear", "circular"):
+        ctx.fail(f"mode {ctx.attrs.mode!r} is not linear or circular")
+    if ut.dtype != t.dtype:
+        ctx.fail(f"update dtype {ut.dtype.name} != past_cache dtype {t.dtype.name}")
+    if ctx.has_input(2) and ctx.type(2).dtype != DType.int64:
+        ctx.fail(f"write_indices must be int64, got {ctx.type(2).dtype.name}")
+    if t.shape is not None and ut.shape is not None:
+        if len(ut.shape) != len(t.shape):
+            ctx.fail(f"past_cache {t} and update {ut} must have the same rank")
+        axis = ctx.axis(ctx.attrs.axis, len(t.shape))
+        if axis == 0:
+            ctx.fail("axis 0 is the batch axis; the sequence axis must come after it")
+        for i, (a, b) in enumerate(zip(t.shape, ut.shape, strict=True)):
+            if i != axis:
+                merge_dims(ctx, [a, b], f"dim {i}")
+            elif isinstance(a, int) and isinstance(b, int) and b > a:
+                ctx.fail(f"update's {b} rows along axis {axis} exceed the cache's {a}")
+        if ctx.has_input(2):
+            w = ctx.type(2)
+            if w.shape is not None and (len(w.shape) != 1):
+                ctx.fail(f"write_indices must be 1-D [batch], got {w}")
+            elif w.shape is not None:
+                merge_dims(ctx, [w.shape[0], t.shape[0]], "write_indices' length (the batch)")
+    return [t]
+
+
+register_op("TensorScatter", category=Category.DATA, infer=_tensor_scatter_infer)
+
+
 def _nonzero_infer(ctx: InferContext):
     t = ctx.type(0)
     v = ctx.value(0)

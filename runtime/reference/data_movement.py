@@ -411,6 +411,37 @@ def _unique_compute(ins, attrs, n):
     outs = [y, first.astype(np.int64), inverse.astype(np.int64), counts.astype(np.int64)]
     return outs[: max(n, 1)]
 
+
+def tensor_scatter_positions(write: np.ndarray, seq: int, max_len: int, circular: bool) -> np.ndarray:
+    """[batch, seq] cache positions of TensorScatter's update rows: write[b] + s, modulo the cache
+    length in circular mode. In linear mode a position past the cache is an error (ONNX's
+    reference indexes out of range there), named with its batch row."""
+    pos = write.astype(np.int64).reshape(-1, 1) + np.arange(seq, dtype=np.int64)
+    if circular:
+        return np.mod(pos, max_len)
+    bad = np.argwhere((pos < 0) | (pos >= max_len))
+    if bad.size:
+        b = int(bad[0][0])
+        raise ValueError(
+            f"write_indices[{b}] = {int(write.reshape(-1)[b])} with {seq} update rows leaves the cache's "
+            f"{max_len} positions (mode linear; mode circular wraps)"
+        )
+    return pos
+
+
+def _tensor_scatter_compute(ins, attrs, n):
+    past, upd = ins[0], ins[1]
+    write = ins[2] if len(ins) > 2 and ins[2] is not None else np.zeros(past.shape[0], np.int64)
+    axis = norm_axis(attrs.axis, past.ndim)
+    pos = tensor_scatter_positions(write, upd.shape[axis], past.shape[axis], attrs.mode == "circular")
+    out = past.copy()
+    # move the sequence axis next to the batch axis: out_v[b, s, ...] is out[b, ..., s, ...]
+    out_v, upd_v = np.moveaxis(out, axis, 1), np.moveaxis(upd, axis, 1)
+    rows = np.arange(past.shape[0])[:, None]
+    out_v[rows, pos] = upd_v  # (axis 0, the batch axis itself, is refused by shape inference)
+    return [out]
+
+
 register_kernel("Transpose", _transpose_compute)
 register_kernel("Tile", _tile_compute)
 register_kernel("Concat", _concat_compute)
@@ -421,6 +452,7 @@ register_kernel("GatherElements", _gather_elements_compute)
 register_kernel("GatherND", _gathernd_compute)
 register_kernel("ScatterElements", _scatter_elements_compute)
 register_kernel("ScatterND", _scatternd_compute)
+register_kernel("TensorScatter", _tensor_scatter_compute)
 register_kernel("NonZero", _nonzero_compute)
 register_kernel("OneHot", _onehot_compute)
 register_kernel("Pad", _pad_compute)

@@ -37,6 +37,7 @@ passthrough("Split", "Resize", since=13)
 passthrough("Trilu", since=14)
 passthrough("CenterCropPad", since=18)
 passthrough("CumProd", since=26)
+passthrough("TensorScatter", since=24)
 
 
 def _same_node(ctx: ConvertContext, inputs, attrs, op: str | None = None):
