@@ -8,7 +8,7 @@ field list. SCHEMA_VERSION changes whenever the table does; engines record it.
 """
 
 # fmt: off
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 FUSED = ('graphc', 'Fused', ('anchor_op', 'anchor_domain', 'anchor_attrs', 'anchor_inputs', 'epilogue', 'outputs'))
 
@@ -245,6 +245,12 @@ OPS: dict[tuple[str, str], dict[str, tuple[str, bool, object]]] = {('', 'Abs'): 
                   'mode': ('str', True, 'nearest'),
                   'nearest_mode': ('str', True, 'round_prefer_floor')},
  ('', 'ReverseSequence'): {'batch_axis': ('int', True, 1), 'time_axis': ('int', True, 0)},
+ ('', 'RoiAlign'): {'coordinate_transformation_mode': ('str', True, 'half_pixel'),
+                    'mode': ('str', True, 'avg'),
+                    'output_height': ('int', True, 1),
+                    'output_width': ('int', True, 1),
+                    'sampling_ratio': ('int', True, 0),
+                    'spatial_scale': ('float', True, 1.0)},
  ('', 'RotaryEmbedding'): {'interleaved': ('int', True, 0),
                            'num_heads': ('int', True, None),
                            'rotary_embedding_dim': ('int', True, 0)},

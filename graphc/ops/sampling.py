@@ -30,6 +30,37 @@ def _grid_sample_infer(ctx: InferContext) -> list[TensorType]:
 register_op("GridSample", category=Category.DATA, infer=_grid_sample_infer)
 
 
+def _roi_align_infer(ctx: InferContext) -> list[TensorType]:
+    """RoiAlign: X [N, C, H, W], rois [R, 4] (x1, y1, x2, y2), batch_indices [R] -> [R, C, oh, ow]."""
+    x, rois, idx = ctx.type(0), ctx.type(1), ctx.type(2)
+    a = ctx.attrs
+    if not x.dtype.is_float or rois.dtype != x.dtype:
+        ctx.fail(f"X and rois must be float tensors of one type, got {x.dtype.name} and {rois.dtype.name}")
+    if idx.dtype != DType.int64:
+        ctx.fail(f"batch_indices must be int64, got {idx.dtype.name}")
+    if a.mode not in ("avg", "max"):
+        ctx.fail(f"mode must be avg or max, got {a.mode!r}")
+    if a.coordinate_transformation_mode not in ("half_pixel", "output_half_pixel"):
+        ctx.fail(
+            f"coordinate_transformation_mode {a.coordinate_transformation_mode!r} is not half_pixel or "
+            "output_half_pixel"
+        )
+    if a.output_height < 1 or a.output_width < 1 or a.sampling_ratio < 0:
+        ctx.fail(f"output {a.output_height}x{a.output_width} and sampling_ratio {a.sampling_ratio} must be >= 1, >= 0")
+    if x.shape is not None and len(x.shape) != 4:
+        ctx.fail(f"X {x} must be [N, C, H, W]")
+    if rois.shape is not None and (len(rois.shape) != 2 or rois.shape[1] not in (4, None)):
+        ctx.fail(f"rois {rois} must be [num_rois, 4]")
+    if idx.shape is not None and len(idx.shape) != 1:
+        ctx.fail(f"batch_indices {idx} must be [num_rois]")
+    r = rois.shape[0] if rois.shape is not None else (idx.shape[0] if idx.shape is not None else None)
+    c = x.shape[1] if x.shape is not None else None
+    return [x.with_shape((r, c, a.output_height, a.output_width))]
+
+
+register_op("RoiAlign", category=Category.DATA, infer=_roi_align_infer)
+
+
 def _col2im_infer(ctx: InferContext) -> list[TensorType]:
     x = ctx.type(0)
     image, block = ctx.int_list(1), ctx.int_list(2)

@@ -294,5 +294,64 @@ def mel_weight_matrix(ins: list, attrs: Any, n_out: int) -> list[np.ndarray]:
     return [out.astype(DType.from_onnx(attrs.output_datatype).numpy)]
 
 
+def _roi_axis(start: float, bin_size: float, bins: int, grid: int, size: int):
+    """Along one axis of a ROI: for every (bin, sample) the low and high source index and the weight
+    of the high one, and whether the sample lies within [-1, size] (else its weights are 0), as
+    ONNX's reference RoiAlign computes them (clamped to the last index at the edge)."""
+    k = np.arange(bins)[:, None] + (np.arange(grid)[None, :] + 0.5) / grid  # [bins, grid]
+    pos = start + k * bin_size
+    inside = (pos >= -1.0) & (pos <= size)
+    pos = np.maximum(pos, 0.0)
+    low = np.floor(pos).astype(np.int64)
+    edge = low >= size - 1
+    low = np.where(edge, size - 1, low)
+    high = np.where(edge, size - 1, low + 1)
+    frac = np.where(edge, 0.0, pos - low)
+    return low, high, frac, inside
+
+
+def roi_align(ins, attrs, n):
+    """RoiAlign-16 as ONNX's reference computes it: per bin a grid of bilinear samples (sampling_ratio,
+    or ceil(bin size) per axis), averaged (mode avg) or the largest of each sample's four weighted
+    corners taken (mode max, ONNX's definition); samples outside [-1, size] count as 0."""
+    x, rois, idx = ins
+    r, c = rois.shape[0], x.shape[1]
+    h, w = x.shape[2], x.shape[3]
+    oh, ow = attrs.output_height, attrs.output_width
+    half = attrs.coordinate_transformation_mode == "half_pixel"
+    out = np.zeros((r, c, oh, ow), np.float64)
+    bad = np.argwhere((idx < 0) | (idx >= x.shape[0]))
+    if bad.size:
+        i = int(bad[0][0])
+        raise ValueError(f"batch_indices[{i}] = {int(idx[i])} is not a batch index of X (batch {x.shape[0]})")
+    for i in range(r):
+        x1, y1, x2, y2 = (float(v) * attrs.spatial_scale - (0.5 if half else 0.0) for v in rois[i])
+        rw, rh = x2 - x1, y2 - y1
+        if not half:
+            rw, rh = max(rw, 1.0), max(rh, 1.0)
+        bh, bw = rh / oh, rw / ow
+        gh = attrs.sampling_ratio if attrs.sampling_ratio > 0 else int(np.ceil(rh / oh))
+        gw = attrs.sampling_ratio if attrs.sampling_ratio > 0 else int(np.ceil(rw / ow))
+        if gh <= 0 or gw <= 0:
+            continue  # no samples: 0, as the reference leaves it
+        ylo, yhi, ly, yin = _roi_axis(y1, bh, oh, gh, h)
+        xlo, xhi, lx, xin = _roi_axis(x1, bw, ow, gw, w)
+        valid = (yin[:, :, None, None] & xin[None, None, :, :]).astype(np.float64)  # [oh, gh, ow, gw]
+        wy = [(1.0 - ly)[:, :, None, None], ly[:, :, None, None]]
+        wx = [(1.0 - lx)[None, None, :, :], lx[None, None, :, :]]
+        img = x[int(idx[i])].astype(np.float64)  # [C, H, W]
+        terms = []
+        for yy, ay in ((ylo, 0), (yhi, 1)):
+            for xx, ax in ((xlo, 0), (xhi, 1)):
+                v = img[:, yy[:, :, None, None], xx[None, None, :, :]]  # [C, oh, gh, ow, gw]
+                terms.append(v * (wy[ay] * wx[ax] * valid))
+        if attrs.mode == "avg":
+            out[i] = sum(terms).sum(axis=(2, 4)) / max(gh * gw, 1)
+        else:
+            out[i] = np.max(np.maximum.reduce(terms), axis=(2, 4))
+    return [out.astype(x.dtype)]
+
+
 register_kernel("STFT", stft)
+register_kernel("RoiAlign", roi_align)
 register_kernel("MelWeightMatrix", mel_weight_matrix)

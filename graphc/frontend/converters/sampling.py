@@ -3,6 +3,8 @@
 - GridSample 16 named its modes bilinear / bicubic; 20 renamed them linear / cubic and allowed
   N-D inputs (22 only widened the types).
 - DFT 17 takes `axis` as an attribute (default 1); 20 made it an input (default -2).
+- RoiAlign 10 has no coordinate_transformation_mode: it behaves as 16's "output_half_pixel"
+  (16's default is "half_pixel").
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ passthrough("Col2Im", since=18)
 passthrough("DFT", since=20)
 passthrough("NonMaxSuppression", since=10)
 passthrough("STFT", "MelWeightMatrix", since=17)
+passthrough("RoiAlign", since=16)
 
 _GRID_SAMPLE_16_MODES = {"bilinear": "linear", "bicubic": "cubic", "nearest": "nearest"}
 
@@ -43,3 +46,10 @@ def _dft_17(ctx: ConvertContext) -> list[Value]:
     ins = list(ctx.inputs) + [None] * (2 - len(ctx.inputs))
     attrs = {"inverse": int(ctx.attr("inverse", 0)), "onesided": int(ctx.attr("onesided", 0))}
     return list(ctx.emit("DFT", [ins[0], ins[1], axis], attrs, outputs=ctx.output_names, name=ctx.name).outputs)
+
+
+@converter("RoiAlign", since=10)
+def _roi_align_10(ctx: ConvertContext) -> list[Value]:
+    attrs = {k: _text(v) if isinstance(v, bytes) else v for k, v in ctx.attrs.items()}
+    attrs["coordinate_transformation_mode"] = "output_half_pixel"
+    return list(ctx.emit("RoiAlign", ctx.inputs, attrs, outputs=ctx.output_names, name=ctx.name).outputs)

@@ -140,3 +140,58 @@ def test_mel_weight_matrix():
     got = graphc.interpret(graphc.load_onnx(model), {})
     np.testing.assert_allclose(got["y"], want["y"], rtol=1e-6, atol=1e-6)
     assert want["y"].shape == (33, 8) and want["y"].any()
+
+
+# ---- RoiAlign -----------------------------------------------------------------------------------
+
+
+def _rois():
+    """Boxes inside, across the edge, outside the image, degenerate (x2 < x1), and a tiny one."""
+    boxes = np.array(
+        [[0.5, 1.0, 6.0, 5.5], [-2.0, -1.5, 3.0, 2.0], [5.0, 4.0, 11.0, 9.0], [4.0, 3.0, 2.5, 2.0], [2.0, 2.0, 2.2, 2.1]],
+        np.float32,
+    )
+    return boxes, np.array([0, 1, 1, 0, 1], np.int64)
+
+
+@pytest.mark.parametrize("mode", ["avg", "max"])
+@pytest.mark.parametrize("ctm", ["half_pixel", "output_half_pixel"])
+@pytest.mark.parametrize(("sampling", "scale"), [(0, 1.0), (2, 0.5)])
+def test_roi_align_against_the_onnx_reference(mode, ctm, sampling, scale):
+    from onnx.reference import ReferenceEvaluator
+
+    x = rand((2, 3, 7, 8), seed=11)
+    rois, idx = _rois()
+    attrs = {
+        "mode": mode,
+        "coordinate_transformation_mode": ctm,
+        "output_height": 3,
+        "output_width": 2,
+        "sampling_ratio": sampling,
+        "spatial_scale": scale,
+    }
+    feeds = {"X": x, "rois": rois, "batch_indices": idx}
+    model = make_node_model("RoiAlign", feeds, attrs, opset=16)
+    (want,) = ReferenceEvaluator(model).run(None, feeds)
+    got = next(iter(graphc.interpret(graphc.load_onnx(model), feeds).values()))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    if mode == "avg":  # ONNX Runtime's max mode differs from ONNX's definition; its avg does not
+        np.testing.assert_allclose(got, next(iter(run_ort(model, feeds).values())), rtol=1e-5, atol=1e-5)
+    cpu = graphc.compile(model, target="cpu")
+    np.testing.assert_allclose(np.asarray(next(iter(cpu.run(feeds).values()))), want, rtol=1e-5, atol=1e-6)
+
+
+def test_roi_align_10_is_output_half_pixel():
+    x = rand((2, 3, 7, 8), seed=12)
+    rois, idx = _rois()
+    feeds = {"X": x, "rois": rois, "batch_indices": idx}
+    check_against_ort("RoiAlign", feeds, {"output_height": 2, "output_width": 2}, rtol=1e-5, atol=1e-5, opset=10)
+
+
+def test_roi_align_bad_batch_index_is_one_line():
+    x = rand((2, 3, 7, 8), seed=13)
+    rois, _ = _rois()
+    feeds = {"X": x, "rois": rois, "batch_indices": np.array([0, 1, 2, 0, 1], np.int64)}
+    model = make_node_model("RoiAlign", feeds, {}, opset=16)
+    with pytest.raises(graphc.GraphcError, match=r"batch_indices\[2\] = 2 is not a batch index of X \(batch 2\)"):
+        graphc.interpret(graphc.load_onnx(model), feeds)
