@@ -147,10 +147,8 @@ def test_mel_weight_matrix():
 
 def _rois():
     """Boxes inside, across the edge, outside the image, degenerate (x2 < x1), and a tiny one."""
-    boxes = np.array(
-        [[0.5, 1.0, 6.0, 5.5], [-2.0, -1.5, 3.0, 2.0], [5.0, 4.0, 11.0, 9.0], [4.0, 3.0, 2.5, 2.0], [2.0, 2.0, 2.2, 2.1]],
-        np.float32,
-    )
+    boxes = [[0.5, 1.0, 6.0, 5.5], [-2.0, -1.5, 3.0, 2.0], [5.0, 4.0, 11.0, 9.0], [4.0, 3.0, 2.5, 2.0]]
+    boxes = np.array([*boxes, [2.0, 2.0, 2.2, 2.1]], np.float32)
     return boxes, np.array([0, 1, 1, 0, 1], np.int64)
 
 
