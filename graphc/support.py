@@ -50,8 +50,8 @@ CUDA_CONDITIONS: dict[str, str] = {
     "ConvTranspose": "lowered to a convolution over a zero-inserted input (strided ones do s1*s2x the work)",
     "Pad": "pads and the constant value must be constants",
     "Slice": "starts, ends, axes and steps must be constants",
-    "TensorScatter": "lowered to ScatterElements where shapes are static; a linear-mode write past the cache is "
-    "skipped on CUDA (an error on the CPU target)",
+    "TensorScatter": "lowered to ScatterElements where shapes are static; a linear-mode write outside the cache is "
+    "not checked on CUDA (an error on the CPU target)",
 }
 
 

@@ -8,8 +8,9 @@ kernels scatter elements but have no TensorScatter):
 idx has the update's shape: the positions of each batch row's update rows, broadcast over the
 other axes. Exact (elements are moved, not computed). Where shapes are not static the node stays
 (and has no CUDA kernel; `graphc check --target cuda` says so). On CUDA a linear-mode position
-past the cache is skipped, as ScatterElements' kernel skips out-of-range indices; the CPU target
-and the interpreter raise an error there instead (graphc/support.py notes it).
+outside the cache is not checked: ScatterElements' kernel skips a position past the end and counts
+a negative one from the end; the CPU target and the interpreter raise an error there instead
+(graphc/support.py notes it).
 """
 
 from __future__ import annotations
