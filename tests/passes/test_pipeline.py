@@ -106,7 +106,9 @@ def test_cuda_opt_level_zero_runs_only_what_the_target_needs(tmp_path):
     assert names == ["input", *MOVED[:4], "convert_precision"]  # decompose_rnn found nothing
     # fold_control_flow (first, every level) found no control flow: in the report, not dumped;
     # lower_int_quant runs for fp32 (and int8) CUDA engines only, not in this fp16 one.
-    expected = ["fold_control_flow", *MOVED[:4], "decompose_rnn", "convert_precision"]
+    # decompose_tensor_scatter ran and found none (so it was not dumped either)
+    expected = ["fold_control_flow", *MOVED[:3], "decompose_tensor_scatter", MOVED[3], "decompose_rnn"]
+    expected.append("convert_precision")
     assert [p["name"] for p in eng.report["passes"]] == expected
 
 
@@ -114,6 +116,7 @@ def test_cpu_target_runs_none_of_the_cuda_passes(tmp_path):
     eng = graphc.compile(_every_cuda_form(), target="cpu", dump_ir=tmp_path)
     names = set(_dumped(tmp_path))
     assert not names & {"decompose_conv_transpose", "decompose_einsum", "decompose_window_ops", "to_channels_last"}
+    assert "decompose_tensor_scatter" not in [p["name"] for p in eng.report["passes"]]
     assert not names & {"convert_precision", "k_major_gemm_weights", "fuse_horizontal", "fuse_residual_norm"}
     # The CPU engine keeps the reference ops the CUDA target decomposes.
     assert {"ConvTranspose", "Einsum", "LRN"} <= {s.op for s in eng.plan.steps}
