@@ -37,11 +37,10 @@ def _decompose(g: Graph, node: Node, ctx: RewriteContext) -> Rewritten | None:
     rank = len(ps)
     axis = node.attrs.axis + rank if node.attrs.axis < 0 else node.attrs.axis
     b, name = ctx.b, node.name
-    ones = [1] * rank
     rows = np.arange(us[axis], dtype=np.int64).reshape([us[axis] if d == axis else 1 for d in range(rank)])
     pos = b.add_constant(rows, f"{name}/rows")
     if write is not None:
-        col = b.add_constant(np.array([ps[0], *ones[1:]], np.int64), f"{name}/batch_column")
+        col = b.add_constant(np.array([ps[0]] + [1] * (rank - 1), np.int64), f"{name}/batch_column")
         w = b.op("Reshape", [ctx.mapv(write), col], name=f"{name}/write_column")
         pos = b.op("Add", [w, pos], name=f"{name}/positions")
     if node.attrs.mode == "circular":

@@ -412,7 +412,7 @@ def _unique_compute(ins, attrs, n):
     return outs[: max(n, 1)]
 
 
-def tensor_scatter_positions(write: np.ndarray, seq: int, max_len: int, circular: bool) -> np.ndarray:
+def _tensor_scatter_positions(write: np.ndarray, seq: int, max_len: int, circular: bool) -> np.ndarray:
     """[batch, seq] cache positions of TensorScatter's update rows: write[b] + s, modulo the cache
     length in circular mode. In linear mode a position past the cache is an error (ONNX's
     reference indexes out of range there), named with its batch row."""
@@ -433,7 +433,7 @@ def _tensor_scatter_compute(ins, attrs, n):
     past, upd = ins[0], ins[1]
     write = ins[2] if len(ins) > 2 and ins[2] is not None else np.zeros(past.shape[0], np.int64)
     axis = norm_axis(attrs.axis, past.ndim)
-    pos = tensor_scatter_positions(write, upd.shape[axis], past.shape[axis], attrs.mode == "circular")
+    pos = _tensor_scatter_positions(write, upd.shape[axis], past.shape[axis], attrs.mode == "circular")
     out = past.copy()
     # move the sequence axis next to the batch axis: out_v[b, s, ...] is out[b, ..., s, ...]
     out_v, upd_v = np.moveaxis(out, axis, 1), np.moveaxis(upd, axis, 1)
