@@ -508,6 +508,7 @@ class Bench:
                 shapes={n: list(subj.feeds[n].shape) for n in names},
                 allow_tf32=self.args.allow_tf32,
                 **({"tactics": self.args.tactics} if self.args.tactics else {}),
+                **self.args.graphc_option,
             )
             if self.args.tactics:
                 m.extra["vendor_steps"] = sum(1 for st in engine.plan.steps if st.vendor is not None)
@@ -642,6 +643,7 @@ def environment(args: argparse.Namespace, argv: list[str], p: Protocol) -> dict[
         "budget_s": args.budget_s,
         "io_precision": args.io_precision,
         "tactics": args.tactics,
+        "graphc_options": args.graphc_option,
     }
 
 
@@ -701,6 +703,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="graphc's vendor tactics, comma-separated (graphc compile --tactics): cublaslt runs the GEMMs its "
         "rule picks through cuBLASLt, as torch.compile's GEMMs run through cuBLAS (default: none)",
     )
+    p.add_argument(
+        "--graphc-option",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="a graphc CompileOptions field for every engine (repeatable; true/false, integers, else a "
+        "string), e.g. row_norm_epilogues=true for an A/B run of an option that is off by default",
+    )
     p.add_argument("--allow-tf32", action="store_true", help="TF32 for fp32 matmuls/convs, in graphc and PyTorch")
     p.add_argument("--export-dir", help="keep the ONNX exports here (default: a temporary folder)")
     p.add_argument("--out", help="Markdown table")
@@ -724,6 +734,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     a.calls = a.calls or (2 if a.dry_run else 50)
     a.models = [m.strip() for m in a.models.split(",") if m.strip()]
     a.tactics = [t.strip() for t in a.tactics.split(",") if t.strip()]
+    a.graphc_option = dict(_compile_option(p, o) for o in a.graphc_option)
     a.exporters = [e.strip() for e in a.exporters.split(",") if e.strip()]
     a.precision = [x.strip() for x in a.precision.split(",") if x.strip()]
     a.modes = [MODE_ALIASES.get(m.strip(), m.strip()) for m in a.modes.split(",") if m.strip()]
@@ -741,6 +752,21 @@ def parse(argv: list[str]) -> argparse.Namespace:
                 f"modes {','.join(TORCH_MODES)})")  # fmt: skip
     a.modes = [m for m in TORCH_MODES if m in a.modes]  # the table's order
     return a
+
+
+def _compile_option(p: argparse.ArgumentParser, text: str) -> tuple[str, Any]:
+    """FIELD=VALUE of --graphc-option, checked against CompileOptions' fields."""
+    import dataclasses
+
+    from graphc.compiler import CompileOptions
+
+    field, sep, value = text.partition("=")
+    names = {f.name for f in dataclasses.fields(CompileOptions)}
+    if not sep or field not in names:
+        p.error(f"--graphc-option {text!r}: expected FIELD=VALUE with FIELD one of {', '.join(sorted(names))}")
+    if value.lower() in ("true", "false"):
+        return field, value.lower() == "true"
+    return field, int(value) if value.lstrip("-").isdigit() else value
 
 
 def main(argv: list[str] | None = None) -> int:
