@@ -108,8 +108,14 @@ def generate_kernels(
             sources: list[KernelSource] = []
             from graphc.codegen.families.gemm import has_rownorm
 
-            # a row-norm epilogue (passes/fuse_residual_norm.py) exists on the mma.sync kernels only
-            hopper_gemm = hopper and fam.name == "gemm" and ctx.params is None and not has_rownorm(ctx)
+            # a row-norm epilogue (passes/fuse_residual_norm.py) is not on the TMA GEMM: on sm_90 the
+            # wgmma kernel with cluster split-K takes it (gemm_sm90.select_rownorm), else mma.sync
+            rownorm = fam.name == "gemm" and has_rownorm(ctx)
+            hopper_gemm = hopper and fam.name == "gemm" and ctx.params is None and not rownorm
+            if hopper and rownorm and ctx.params is None:
+                from graphc.codegen.families.gemm_sm90 import select_rownorm
+
+                sources = select_rownorm(ctx)
             if hopper_gemm:
                 from graphc.codegen.families.gemm_sm90 import select
 

@@ -45,8 +45,9 @@ class Target:
     # graphc/accuracy.py's search keeps out of int8 for an accuracy target).
     keep_float: frozenset[str] = frozenset()
     # GEMM + residual + LayerNorm/RMSNorm as one kernel (passes/fuse_residual_norm.py). Off by
-    # default: on an H200 (2026-12-01) the models at batch 1 were slower with it (BERT-base 1.35 ms
-    # against 0.80 before this and the one-launch split-K landed), not yet measured apart.
+    # default: on an H200 (2026-12-03, docs/results/rownorm_wgmma_cluster_h200_2026-12-03.md) the
+    # models at batch 1 are 10-17% slower with it (BERT-base 0.502 ms against 0.455, 65 kernels
+    # against 101), on sm_90's wgmma cluster kernel; on mma.sync (older archs) it was 0.82.
     row_norm_epilogues: bool = False
     # "model": float inputs and outputs in the model's declared types; "fp16"/"bf16" (equal to the
     # precision): declared in that type, no Cast at the edges (passes/precision.py)

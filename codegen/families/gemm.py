@@ -581,8 +581,8 @@ def rownorm_split(epilogue: tuple, outputs: tuple) -> tuple[tuple, Any, Any] | N
 
 
 def has_rownorm(ctx: StepContext) -> bool:
-    """Whether the step is a GEMM with a row-norm epilogue (mma.sync / SIMT kernels only: the
-    Hopper TMA and wgmma kernels have no such epilogue)."""
+    """Whether the step is a GEMM with a row-norm epilogue (the mma.sync, SIMT and cp.async wgmma
+    kernels, split-K in one launch or across a cluster; the TMA GEMM has no such epilogue)."""
     a = ctx.node.attrs
     return isinstance(a, FusedAttrs) and rownorm_split(a.epilogue, a.outputs) is not None
 
@@ -680,8 +680,6 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
     rownorm, norm_decls, norm_names = None, [], []
     if split_norm is not None:  # the epilogue stores h; the last block of each row band normalizes it
         pre, h_ref, norm = split_norm
-        if path == "wgmma":
-            raise ctx.fail(f"a {norm.op} epilogue on the wgmma path (mma.sync or SIMT only)")
         rownorm, norm_decls, norm_names = _rownorm(ctx, prob, norm)
         rendered = render_epilogue(
             pre, (h_ref,), ops, out_specs[:1], prob.out_shape, prob.dtype, where=where, name=f"{name}_epi"
@@ -719,17 +717,15 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
     # distributed shared memory (sm_90+; no workspace, no counters, one launch).
     cluster = splits > 1 and bool(p.get("CLUSTER", 0))
     serial = splits > 1 and not cluster and bool(p.get("SERIAL", 1))
-    if cluster and rownorm is not None:
-        raise ctx.fail("a row-norm epilogue with cluster split-K (use SERIAL 1)")
-    if rownorm is not None and splits > 1 and not serial:
-        raise ctx.fail("a row-norm epilogue needs split-K in one launch (SERIAL 1)")
+    if rownorm is not None and splits > 1 and not (serial or cluster):
+        raise ctx.fail("a row-norm epilogue needs split-K in one launch (SERIAL 1 or CLUSTER 1)")
     p.pop("CLUSTER", None)
     if cluster:
         p.pop("SERIAL", None)
         p["CLUSTER"] = 1
         p["requires_arch"] = "sm_90"
-        kparams = ab + out_decls
-        kargs = ab_names + out_names
+        kparams = ab + out_decls + norm_decls
+        kargs = ab_names + out_names + norm_names
     elif serial:
         p["SERIAL"] = 1
         kparams = [*ab, *out_decls, *norm_decls, "float* __restrict__ ws"]

@@ -837,6 +837,50 @@ def wgmma_cluster_params(prob: Problem) -> dict[str, Any] | None:
     return p if gemm_valid(prob, p) else None
 
 
+# Row-norm epilogues (passes/fuse_residual_norm.py: GEMM + residual + LayerNorm/RMSNorm, batch-1-like
+# rows) on sm_90: the TMA GEMM has no such epilogue, so the cp.async wgmma kernel with cluster split-K,
+# whose last cluster to store a band of 64 rows normalizes it with all its CTAs (gemm_common.cu.j2
+# rownorm_finish), by the small-M rule above; with K >= SMALL_M_MIN_K 8 K slices where 8 CTAs a tile
+# stay within 2 waves (128 x 768 x 3072: the cluster with S 8 6.9 us alone, the TMA GEMM with its
+# reduce launch 8.2, the rule above). Before this, such steps ran on mma.sync (10.7-17.6 us).
+ROWNORM_DEEP_K_SPLITS = 8
+
+
+def rownorm_params(prob: Problem) -> dict[str, Any] | None:
+    """The wgmma cluster parameters of a GEMM with a row-norm epilogue on sm_90, or None (the
+    default path: mma.sync with one-launch split-K)."""
+    p = wgmma_cluster_params(prob)
+    if p is None:
+        return None
+    bm, bn = WGMMA_CLUSTER_TILE
+    tiles = ceil_div(prob.M, bm) * ceil_div(prob.N, bn) * prob.batch
+    s = ROWNORM_DEEP_K_SPLITS
+    if prob.K >= SMALL_M_MIN_K and tiles * s <= 2 * SM_COUNT and ceil_div(prob.K, 64) // s >= 3:
+        deep = {**p, "SPLITS": s, "CLUSTER": 1, "STAGES": 4}
+        if gemm_valid(prob, deep):
+            return deep
+    return p
+
+
+def select_rownorm(ctx: StepContext) -> list[KernelSource]:
+    """The kernel of an sm_90 engine's GEMM step with a row-norm epilogue by the rule above; []
+    where it does not apply (the caller takes the default path)."""
+    if ctx.precision not in ("fp16", "bf16"):
+        return []
+    try:
+        prob = problem_of(ctx)
+    except CompileError:
+        return []
+    p = rownorm_params(prob)
+    if p is None:
+        return []
+    try:
+        return _generate(ctx.with_params(p))
+    except CompileError as e:
+        log.info("%s: no wgmma row-norm GEMM (%s); the default path instead", ctx.step.name, e)
+        return []
+
+
 def small_m_params(prob: Problem) -> tuple[str, dict[str, Any]]:
     """("tma" | "gemm", parameters) of a small-M problem on sm_90 by the rules above."""
     tma_ok = unsupported(prob) is None and prob.N >= 128 and prob.K >= 128

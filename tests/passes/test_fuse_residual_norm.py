@@ -157,15 +157,42 @@ def test_rownorm_kernel_compiles(precision, k, splits):
             else {"path": "simt", "BM": 64, "BN": 64, "BK": 8, "TM": 4, "TN": 4}
         )
         choices = {step_name: {**tile, "SPLITS": splits}}
-    final, ks = _kernels(g, precision, choices=choices)
+    for arch in ("sm_80", "sm_90"):
+        final, ks = _kernels(g, precision, arch=arch, choices=choices)
+        (step,) = [s for s in final.steps if s.name == step_name]
+        (ln,) = step.launches
+        src = ks.sources[ln.digest]
+        assert ln.params.get("SPLITS", 1) == splits and "_band[" in src
+        assert "rsqrtf(q / N + 9.999999747378752e-06f)" in src
+        # the kernel writes h and the norm: both outputs, the norm's scale and bias are its arguments
+        assert set(step.outputs) <= set(ln.args) and len(ln.args) == len(set(ln.args))
+        assert len(compile_cubin(src, ln.kernel, ln.params.get("requires_arch", arch))) > 1000
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("rows,k,splits", [(128, 768, 4), (128, 3072, 8), (197, 3072, 4), (197, 768, 4)])
+def test_sm90_rownorm_is_the_wgmma_cluster_kernel(precision, rows, k, splits):
+    # batch-1 shapes of BERT/GPT-2 (128 rows) and ViT-B/16 (197): on sm_90 the row-norm GEMM is the
+    # cp.async wgmma kernel with cluster split-K (gemm_sm90.rownorm_params), whose last cluster of a
+    # band normalizes it; on sm_80 mma.sync. One launch on both.
+    from graphc.codegen.nvrtc import compile_cubin
+
+    g = _cuda_graph(_model(batch=1, seq=rows, k=k, n=768, pre_ln=True), precision).graph
+    step_name = next(n.name for n in g.nodes if n.op == "Fused" and n.attrs.epilogue[-1].op == "LayerNormalization")
+    final, ks = _kernels(g, precision, arch="sm_90")
     (step,) = [s for s in final.steps if s.name == step_name]
     (ln,) = step.launches
+    assert ln.params["path"] == "wgmma" and ln.params["CLUSTER"] == 1 and ln.params["SPLITS"] == splits, ln.params
+    assert ln.grid == [((rows + 63) // 64) * 12, 1, splits]
     src = ks.sources[ln.digest]
-    assert ln.params.get("SPLITS", 1) == splits and "_band[" in src and "rsqrtf(q / N + 9.999999747378752e-06f)" in src
-    # the kernel writes h and the norm: both outputs, the norm's scale and bias are its arguments
+    # the cluster's verdict through rank 0's shared memory, its warps sharing the band's rows
+    assert "gc_ld_dsmem_u32" in src and f"NORM_WARPS = {splits} * (THREADS / 32)" in src
     assert set(step.outputs) <= set(ln.args) and len(ln.args) == len(set(ln.args))
-    for arch in ("sm_80", "sm_90"):
-        assert len(compile_cubin(src, ln.kernel, arch)) > 1000
+    assert len(compile_cubin(src, ln.kernel, "sm_90a")) > 1000
+    old, _ = _kernels(g, precision, arch="sm_80")
+    (step80,) = [s for s in old.steps if s.name == step_name]
+    assert [ln.params["path"] for ln in step80.launches] == ["mma"]
 
 
 def _conv1d_model(batch: int = 2, seq: int = 16, k: int = 64, n: int = 64) -> onnx.ModelProto:
