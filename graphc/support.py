@@ -50,6 +50,7 @@ CUDA_CONDITIONS: dict[str, str] = {
     "ConvTranspose": "lowered to a convolution over a zero-inserted input (strided ones do s1*s2x the work)",
     "Pad": "pads and the constant value must be constants",
     "Slice": "starts, ends, axes and steps must be constants",
+    "DeformConv": "2-D only; a direct kernel (one thread per output element, no data reuse): correct, not fast",
     "TensorScatter": "lowered to ScatterElements where shapes are static; a linear-mode write outside the cache is "
     "not checked on CUDA (an error on the CPU target)",
 }

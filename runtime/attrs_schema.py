@@ -8,7 +8,7 @@ field list. SCHEMA_VERSION changes whenever the table does; engines record it.
 """
 
 # fmt: off
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 FUSED = ('graphc', 'Fused', ('anchor_op', 'anchor_domain', 'anchor_attrs', 'anchor_inputs', 'epilogue', 'outputs'))
 
@@ -91,6 +91,12 @@ OPS: dict[tuple[str, str], dict[str, tuple[str, bool, object]]] = {('', 'Abs'): 
  ('', 'CumProd'): {'exclusive': ('int', True, 0), 'reverse': ('int', True, 0)},
  ('', 'CumSum'): {'exclusive': ('int', True, 0), 'reverse': ('int', True, 0)},
  ('', 'DFT'): {'inverse': ('int', True, 0), 'onesided': ('int', True, 0)},
+ ('', 'DeformConv'): {'dilations': ('ints', True, None),
+                      'group': ('int', True, 1),
+                      'kernel_shape': ('ints', True, None),
+                      'offset_group': ('int', True, 1),
+                      'pads': ('ints', True, None),
+                      'strides': ('ints', True, None)},
  ('', 'DepthToSpace'): {'blocksize': ('int', False, None), 'mode': ('str', True, 'DCR')},
  ('', 'DequantizeLinear'): {'axis': ('int', True, 1),
                             'block_size': ('int', True, 0),

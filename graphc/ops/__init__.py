@@ -9,6 +9,7 @@ from graphc.ops import (  # noqa: F401  (each module registers its ops on import
     attention,
     control_flow,
     data_movement,
+    deform_conv,
     elementwise,
     fused,
     internal,

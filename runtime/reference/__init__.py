@@ -10,6 +10,7 @@ from graphc.runtime.reference import (  # noqa: E402, F401, I001  (each module r
     attention,
     control_flow,
     data_movement,
+    deform_conv,
     elementwise,
     fused,
     internal,

@@ -23,6 +23,7 @@ from graphc.frontend.registry import converter, passthrough
 passthrough("Conv", since=1)
 passthrough("ConvTranspose", since=1)
 passthrough("ConvInteger", since=10)
+passthrough("DeformConv", since=19)
 passthrough("MaxPool", "AveragePool", since=1)
 passthrough("LpPool", "GlobalLpPool", since=2)
 passthrough("GlobalAveragePool", "GlobalMaxPool", since=1)
