@@ -51,6 +51,8 @@ CUDA_CONDITIONS: dict[str, str] = {
     "Pad": "pads and the constant value must be constants",
     "Slice": "starts, ends, axes and steps must be constants",
     "DeformConv": "2-D only; a direct kernel (one thread per output element, no data reuse): correct, not fast",
+    "RoiAlign": "a direct kernel (one thread per output element); a batch index outside X writes 0 on CUDA (an "
+    "error on the CPU target)",
     "TensorScatter": "lowered to ScatterElements where shapes are static; a linear-mode write outside the cache is "
     "not checked on CUDA (an error on the CPU target)",
 }

@@ -17,6 +17,7 @@ from graphc.codegen.families import attention  # noqa: F401
 from graphc.codegen.families import topk  # noqa: F401
 from graphc.codegen.families import grid_sample  # noqa: F401
 from graphc.codegen.families import deform_conv  # noqa: F401
+from graphc.codegen.families import roi_align  # noqa: F401
 
 # last: apache-tvm's kernels for ops no template serves, and for forms a template refuses (graphc[tvm])
 from graphc.codegen.families import tvm_kernels  # noqa: E402
