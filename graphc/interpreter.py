@@ -13,7 +13,7 @@ import numpy as np
 
 from graphc.errors import GraphcError, InputError
 from graphc.ir.graph import Graph, Node, node_subgraphs
-from graphc.ir.types import SequenceType, TensorType
+from graphc.ir.types import OptionalType, SequenceType, TensorType
 from graphc.ops.registry import Category, get_op
 
 log = logging.getLogger(__name__)
@@ -34,11 +34,19 @@ def check_feeds(graph: Graph, feeds: Mapping[str, object]) -> dict[str, np.ndarr
         if v.name not in feeds:
             raise InputError(f"input '{v.name}' ({v.type}) is missing")
         x = feeds[v.name]
-        if isinstance(v.type, SequenceType):
+        vt = v.type
+        if isinstance(vt, OptionalType):
+            if x is None:  # the empty optional
+                out[v.name] = x  # type: ignore[assignment]
+                continue
+            vt = vt.elem
+        if isinstance(vt, SequenceType):
             out[v.name] = x  # type: ignore[assignment]
             continue
+        if x is None:
+            raise InputError(f"input '{v.name}' is None, the graph takes a tensor ({v.type})")
         arr = np.asarray(x)
-        t: TensorType = v.type
+        t: TensorType = vt
         if arr.dtype != t.dtype.numpy:
             raise InputError(f"input '{v.name}' has dtype {arr.dtype}, the graph takes {t.dtype.name}")
         if t.shape is not None:
@@ -60,6 +68,10 @@ def check_feeds(graph: Graph, feeds: Mapping[str, object]) -> dict[str, np.ndarr
 
 def _check_output(node: Node, i: int, value: object) -> None:
     t = node.outputs[i].type
+    if isinstance(t, OptionalType):
+        if value is None:
+            return
+        t = t.elem
     if isinstance(t, SequenceType):
         return
     arr = value

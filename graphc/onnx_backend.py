@@ -75,7 +75,7 @@ class GraphcRep(BackendRep):
         bound; it runs unoptimized, and the log says so."""
         if self.opt_level <= 0:
             return self.graph
-        key = tuple((k, tuple(np.shape(v))) for k, v in sorted(feeds.items()) if not isinstance(v, list))
+        key = tuple((k, tuple(np.shape(v))) for k, v in sorted(feeds.items()) if isinstance(v, np.ndarray))
         if key not in self._optimized:
             from graphc.errors import ShapeError
             from graphc.ir.shapes import bind_shapes
@@ -104,7 +104,10 @@ class GraphcRep(BackendRep):
 
 
 def _as_feed(x: Any) -> Any:
-    """Numpy scalars as 0-d arrays; sequences (lists of arrays) stay lists."""
+    """Numpy scalars as 0-d arrays; sequences (lists of arrays) stay lists; None (an empty
+    optional) stays None."""
+    if x is None:
+        return None
     if isinstance(x, list):
         return [np.asarray(e) for e in x]
     return np.asarray(x)

@@ -41,13 +41,16 @@ import logging
 import numpy as np
 
 from graphc.ir.graph import Graph, Node
+from graphc.ir.types import TensorType
 from graphc.passes.rewrite import RewriteContext, Rewritten, rewrite_graph
 
 log = logging.getLogger(__name__)
 
 
 def _static_shape(v) -> tuple[int, ...] | None:
-    t = v.ttype
+    t = v.type
+    if not isinstance(t, TensorType):  # a sequence or an optional
+        return None
     return tuple(t.shape) if t.shape is not None and all(isinstance(d, int) for d in t.shape) else None
 
 

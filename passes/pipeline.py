@@ -92,6 +92,7 @@ from graphc.passes.fuse_residual_norm import fuse_residual_norm
 from graphc.passes.gemm_weight_layout import k_major_gemm_weights
 from graphc.passes.layout import to_channels_last
 from graphc.passes.lower_int_quant import lower_int_quant
+from graphc.passes.lower_optionals import lower_optionals
 from graphc.passes.lower_sequences import lower_sequences
 from graphc.passes.manager import FixedPoint, Pass, Stage
 from graphc.passes.precision import precision_pass
@@ -164,6 +165,8 @@ def stages() -> list[Stage]:
         cleanup(),  # rule 2
         # Static-length sequences become tensor ops, once cleanup has made their splits constant.
         Pass("lower_sequences", lower_sequences),
+        # Optional ops whose input's presence is known (a tensor, a sequence, no input at all).
+        Pass("lower_optionals", lower_optionals),
         # Rule 3: after constant folding has turned DequantizeLinear of constant weights into float
         # weights; the activations' Quantize/DequantizeLinear become elementwise ops, which fuse.
         Pass("decompose_qdq", decompose_qdq),

@@ -8,7 +8,7 @@ field list. SCHEMA_VERSION changes whenever the table does; engines record it.
 """
 
 # fmt: off
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 FUSED = ('graphc', 'Fused', ('anchor_op', 'anchor_domain', 'anchor_attrs', 'anchor_inputs', 'epilogue', 'outputs'))
 
@@ -208,6 +208,8 @@ OPS: dict[tuple[str, str], dict[str, tuple[str, bool, object]]] = {('', 'Abs'): 
  ('', 'NonZero'): {},
  ('', 'Not'): {},
  ('', 'OneHot'): {'axis': ('int', True, -1)},
+ ('', 'OptionalGetElement'): {},
+ ('', 'OptionalHasElement'): {},
  ('', 'Or'): {},
  ('', 'PRelu'): {},
  ('', 'Pad'): {'mode': ('str', True, 'constant')},
@@ -335,5 +337,6 @@ OPS: dict[tuple[str, str], dict[str, tuple[str, bool, object]]] = {('', 'Abs'): 
                              'dilations': ('ints', True, (1, 1)),
                              'kernel_shape': ('ints', True, (1, 1)),
                              'pads': ('ints', True, (0, 0, 0, 0)),
-                             'strides': ('ints', True, (1, 1))}}
+                             'strides': ('ints', True, (1, 1))},
+ ('graphc', 'Optional'): {'elem_type': ('str', True, '')}}
 # fmt: on

@@ -525,7 +525,6 @@ WHY_FAILED = {
     "(test_attention_4d_causal_fp16) passes",
     "test_training_dropout": "training-mode dropout is random (the expected masks come from numpy's generator); "
     "graphc computes inference and refuses it in one line",
-    "test_identity_opt": "optional types (optional(tensor), optional(sequence)) are not in graphc's IR",
     "test_maxunpool_export_with_output_shape": "graphc reads indices as flat positions in output_shape, as "
     "PyTorch's max_unpool and ONNX Runtime do; ONNX's reference scatters into the default shape and pads it",
     "test_resize_downsample_scales_cubic_align_corners": "align_corners with scales: graphc uses the integer "
@@ -544,9 +543,6 @@ _TRAINING = "a training op (ai.onnx.preview.training); graphc compiles inference
 _RANDOM = "a random generator: its values cannot equal the expected ones (numpy's generator); not implemented"
 WHY_MISSING = {
     "ImageDecoder": "decodes encoded image bytes (JPEG, PNG...): input preprocessing, not implemented",
-    "OptionalHasElement": WHY_FAILED["test_identity_opt"],
-    "OptionalGetElement": WHY_FAILED["test_identity_opt"],
-    "Optional": WHY_FAILED["test_identity_opt"],
     "TfIdfVectorizer": "text featurization over n-grams (classical-ML preprocessing), not implemented",
     "StringSplit": _STRINGS,
     "StringNormalizer": _STRINGS,

@@ -16,7 +16,7 @@ from graphc.frontend.loader import ModelSource, read_model, tensor_to_array
 from graphc.frontend.registry import find_converter
 from graphc.ir.builder import GraphBuilder
 from graphc.ir.graph import Graph, Value
-from graphc.ir.types import DType, SequenceType, TensorType, ValueType
+from graphc.ir.types import DType, OptionalType, SequenceType, TensorType, ValueType
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,12 @@ def type_from_proto(tp: onnx.TypeProto, what: str) -> ValueType:
         if not isinstance(elem, TensorType):
             raise ModelLoadError(f"{what}: sequences of non-tensors are not supported")
         return SequenceType(elem)
-    raise ModelLoadError(f"{what}: value kind {kind!r} is not supported (tensors and sequences are)")
+    if kind == "optional_type":
+        elem = type_from_proto(tp.optional_type.elem_type, what)
+        if isinstance(elem, OptionalType):
+            raise ModelLoadError(f"{what}: optionals of optionals are not supported")
+        return OptionalType(elem)
+    raise ModelLoadError(f"{what}: value kind {kind!r} is not supported (tensors, sequences and optionals are)")
 
 
 def model_opsets(model: onnx.ModelProto) -> dict[str, int]:

@@ -4,7 +4,7 @@ from graphc.ir.attrs import Attrs, NoAttrs, TensorAttr, onnx_attrs_class
 from graphc.ir.builder import GraphBuilder
 from graphc.ir.graph import Constant, Graph, Node, Value
 from graphc.ir.text import format_graph
-from graphc.ir.types import Dim, DType, SequenceType, Shape, TensorType, ValueType
+from graphc.ir.types import Dim, DType, OptionalType, SequenceType, Shape, TensorType, ValueType
 from graphc.ir.verify import verify_graph
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "GraphBuilder",
     "Node",
     "NoAttrs",
+    "OptionalType",
     "SequenceType",
     "Shape",
     "TensorAttr",

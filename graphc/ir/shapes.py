@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from graphc.errors import ShapeError
 from graphc.ir.builder import GraphBuilder
 from graphc.ir.graph import Graph, Value
-from graphc.ir.types import TensorType
+from graphc.ir.types import OptionalType, TensorType
 
 
 def bind_shapes(
@@ -36,7 +36,8 @@ def bind_shapes(
     for v in graph.inputs:
         t = v.type
         if not isinstance(t, TensorType):
-            raise ShapeError(f"input '{v.name}' is a sequence; graphc compiles tensor inputs only")
+            kind = "an optional" if isinstance(t, OptionalType) else "a sequence"
+            raise ShapeError(f"input '{v.name}' is {kind} ({t}); graphc compiles tensor inputs only")
         if v.name in shapes:
             given = tuple(int(d) for d in shapes[v.name])  # type: ignore[union-attr]
             if t.shape is not None:

@@ -37,7 +37,7 @@ import numpy as np
 
 from graphc.ir.attrs import Attrs, TensorAttr
 from graphc.ir.graph import Graph, Node
-from graphc.ir.types import DType, SequenceType, TensorType, ValueType
+from graphc.ir.types import DType, OptionalType, SequenceType, TensorType, ValueType
 
 INLINE_MAX_ELEMENTS = 8
 DIGEST_PREFIX = "sha1:"
@@ -206,6 +206,12 @@ class _Scanner:
         return self.name()
 
     def type(self) -> ValueType:
+        if self.take("opt<"):
+            elem = self.type()
+            self.expect(">")
+            if isinstance(elem, OptionalType):
+                self.fail("an optional of an optional")
+            return OptionalType(elem)
         if self.take("seq<"):
             elem = self.type()
             self.expect(">")
@@ -414,6 +420,15 @@ class _SubgraphRef:
 
 def _indent(line: str) -> int:
     return len(line) - len(line.lstrip(" "))
+
+
+def parse_type(text: str) -> ValueType:
+    """A value type written as format_graph writes it: f32[2,seq], seq<i64[*]>, opt<f16[4]>."""
+    sc = _Scanner(text, 1)
+    t = sc.type()
+    if not sc.done():
+        sc.fail("text after the type")
+    return t
 
 
 def parse_graph(text: str, constants: Mapping[str, np.ndarray] | None = None) -> Graph:

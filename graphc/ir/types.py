@@ -84,4 +84,19 @@ class SequenceType:
         return f"seq<{self.elem}>" + ("" if self.length is None else f"x{self.length}")
 
 
-ValueType = TensorType | SequenceType
+@dataclass(frozen=True)
+class OptionalType:
+    """An optional tensor or sequence (ONNX optional_type): present or empty, known only at run
+    time where it is a graph input. At run time an empty optional is None."""
+
+    elem: TensorType | SequenceType
+
+    @property
+    def is_static(self) -> bool:
+        return False
+
+    def __str__(self) -> str:
+        return f"opt<{self.elem}>"
+
+
+ValueType = TensorType | SequenceType | OptionalType

@@ -18,6 +18,7 @@ from graphc.ops import (  # noqa: F401  (each module registers its ops on import
     losses,
     nn,
     normalization,
+    optional,
     quantize,
     recurrent,
     reduction,

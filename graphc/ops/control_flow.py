@@ -13,13 +13,19 @@ import numpy as np
 
 from graphc.ir.graph import Graph
 from graphc.ir.registry import Category, InferContext, register_op
-from graphc.ir.types import DType, SequenceType, TensorType, ValueType
+from graphc.ir.types import DType, OptionalType, SequenceType, TensorType, ValueType
 
 
 def merge_types(a: ValueType, b: ValueType) -> ValueType | None:
     """The most precise type both values fit (None when their dtypes or kinds differ)."""
     if a == b:
         return a
+    if isinstance(a, OptionalType) or isinstance(b, OptionalType):
+        # an optional and a value of its element type (or two optionals): an optional of both
+        ea = a.elem if isinstance(a, OptionalType) else a
+        eb = b.elem if isinstance(b, OptionalType) else b
+        elem = merge_types(ea, eb)
+        return None if elem is None or isinstance(elem, OptionalType) else OptionalType(elem)
     if isinstance(a, SequenceType) and isinstance(b, SequenceType):
         elem = merge_types(a.elem, b.elem)
         if not isinstance(elem, TensorType):
@@ -39,6 +45,8 @@ def _fits(actual: ValueType | None, declared: ValueType) -> bool:
         return False
     if actual == declared:
         return True
+    if isinstance(declared, OptionalType):  # a value, or an optional, bound to an optional slot
+        return _fits(actual.elem if isinstance(actual, OptionalType) else actual, declared.elem)
     if isinstance(actual, SequenceType) and isinstance(declared, SequenceType):
         return _fits(actual.elem, declared.elem) and declared.length in (None, actual.length)
     if not (isinstance(actual, TensorType) and isinstance(declared, TensorType)) or actual.dtype != declared.dtype:

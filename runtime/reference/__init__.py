@@ -19,6 +19,7 @@ from graphc.runtime.reference import (  # noqa: E402, F401, I001  (each module r
     losses,
     nn,
     normalization,
+    optional,
     quantize,
     recurrent,
     reduction,
