@@ -8,7 +8,7 @@ field list. SCHEMA_VERSION changes whenever the table does; engines record it.
 """
 
 # fmt: off
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 
 FUSED = ('graphc', 'Fused', ('anchor_op', 'anchor_domain', 'anchor_attrs', 'anchor_inputs', 'epilogue', 'outputs'))
 
@@ -302,6 +302,15 @@ OPS: dict[tuple[str, str], dict[str, tuple[str, bool, object]]] = {('', 'Abs'): 
  ('', 'Tan'): {},
  ('', 'Tanh'): {},
  ('', 'TensorScatter'): {'axis': ('int', True, -2), 'mode': ('str', True, 'linear')},
+ ('', 'TfIdfVectorizer'): {'max_gram_length': ('int', False, None),
+                           'max_skip_count': ('int', False, None),
+                           'min_gram_length': ('int', False, None),
+                           'mode': ('str', False, None),
+                           'ngram_counts': ('ints', False, None),
+                           'ngram_indexes': ('ints', False, None),
+                           'pool_int64s': ('ints', True, None),
+                           'pool_strings': ('strs', True, None),
+                           'weights': ('floats', True, None)},
  ('', 'ThresholdedRelu'): {'alpha': ('float', True, 1.0)},
  ('', 'Tile'): {},
  ('', 'TopK'): {'axis': ('int', True, -1), 'largest': ('int', True, 1), 'sorted': ('int', True, 1)},

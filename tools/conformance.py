@@ -543,7 +543,6 @@ _TRAINING = "a training op (ai.onnx.preview.training); graphc compiles inference
 _RANDOM = "a random generator: its values cannot equal the expected ones (numpy's generator); not implemented"
 WHY_MISSING = {
     "ImageDecoder": "decodes encoded image bytes (JPEG, PNG...): input preprocessing, not implemented",
-    "TfIdfVectorizer": "text featurization over n-grams (classical-ML preprocessing), not implemented",
     "StringSplit": _STRINGS,
     "StringNormalizer": _STRINGS,
     "StringConcat": _STRINGS,

@@ -25,6 +25,7 @@ from graphc.ops import (  # noqa: F401  (each module registers its ops on import
     sampling,
     sequence,
     shape_ops,
+    tfidf,
 )
 from graphc.ops.registry import Category, InferContext, OpDef, all_ops, get_op, has_op, register_op
 

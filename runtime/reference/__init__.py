@@ -27,6 +27,7 @@ from graphc.runtime.reference import (  # noqa: E402, F401, I001  (each module r
     sampling,
     sequence,
     shape_ops,
+    tfidf,
 )
 from graphc.runtime.reference.registry import KernelFn, get_kernel, has_kernel, kernel_names, register_kernel
 

@@ -17,4 +17,5 @@ from graphc.frontend.converters import (  # noqa: F401
     sampling,
     sequence,
     shape_ops,
+    text,
 )
