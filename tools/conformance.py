@@ -538,7 +538,7 @@ WHY_FAILED["test_resize_downsample_scales_linear_align_corners"] = WHY_FAILED[
     "test_resize_downsample_scales_cubic_align_corners"
 ]
 _STRINGS = "string tensors (text preprocessing) are not in graphc's IR"
-_ML = "the classical-ML domain ai.onnx.ml is not implemented"
+_ML = "the classical-ML domain ai.onnx.ml is not implemented"  # but for the two its converters map
 _TRAINING = "a training op (ai.onnx.preview.training); graphc compiles inference"
 _RANDOM = "a random generator: its values cannot equal the expected ones (numpy's generator); not implemented"
 WHY_MISSING = {
@@ -559,7 +559,7 @@ def why_failed(case: str) -> str:
 
 def why_missing(op: str) -> str:
     if op.startswith("ai.onnx.ml."):
-        return _ML
+        return _ML + " beyond Binarizer and ArrayFeatureExtractor"
     if op.startswith("ai.onnx.preview.training."):
         return _TRAINING
     return WHY_MISSING.get(op, "not implemented")

@@ -178,7 +178,15 @@ def load_onnx(source: ModelSource, *, name: str | None = None) -> Graph:
     unsupported = find_unsupported(model)
     if unsupported:
         raise UnsupportedOpError(unsupported_message(unsupported), unsupported)
-    opset = model_opset(model)
+    if not any(imp.domain in STANDARD_DOMAINS for imp in model.opset_import) and any(
+        imp.domain for imp in model.opset_import
+    ):
+        # a model of only other domains (an ai.onnx.ml pipeline): its nodes name no standard op, and
+        # what their converters emit is graphc's IR, whose ops have one meaning
+        opset = onnx.defs.onnx_opset_version()
+        log.info("the model imports no standard ONNX opset; graphc's ops are read at opset %d", opset)
+    else:
+        opset = model_opset(model)
     g = model.graph
     b = GraphBuilder(name or g.name or "main", opset)
 

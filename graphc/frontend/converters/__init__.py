@@ -9,6 +9,7 @@ from graphc.frontend.converters import (  # noqa: F401
     elementwise,
     linalg,
     losses,
+    ml,
     nn,
     normalization,
     quantize,
