@@ -8,7 +8,7 @@ field list. SCHEMA_VERSION changes whenever the table does; engines record it.
 """
 
 # fmt: off
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 
 FUSED = ('graphc', 'Fused', ('anchor_op', 'anchor_domain', 'anchor_attrs', 'anchor_inputs', 'epilogue', 'outputs'))
 
@@ -320,6 +320,22 @@ OPS: dict[tuple[str, str], dict[str, tuple[str, bool, object]]] = {('', 'Abs'): 
  ('', 'Unsqueeze'): {},
  ('', 'Where'): {},
  ('', 'Xor'): {},
+ ('ai.onnx.ml', 'TreeEnsemble'): {'aggregate_function': ('int', True, 1),
+                                  'leaf_targetids': ('ints', False, None),
+                                  'leaf_weights': ('tensor', False, None),
+                                  'membership_values': ('tensor', True, None),
+                                  'n_targets': ('int', True, None),
+                                  'nodes_falseleafs': ('ints', False, None),
+                                  'nodes_falsenodeids': ('ints', False, None),
+                                  'nodes_featureids': ('ints', False, None),
+                                  'nodes_hitrates': ('tensor', True, None),
+                                  'nodes_missing_value_tracks_true': ('ints', True, None),
+                                  'nodes_modes': ('tensor', False, None),
+                                  'nodes_splits': ('tensor', False, None),
+                                  'nodes_trueleafs': ('ints', False, None),
+                                  'nodes_truenodeids': ('ints', False, None),
+                                  'post_transform': ('int', True, 0),
+                                  'tree_roots': ('ints', False, None)},
  ('com.microsoft', 'DynamicQuantizeLSTM'): {'activations': ('str', True, ''),
                                             'clip': ('float', True, 0.0),
                                             'direction': ('str', True, 'forward'),

@@ -16,6 +16,7 @@ from graphc.ops import (  # noqa: F401  (each module registers its ops on import
     layout_ops,
     linalg,
     losses,
+    ml,
     nn,
     normalization,
     optional,

@@ -17,6 +17,7 @@ from graphc.runtime.reference import (  # noqa: E402, F401, I001  (each module r
     layout_ops,
     linalg,
     losses,
+    ml,
     nn,
     normalization,
     optional,

@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from graphc.frontend.context import ConvertContext
-from graphc.frontend.registry import converter
+from graphc.frontend.registry import converter, passthrough
 from graphc.ir.graph import Value
 from graphc.ir.types import DType, TensorType
 
@@ -52,3 +52,6 @@ def _array_feature_extractor(ctx: ConvertContext) -> list[Value]:
     if rank > 1:
         return [picked]
     return [ctx.op("Unsqueeze", [picked, ctx.constant(np.array([0], np.int64), "row")], name=ctx.name)]
+
+
+passthrough("TreeEnsemble", since=5, domain=ML)  # graphc/ops/ml.py
