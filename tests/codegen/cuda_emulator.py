@@ -113,3 +113,17 @@ def run_launches(
         assert all(a.flags.c_contiguous for a in arrays)
         ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
         fn(ptrs, *[ctypes.c_int(int(v)) for v in (*grid, *block)])
+
+
+def run_template_kernel(
+    src, template: str, prelude: str, inputs: Mapping[str, np.ndarray], out: str, out_shape, dtype
+) -> np.ndarray:
+    """One rendered kernel (a KernelSource) of `template`: its text after the template's marker
+    (common.cuh swapped for the host's `prelude`) run on `inputs`, into a new output `out` that
+    starts as all-ones bytes (NaN for floats: an element the kernel skips shows)."""
+    body = src.source.split(f"// ---- {template} ----", 1)[1]
+    y = np.empty(out_shape, dtype)
+    y.reshape(-1).view(np.uint8)[...] = 0xFF
+    tensors = {k: np.ascontiguousarray(v) for k, v in inputs.items()} | {out: y}
+    run_launches([(prelude + body, src.name, src.grid, src.block, src.args)], tensors)
+    return y

@@ -23,7 +23,6 @@ from rd_helpers import compile_each, kernels_of  # noqa: E402
 from test_deform_conv import CASES, _case  # noqa: E402
 from test_grid_sample import _HOST_PRELUDE  # noqa: E402
 
-TEMPLATE_MARK = "// ---- deform_conv.cu.j2 ----"
 TOLERANCE = {"float32": 1e-5, "float64": 1e-12, "float16": 2e-3}  # relative to max(1, |expected|)
 
 
@@ -34,14 +33,9 @@ def _model(name: str, dtype):
 
 
 def _emulate(src, feeds: dict, out_shape, dtype) -> np.ndarray:
-    from cuda_emulator import run_launches
+    from cuda_emulator import run_template_kernel
 
-    body = src.source.split(TEMPLATE_MARK, 1)[1]
-    y = np.empty(out_shape, dtype)
-    y.reshape(-1).view(np.uint8)[...] = 0xFF  # NaN: an element the kernel skips shows
-    tensors = {k: np.ascontiguousarray(v) for k, v in feeds.items()} | {"y": y}
-    run_launches([(_HOST_PRELUDE + body, src.name, src.grid, src.block, src.args)], tensors)
-    return y
+    return run_template_kernel(src, "deform_conv.cu.j2", _HOST_PRELUDE, feeds, "y", out_shape, dtype)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])

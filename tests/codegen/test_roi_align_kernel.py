@@ -22,7 +22,6 @@ from rd_helpers import compile_each, kernels_of  # noqa: E402
 from test_grid_sample import _HOST_PRELUDE  # noqa: E402
 from test_sampling import _rois  # noqa: E402
 
-TEMPLATE_MARK = "// ---- roi_align.cu.j2 ----"
 TOLERANCE = {"float32": 1e-6, "float64": 1e-12, "float16": 1e-3}  # relative to max(1, |expected|)
 
 
@@ -36,15 +35,10 @@ def _model(mode, ctm, sampling, scale, dtype, opset=16, idx=None):
     return make_node_model("RoiAlign", feeds, attrs, opset=opset), feeds
 
 
-def _emulate(src, feeds, out_shape, dtype) -> np.ndarray:
-    from cuda_emulator import run_launches
+def _emulate(src, feeds: dict, out_shape, dtype) -> np.ndarray:
+    from cuda_emulator import run_template_kernel
 
-    body = src.source.split(TEMPLATE_MARK, 1)[1]
-    y = np.empty(out_shape, dtype)
-    y.reshape(-1).view(np.uint8)[...] = 0xFF  # NaN: an element the kernel skips shows
-    tensors = {k: np.ascontiguousarray(v) for k, v in feeds.items()} | {"y": y}
-    run_launches([(_HOST_PRELUDE + body, src.name, src.grid, src.block, src.args)], tensors)
-    return y
+    return run_template_kernel(src, "roi_align.cu.j2", _HOST_PRELUDE, feeds, "y", out_shape, dtype)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])

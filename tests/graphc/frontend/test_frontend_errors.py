@@ -13,7 +13,7 @@ from graphc.errors import ModelLoadError, UnsupportedOpError
 
 def _reshape_model(opset: int = 17) -> onnx.ModelProto:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["?"])
+    y = helper.make_tensor_value_info("y", TensorProto.BOOL, ["?"])
     shape = numpy_helper.from_array(np.array([0, 2, 3], dtype=np.int64), "shape")
     nodes = [helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")]
     g = helper.make_graph(nodes, "g", [x], [y], [shape])
@@ -54,29 +54,17 @@ def test_every_unsupported_op_listed_at_once():
     nodes = [
         helper.make_node("StringNormalizer", ["x"], ["z"], name="norm1"),
         helper.make_node("StringNormalizer", ["z"], ["z2"], name="norm2"),
-        helper.make_node(
-            "TfIdfVectorizer",
-            ["z2"],
-            ["y"],
-            name="tfidf",
-            mode="TF",
-            min_gram_length=1,
-            max_gram_length=1,
-            max_skip_count=0,
-            ngram_counts=[0],
-            ngram_indexes=[0],
-            pool_strings=["a"],
-        ),
+        helper.make_node("RegexFullMatch", ["z2"], ["y"], name="regex", pattern="a.*"),
     ]
     g = helper.make_graph(nodes, "g", [x], [y, z])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])  # RegexFullMatch is 20's
     with pytest.raises(UnsupportedOpError) as info:
         graphc.load_onnx(m)
     msg = str(info.value)
     assert "StringNormalizer" in msg and "'norm1'" in msg and "'norm2'" in msg
-    assert "TfIdfVectorizer" in msg and "'tfidf'" in msg and "opset 17" in msg
+    assert "RegexFullMatch" in msg and "'regex'" in msg and "opset 20" in msg
     ops = {u[0]: u[3] for u in info.value.unsupported}
-    assert ops == {"StringNormalizer": ["norm1", "norm2"], "TfIdfVectorizer": ["tfidf"]}
+    assert ops == {"StringNormalizer": ["norm1", "norm2"], "RegexFullMatch": ["regex"]}
 
 
 def test_undefined_input_is_a_clear_error():
