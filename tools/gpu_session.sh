@@ -10,7 +10,8 @@
 # step. The defaults (130+70+170+40, TORCH_S=0) fit one 10-minute device call; a comparison with
 # PyTorch alone: TESTS_S=0 ZOO_S=0 EXPORTS_S=0 GEMM_S=0 TORCH_S=400 (about 5 minutes); TORCH_MODELS
 # picks models (five take ~310 s with --quick), TORCH_ARGS adds bench_torch flags, e.g. the
-# 2026-12-01 20:13 figures: TORCH_ARGS="--tactics cublaslt --io-precision fp16".
+# 2026-12-01 20:13 figures: TORCH_ARGS="--tactics cublaslt --io-precision fp16"; an A/B of a compile option
+# that is off by default, e.g. the 2026-12-03 row-norm runs: TORCH_ARGS="--graphc-option row_norm_epilogues=true".
 # (pytest gets no -q: pyproject's addopts has one, and -qq drops the "N passed" line.)
 set -u
 OUT=${OUT:-out}
