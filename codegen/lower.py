@@ -21,7 +21,7 @@ from graphc.errors import CompileError
 from graphc.ir.attrs import attrs_to_json
 from graphc.ir.graph import Graph, Node
 from graphc.ir.kinds import node_kind
-from graphc.ir.types import OptionalType, TensorType
+from graphc.ir.types import TensorType, kind_of
 from graphc.ops.registry import Category, get_op
 from graphc.passes.provenance import origins_of
 from graphc.runtime.plan import ALIAS, ARENA, INPUT, WEIGHT, KernelPlan, Step, TensorSpec
@@ -65,8 +65,7 @@ ALIAS_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 
 def _spec(name: str, t, kind: str, alias_of: str | None = None, alias_offset: int = 0) -> TensorSpec:
     if not isinstance(t, TensorType):
-        kind = "an optional" if isinstance(t, OptionalType) else "a sequence"
-        raise CompileError(f"value '{name}' is {kind} ({t}); graphc compiles tensor graphs only")
+        raise CompileError(f"value '{name}' is {kind_of(t)} ({t}); graphc compiles tensor graphs only")
     if not t.is_static:
         raise CompileError(f"value '{name}' has shape {t}, which is not concrete: bind the input shapes")
     return TensorSpec(name, t.dtype.numpy.name, list(t.static_shape), t.nbytes, kind, alias_of, alias_offset)

@@ -18,6 +18,7 @@ import numpy as np
 
 from graphc.ir.graph import Graph, Value
 from graphc.ir.types import OptionalType
+from graphc.ops.optional import OPTIONAL_DOMAIN
 from graphc.passes.rewrite import Match, Op, Rule, Var, apply_rules
 
 
@@ -29,6 +30,19 @@ def _no_input(node) -> bool:
     return not any(v is not None for v in node.inputs)
 
 
+def _true(m: Match, b) -> Value:
+    return b.add_constant(np.array(True))
+
+
+def _false(m: Match, b) -> Value:
+    return b.add_constant(np.array(False))
+
+
+def _optional(*inputs, **kw) -> Op:
+    return Op("Optional", *inputs, domain=OPTIONAL_DOMAIN, **kw)
+
+
+# A node without an input is matched by its op alone (any_inputs, the predicate says none).
 RULES = [
     Rule(
         "optional_get_element(x) -> x",
@@ -37,39 +51,24 @@ RULES = [
     ),
     Rule(
         "optional_get_element(optional(x)) -> x",
-        Op("OptionalGetElement", Op("Optional", Var("x"), domain="graphc")),
+        Op("OptionalGetElement", _optional(Var("x"))),
         build=lambda m, b: m.value("x"),
     ),
-    Rule(
-        "optional_has_element(x) -> true",
-        Op("OptionalHasElement", Var("x", pred=_present)),
-        build=lambda m, b: b.add_constant(np.array(True)),
-    ),
+    Rule("optional_has_element(x) -> true", Op("OptionalHasElement", Var("x", pred=_present)), build=_true),
     Rule(
         "optional_has_element(optional(x)) -> true",
-        Op("OptionalHasElement", Op("Optional", Var("x"), shared=True, domain="graphc")),
-        build=lambda m, b: b.add_constant(np.array(True)),
+        Op("OptionalHasElement", _optional(Var("x"), shared=True)),
+        build=_true,
     ),
+    Rule(
+        "optional_has_element(optional()) -> false",
+        Op("OptionalHasElement", _optional(pred=_no_input, any_inputs=True, shared=True)),
+        build=_false,
+    ),
+    Rule("optional_has_element() -> false", Op("OptionalHasElement", pred=_no_input, any_inputs=True), build=_false),
 ]
 
 
-def _has_element_of_nothing(m: Match, b) -> Value:
-    return b.add_constant(np.array(False))
-
-
 def lower_optionals(graph: Graph) -> Graph:
-    """The rewrites above; a node without an input is matched by its op alone."""
-    rules = [
-        *RULES,
-        Rule(
-            "optional_has_element(optional()) -> false",
-            Op("OptionalHasElement", Op("Optional", pred=_no_input, any_inputs=True, shared=True, domain="graphc")),
-            build=_has_element_of_nothing,
-        ),
-        Rule(
-            "optional_has_element() -> false",
-            Op("OptionalHasElement", pred=_no_input, any_inputs=True),
-            build=_has_element_of_nothing,
-        ),
-    ]
-    return apply_rules(graph, rules)
+    """The rewrites above."""
+    return apply_rules(graph, RULES)

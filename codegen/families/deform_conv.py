@@ -12,8 +12,6 @@ in float32 (double for float64), 16-bit tensors read and written in their storag
 
 from __future__ import annotations
 
-import math
-
 from graphc.codegen.cuda_types import cuda_type, dtype_from_numpy_name
 from graphc.codegen.expr import lit
 from graphc.codegen.families.data import BLOCK
@@ -84,9 +82,7 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
     args += [step.inputs[4]] if mask is not None else []
     args.append(step.outputs[0])
     params = {"block": block, "taps": cg * kh * kw}
-    grid = grid_1d(total, block)
-    assert math.prod(grid) >= 1
-    return [KernelSource("deform_conv", name, source, grid, (block, 1, 1), args, params=params)]
+    return [KernelSource("deform_conv", name, source, grid_1d(total, block), (block, 1, 1), args, params=params)]
 
 
 def _search_space(ctx: StepContext) -> list[dict[str, int]]:

@@ -865,13 +865,8 @@ def rownorm_params(prob: Problem) -> dict[str, Any] | None:
 def select_rownorm(ctx: StepContext) -> list[KernelSource]:
     """The kernel of an sm_90 engine's GEMM step with a row-norm epilogue by the rule above; []
     where it does not apply (the caller takes the default path)."""
-    if ctx.precision not in ("fp16", "bf16"):
-        return []
-    try:
-        prob = problem_of(ctx)
-    except CompileError:
-        return []
-    p = rownorm_params(prob)
+    prob = _half_problem(ctx)
+    p = None if prob is None else rownorm_params(prob)
     if p is None:
         return []
     try:
@@ -896,15 +891,22 @@ def small_m_params(prob: Problem) -> tuple[str, dict[str, Any]]:
     return "gemm", public(cluster_heuristic(prob))
 
 
+def _half_problem(ctx: StepContext) -> Problem | None:
+    """The step's GEMM problem where the sm_90 rules may take it (fp16/bf16 engines), else None."""
+    if ctx.precision not in ("fp16", "bf16"):
+        return None
+    try:
+        return problem_of(ctx)
+    except CompileError:
+        return None
+
+
 def select(ctx: StepContext) -> list[KernelSource]:
     """The kernels of an sm_90 engine's GEMM step where the measured rules choose a Hopper path
     (the TMA GEMM; for small M also the wgmma kernel or cluster split-K); [] elsewhere (the caller
     takes the default path, which is logged)."""
-    if ctx.precision not in ("fp16", "bf16"):
-        return []
-    try:
-        prob = problem_of(ctx)
-    except CompileError:
+    prob = _half_problem(ctx)
+    if prob is None:
         return []
     if small_m(prob):
         kind, p = small_m_params(prob)

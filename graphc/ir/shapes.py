@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from graphc.errors import ShapeError
 from graphc.ir.builder import GraphBuilder
 from graphc.ir.graph import Graph, Value
-from graphc.ir.types import OptionalType, TensorType
+from graphc.ir.types import TensorType, kind_of
 
 
 def bind_shapes(
@@ -36,8 +36,7 @@ def bind_shapes(
     for v in graph.inputs:
         t = v.type
         if not isinstance(t, TensorType):
-            kind = "an optional" if isinstance(t, OptionalType) else "a sequence"
-            raise ShapeError(f"input '{v.name}' is {kind} ({t}); graphc compiles tensor inputs only")
+            raise ShapeError(f"input '{v.name}' is {kind_of(t)} ({t}); graphc compiles tensor inputs only")
         if v.name in shapes:
             given = tuple(int(d) for d in shapes[v.name])  # type: ignore[union-attr]
             if t.shape is not None:

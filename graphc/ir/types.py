@@ -17,7 +17,6 @@ from graphc.runtime.dtypes import Dim, DType, Shape
 __all__ = ["DType", "Dim", "SequenceType", "Shape", "TensorType", "ValueType", "dim_str"]
 
 
-
 def dim_str(d: Dim) -> str:
     return "?" if d is None else str(d)
 
@@ -100,3 +99,8 @@ class OptionalType:
 
 
 ValueType = TensorType | SequenceType | OptionalType
+
+
+def kind_of(t: ValueType) -> str:
+    """'a tensor', 'a sequence' or 'an optional': how errors name a value's kind."""
+    return "an optional" if isinstance(t, OptionalType) else "a sequence" if isinstance(t, SequenceType) else "a tensor"
