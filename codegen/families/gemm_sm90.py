@@ -772,6 +772,12 @@ def selected(prob: Problem) -> bool:
 #   the small-M rule) was fastest: 384 5.7 (TMA 7.7, old mma.sync 9.7), 512 6.3 (TMA 8.1, old 6.7),
 #   1024 7.9 (TMA 9.6, old 8.5); from 1536 the TMA GEMM (8.1 against 11.3).
 # Shapes with N or K below 768 were not measured and keep the older paths.
+# The cluster rule was measured on single GEMMs: a batched one counts the rows of all its batches
+# (batch * M <= MID_M_CLUSTER_MAX_M). Before, BERT-base's and GPT-2's Q/K/V projections at batch 8
+# (one batched GEMM of 3 x 1024x768x768, passes' horizontal fusion) took the wgmma kernel unsplit,
+# 576 tiles of 64x64: the tile count of 1024x2304x768, where the table's best wgmma variant took
+# 17.0 us against the TMA GEMM's 10.7. Inferred from that table, not measured in the batched form;
+# at batch 8 both models were 1.2x torch.compile (docs/results/h200_vs_torch_b8_2026-12-03.md).
 MID_M_MIN_NK = 768
 MID_M_CLUSTER_MAX_M = 1024
 MID_M_CLUSTER_MAX_NK = 768
@@ -788,7 +794,7 @@ def mid_m(prob: Problem) -> bool:
 
 def mid_m_cluster(prob: Problem) -> dict[str, Any] | None:
     """The cluster split-K wgmma parameters where the mid-M rule takes them, else None (TMA)."""
-    if prob.M > MID_M_CLUSTER_MAX_M or max(prob.N, prob.K) > MID_M_CLUSTER_MAX_NK:
+    if prob.batch * prob.M > MID_M_CLUSTER_MAX_M or max(prob.N, prob.K) > MID_M_CLUSTER_MAX_NK:
         return None
     return wgmma_cluster_params(prob)
 

@@ -57,6 +57,26 @@ def test_engine_path_at_the_boundaries(m, n, k, path, bn, splits):
     assert len(ks) == (2 if path == "tma" and splits > 1 else 1)  # TMA split-K: the reduce kernel
 
 
+@pytest.mark.parametrize(
+    ("shapes", "path", "splits"),
+    [
+        ([(3, 1024, 768), (3, 768, 768)], "tma", 1),  # BERT's Q/K/V at batch 8: 3072 rows in all
+        ([(3, 128, 768), (3, 768, 768)], "wgmma", 3),  # batch 1: the small-M rule, split 3
+        ([(2, 512, 768), (2, 768, 768)], "wgmma", 2),  # 1024 rows in all: the cluster rule's edge
+        ([(2, 513, 768), (2, 768, 768)], "tma", None),  # past it: the TMA GEMM's own heuristic
+    ],
+)
+def test_batched_gemm_counts_every_batch_for_the_cluster_rule(shapes, path, splits):
+    """The mid-M cluster rule was measured on single GEMMs; a batched one counts all its rows."""
+    from graphc.codegen.families.gemm import standalone_context
+
+    ctx = standalone_context("MatMul", shapes, DType.float16)
+    p = engine_kernels(ctx, problem_of(ctx))[0].params
+    assert p["path"] == path
+    if splits is not None:
+        assert p["SPLITS"] == splits
+
+
 def test_mid_candidates_cover_every_path_and_mark_the_engine():
     ctx = context(1536, 768, 768, DType.float16, "mn")
     cands = mid_kernels(ctx, problem_of(ctx))
