@@ -32,6 +32,7 @@ NK = [(768, 768), (2304, 768), (3072, 768), (768, 3072)]
 LINEAR = [(m, n, k) for m in (128, 197, 4096, 6304) for n, k in NK]
 QUICK = [(4096, 4096, 4096), (4096, 768, 768), (4096, 3072, 768), (128, 768, 768)]
 SWEEP = [(m, n, k) for m in (4096, 6304) for n, k in NK]  # the transformers' linear layers at batch 32
+MID = [(1024, n, k) for n, k in NK]  # the same layers at batch 8 (128 tokens)
 
 
 def variants(prob, lean: bool = False) -> list[dict[str, Any]]:
@@ -151,8 +152,36 @@ def sweep_variants(prob, epilogue: str = "none") -> list[dict[str, Any]]:
     return out
 
 
+def mid_variants(prob, epilogue: str = "none") -> list[dict[str, Any]]:
+    """The schedules of the mid-M sweep (--mid, M = 512..3072): every width with BN 64 (twice the
+    tiles of BN 128), K split 1-4 where the slices keep 3 K tiles or more, cooperative, per-warp
+    epilogue, ping-pong and OVERLAP where they exist, each with the deepest ring and the vector
+    epilogue."""
+    from graphc.codegen.families import gemm_sm90 as g
+
+    extra = {"VEC_EPI": 1, "FAST_GELU": 1} if epilogue != "none" else {}
+    ktiles = -(-prob.K // g.BK)
+    out = []
+    for bn in (64, 128, 192):
+        base = {"BN": bn, "STAGES": g.max_stages(bn), "PINGPONG": 0, **extra}
+        for s in (1, 2, 3, 4):
+            if s == 1 or ktiles // s >= 3:
+                out.append({**base, "SPLITS": s})
+        out.append({**base, "SPLITS": 1, "WARP_EPI": 1})
+        out.append({**base, "SPLITS": 1, "PINGPONG": 1})
+        out.append({**base, "SPLITS": 1, "OVERLAP": 1})
+    return out
+
+
 def kernels_for(
-    ctx, prob, quick: bool, lean: bool = False, epilogue: str = "none", overlap: bool = False, sweep: bool = False
+    ctx,
+    prob,
+    quick: bool,
+    lean: bool = False,
+    epilogue: str = "none",
+    overlap: bool = False,
+    sweep: bool = False,
+    mid: bool = False,
 ) -> list[tuple[str, dict | None, list]]:
     """(label, params, KernelSources) of every candidate: the TMA variants, graphc's default
     and its cp.async wgmma path."""
@@ -163,7 +192,9 @@ def kernels_for(
     h = g.heuristic(prob)
     if epilogue != "none":
         h = {**h, "VEC_EPI": 1, "FAST_GELU": 1}
-    if sweep:
+    if mid:
+        vs = mid_variants(prob, epilogue)
+    elif sweep:
         vs = sweep_variants(prob, epilogue)
     elif overlap:
         vs = overlap_variants(prob, epilogue)
@@ -176,7 +207,7 @@ def kernels_for(
             out.append(("tma" + ("*" if p == h else ""), p, g.generate(ctx, p)))
         except Exception as e:  # noqa: BLE001 - a variant that does not render is reported and skipped
             print(f"  skip {p}: {e}")
-    if overlap or sweep:  # the TMA schedules only
+    if overlap or sweep or mid:  # the TMA schedules only
         return out
     fam = family_for(ctx)
     out.append(("default", None, fam.generate(ctx)))
@@ -315,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epilogue", choices=["none", "bias-gelu", "bias-res"], default="none", help="a fused epilogue")
     ap.add_argument("--overlap", action="store_true", help="the epilogue schedules: cooperative, ping-pong, OVERLAP")
     ap.add_argument("--sweep", action="store_true", help="tile heights 128 and 192, every schedule (sweep_variants)")
+    ap.add_argument("--mid", action="store_true", help="M = 1024 (or --shape): BN 64 to 192, split 1-4 (mid_variants)")
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
 
@@ -326,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = (
         [tuple(int(x) for x in s.split("x")) for s in args.shape]
         if args.shape
-        else (QUICK if args.quick else SWEEP if args.sweep else BIG + LINEAR)
+        else (QUICK if args.quick else SWEEP if args.sweep else MID if args.mid else BIG + LINEAR)
     )
     todo = []
     for dt in dts:
@@ -335,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             for m, n, k in shapes:
                 ctx = context(m, n, k, dtype, lay, args.epilogue)
                 prob = problem_of(ctx)
-                cands = kernels_for(ctx, prob, args.quick, args.lean, args.epilogue, args.overlap, args.sweep)
+                cands = kernels_for(ctx, prob, args.quick, args.lean, args.epilogue, args.overlap, args.sweep, args.mid)
                 todo.append((dt, lay, (m, n, k), cands))
     every = [k for *_, cands in todo for _, _, ks in cands for k in ks]
     t0 = time.time()
@@ -391,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
             log.write(json.dumps(row) + "\n")
             log.flush()
             rows.append(row)
-            if "ms" in row and (args.overlap or args.sweep):
+            if "ms" in row and (args.overlap or args.sweep or args.mid):
                 print(f"    {label:5} {p} {row['ms']:.4f} ms {row['ratio']:.2f}x", flush=True)
             elif "ms" in row and args.epilogue != "none":
                 print(

@@ -163,7 +163,7 @@ def engine_kernels(ctx, prob) -> list:
 
 
 def mid_kernels(ctx, prob) -> list[tuple[str, dict | None, list]]:
-    """--mid: the TMA GEMM (its heuristic, BN 128/192/256 unsplit, and 2 or 4 K slices where a BN
+    """--mid: the TMA GEMM (its heuristic, BN 64/128/192/256 unsplit, OVERLAP at 64-192, and 2 or 4 K slices where a BN
     leaves SMs idle), the cp.async wgmma path (its heuristic, 128 x 128 and 128 x 256 unsplit, cluster split-K
     where the small-M rule would split), mma.sync (the default heuristic) and, where none of those
     is what the engine runs now, the engine's kernels ("engine"). Duplicate kernels are dropped."""
@@ -177,7 +177,10 @@ def mid_kernels(ctx, prob) -> list[tuple[str, dict | None, list]]:
     if g.unsupported(prob) is None:
         h = g.heuristic(prob)
         cands.append(("tma*", "tma", h))
-        for bn in g.BNS:
+        for bn in g.TMA_BNS:
+            if bn in g.OVERLAP_BNS:
+                ov = {"BN": bn, "STAGES": g.max_stages(bn), "SPLITS": 1, "PINGPONG": 0, "OVERLAP": 1}
+                cands.append((f"tma-bn{bn}-ov", "tma", ov))
             for s in (1, 2, 4):
                 # split where the slices still fit about one wave and keep 4 K tiles (the heuristic's floor)
                 if s > 1 and (g.units(prob, bn, s) > g.SM_COUNT * 5 // 4 or ktiles // s < 4):

@@ -57,9 +57,13 @@ log = logging.getLogger(__name__)
 BM = 128  # the default tile height; BM 192: three consumer warpgroups (cooperative only)
 BMS = (128, 192)
 BK = 64
-BNS = (128, 192, 256)
-PINGPONG_BNS = (128, 192)
-OVERLAP_BNS = (128, 192)  # the accumulators twice in registers: BN 256 would need 256 of them
+BNS = (128, 192, 256)  # the widths heuristic() weighs and conv_sm90 / gemm_fp8 take
+# BN 64: twice the tiles of BN 128 for the mid-M shapes (M = 512..3072 at N = 768: 48 tiles of
+# 128 x 128 leave 84 of 132 SMs idle); valid() and the benches take it, heuristic() does not.
+NARROW_BN = 64
+TMA_BNS = (NARROW_BN, *BNS)
+PINGPONG_BNS = (64, 128, 192)
+OVERLAP_BNS = (64, 128, 192)  # the accumulators twice in registers: BN 256 would need 256 of them
 THREADS = 384  # producer warpgroup + two consumer warpgroups (BM 128)
 SMEM_LIMIT = 227 * 1024
 _EP_BYTES = 64 * 40 * 4  # a consumer warpgroup's fp32 epilogue buffer
@@ -148,6 +152,9 @@ def heuristic(prob: Problem, vec_ok: bool = True, residual: bool = False) -> dic
         best["PINGPONG"] = 1
     else:
         best["PINGPONG"] = 0
+    if vec_ok and (mid_bn := mid_tile_bn(prob)) is not None:
+        gelu = any(e.op in PINGPONG_EPILOGUE_OPS for e in prob.epilogue)
+        best = {"BN": mid_bn, "SPLITS": 1, "PINGPONG": 0, ("WARP_EPI" if gelu else "OVERLAP"): 1}
     if vec_ok and overlap_rule(prob, best):
         best = {"BN": OVERLAP_RULE_BN, "SPLITS": 1, "PINGPONG": 0, "OVERLAP": 1}
     if not vec_ok and wide_element_wise_rule(prob, best):
@@ -167,6 +174,44 @@ def wave_fill(prob: Problem, bm: int, bn: int) -> float:
     tiles = units(prob, bn, 1, bm)
     fill = tiles / (ceil_div(tiles, SM_COUNT) * SM_COUNT)
     return fill * prob.M / (ceil_div(prob.M, bm) * bm) * prob.N / (ceil_div(prob.N, bn) * bn)
+
+
+# Mid-M tiles (256 < rows < 4096 with the batches folded in, N and K in 768..3072: BERT-base and
+# GPT-2 at batch 3-24 of 128 tokens), measured on an H200 (2026-12-04, tools/bench_gemm_sm90.py
+# --mid --layout k, fp16, CUDA-graph replays, us, cuBLAS through torch.matmul in the same run;
+# docs/results/gemm_sm90_mid_2026-12-04.md). At 1024 rows the wave model's split-K choices lost to
+# one K slice on every shape (the fp32 partials and the reduce launch cost 4-10 us):
+#   1024x768x768   BN 64 OVERLAP 5.6 (cuBLAS 4.6; the heuristic's BN 128 split 2 9.8, BN 128 unsplit 8.1)
+#   1024x768x3072  BN 64 12.6-12.7 (cuBLAS 9.8; BN 128 split 2 15.7, BN 192 split 3 19.8)
+#   1024x2304x768  BN 192 OVERLAP 10.2 (cuBLAS 8.3; BN 64 11.6-12.6, BN 128 12.0-13.6)
+#   1024x3072x768  BN 192 OVERLAP 10.6 (cuBLAS 10.1; BN 64 11.8-12.9, BN 128 12.4-14.0)
+#   bias + residual: 1024x768x768 BN 64 OVERLAP 6.3 (BN 128 split 2 9.9), 1024x768x3072 13.2 (BN 192 split 4 15.7)
+#   bias + Gelu: 1024x3072x768 BN 192 WARP_EPI 13.9 (OVERLAP 13.9; ping-pong BN 128 17.9, BN 64 15.9-16.6)
+# -> one K slice, BN by the wave model with BN 64's per-element speed fitted (MID_EFF: the fewest
+# waves of the narrowest tile unless a wider one needs as few), OVERLAP (Gelu: the per-warp
+# epilogue, as the tall rule takes for it). Checked in a second run at 384, 512, 1024, 2048 and
+# 3072 rows (tools/bench_gemm_small_m.py --mid, B [K, N], against every TMA width and split, the
+# cp.async wgmma kernel with and without cluster split-K, and mma.sync): the rule's choice was the
+# fastest variant on 19 of the 20 shapes (at 384 and 512 x 768x768, BN 64 OVERLAP 5.3 against the
+# cluster kernel's 5.8 / 6.2); where K = 3072 and the one-slice tile leaves more than half the SMs
+# idle the wave model's split stays (384x768x3072: split 6 9.7, the fastest, BN 64 12.0;
+# 512x768x3072: split 8 11.9, the one miss, split 4 10.9). With bias + residual at 2048 and 3072 rows and bias +
+# Gelu at 384, 2048 and 3072 (B [N, K]) the rule's choice was the fastest or within 3%.
+MID_TILE_MAX_ROWS = 4096
+MID_TILE_SHALLOW_K = 768
+MID_EFF = {64: 0.75, 128: 0.86, 192: 0.95}
+
+
+def mid_tile_bn(prob: Problem) -> int | None:
+    """The mid-M rule's tile width (above), or None where the rule does not apply: outside its
+    ranges, or where K is deep and that width's one K slice would leave more than half the SMs idle
+    (384 and 512 rows at K = 3072: the wave model's split-K is faster there)."""
+    lo, hi = OVERLAP_RULE_NK
+    rows = prob.batch * prob.M
+    if not (SMALL_M_MAX < rows < MID_TILE_MAX_ROWS and lo <= prob.N <= hi and lo <= prob.K <= hi and prob.N % 8 == 0):
+        return None
+    bn = min(MID_EFF, key=lambda w: ceil_div(units(prob, w, 1), SM_COUNT) * w / MID_EFF[w])
+    return bn if prob.K <= MID_TILE_SHALLOW_K or 2 * units(prob, bn, 1) >= SM_COUNT else None
 
 
 # BM 192 (three consumer warpgroups, per-warp epilogue) as the default, measured on an H200
@@ -237,7 +282,11 @@ def overlap_rule(prob: Problem, best: dict[str, Any]) -> bool:
 # BN 192 per-warp 0.664; cuBLAS through torch.matmul 3.06). At 128 rows (the small-M rule's
 # shape) OVERLAP BN 128 0.0283 ms ties the rule's cooperative BN 128 (28.4-28.9 us), so that rule
 # stays. Narrower N (the vector epilogue's 768..3072 rules) was not measured without it.
-WIDE_RULE_MIN_M = 4096
+# From 1024 rows since 2026-12-04 (--sweep --shape 1024x50257x768 --shape 2048x50257x768 --layout k;
+# docs/results/gemm_sm90_mid_2026-12-04.md): OVERLAP BN 192 0.1415 / 0.294 ms against the
+# cooperative BN 256 default's 0.156 / 0.326 (GPT-2's LM head at batch 8 and 16); at 1024 rows
+# ping-pong BN 192 was faster still (0.135), at 2048 not (0.321), so one rule for both.
+WIDE_RULE_MIN_M = 1024
 
 
 def wide_element_wise_rule(prob: Problem, best: dict[str, Any]) -> bool:
@@ -263,7 +312,7 @@ def overlap_every(ktiles: int, bn: int) -> int:
 
 def valid(prob: Problem, p: dict[str, Any]) -> bool:
     bn, st, s, bm = p.get("BN"), p.get("STAGES"), p.get("SPLITS", 1), p.get("BM", BM)
-    if bn not in BNS or bm not in BMS or not isinstance(st, int) or not isinstance(s, int):
+    if bn not in TMA_BNS or bm not in BMS or not isinstance(st, int) or not isinstance(s, int):
         return False
     if bm != BM and (p.get("PINGPONG", 0) or p.get("OVERLAP", 0) or bn not in BM192_BNS):
         return False  # 512 threads: ptxas compiles for 128 registers, one accumulator array of BN / 2
@@ -635,7 +684,7 @@ def generate(
             "SPLITS": 1,
             "PINGPONG": 0,
             "OVERLAP": 0,
-            "STAGES": max_stages(params["BN"], bm) if params["BN"] in BNS and bm in BMS else 0,
+            "STAGES": max_stages(params["BN"], bm) if params["BN"] in TMA_BNS and bm in BMS else 0,
             **params,
         }
     else:
@@ -759,7 +808,7 @@ def selected(prob: Problem) -> bool:
     if unsupported(prob) is not None or prob.N < 128 or prob.K < 128:
         return False
     if mid_m(prob):
-        return mid_m_cluster(prob) is None
+        return True
     return prob.M >= SELECT_MIN_M or (prob.M <= SMALL_M_MAX and prob.K >= SMALL_M_MIN_K)
 
 
@@ -768,19 +817,17 @@ def selected(prob: Problem) -> bool:
 # - the TMA GEMM's heuristic was the fastest variant, or within 11% of it, on 23 of the 28 shapes and
 #   1.3-2.8x faster than the old path on all of them: 1536x3072x768 18.6 (old 32.7, cuBLAS 13.6),
 #   2048x2304x768 18.9 (32.5; 13.7), 3072x768x3072 27.3 (44.1; 22.7), 384x768x3072 9.7 (27.4; 8.4).
-# - N = K = 768 with M <= 1024: the cp.async wgmma kernel with cluster split-K (wgmma_cluster_params,
-#   the small-M rule) was fastest: 384 5.7 (TMA 7.7, old mma.sync 9.7), 512 6.3 (TMA 8.1, old 6.7),
-#   1024 7.9 (TMA 9.6, old 8.5); from 1536 the TMA GEMM (8.1 against 11.3).
+# - N = K = 768 with M <= 1024 then took the cp.async wgmma kernel with cluster split-K (the
+#   small-M rule): 384 5.7, 512 6.3, 1024 7.9 against TMA's 7.7 / 8.1 / 9.6 at BN 128 or wider.
+#   Since 2026-12-04 the TMA GEMM's BN 64 tile (heuristic()'s mid-M tile rule) is faster there in
+#   the same run (tools/bench_gemm_small_m.py --mid; docs/results/gemm_sm90_mid_2026-12-04.md):
+#   384 5.3 against the cluster kernel's 5.8, 512 5.25 against 6.2, 1024 5.4 against 8.0 (cuBLAS
+#   4.3 / 4.7 / 4.9), so every mid-M problem runs on the TMA GEMM. (That cluster rule had also
+#   counted one batch only: BERT-base's batched Q/K/V GEMM at batch 8, 3 x 1024x768x768, ran the
+#   wgmma kernel unsplit, 576 tiles of 64 x 64; graphc was 1.2x torch.compile on BERT-base and GPT-2
+#   at batch 8, docs/results/h200_vs_torch_b8_2026-12-03.md, 0.94 and 1.02 after both changes.)
 # Shapes with N or K below 768 were not measured and keep the older paths.
-# The cluster rule was measured on single GEMMs: a batched one counts the rows of all its batches
-# (batch * M <= MID_M_CLUSTER_MAX_M). Before, BERT-base's and GPT-2's Q/K/V projections at batch 8
-# (one batched GEMM of 3 x 1024x768x768, passes' horizontal fusion) took the wgmma kernel unsplit,
-# 576 tiles of 64x64: the tile count of 1024x2304x768, where the table's best wgmma variant took
-# 17.0 us against the TMA GEMM's 10.7. Inferred from that table, not measured in the batched form;
-# at batch 8 both models were 1.2x torch.compile (docs/results/h200_vs_torch_b8_2026-12-03.md).
 MID_M_MIN_NK = 768
-MID_M_CLUSTER_MAX_M = 1024
-MID_M_CLUSTER_MAX_NK = 768
 
 
 def mid_m(prob: Problem) -> bool:
@@ -790,13 +837,6 @@ def mid_m(prob: Problem) -> bool:
         and SMALL_M_MAX < prob.M < SELECT_MIN_M
         and min(prob.N, prob.K) >= MID_M_MIN_NK
     )
-
-
-def mid_m_cluster(prob: Problem) -> dict[str, Any] | None:
-    """The cluster split-K wgmma parameters where the mid-M rule takes them, else None (TMA)."""
-    if prob.batch * prob.M > MID_M_CLUSTER_MAX_M or max(prob.N, prob.K) > MID_M_CLUSTER_MAX_NK:
-        return None
-    return wgmma_cluster_params(prob)
 
 
 # Small-M GEMMs (M <= SMALL_M_MAX with batches folded in: batch-1 linear layers) on an sm_90 engine,
@@ -918,9 +958,6 @@ def select(ctx: StepContext) -> list[KernelSource]:
         kind, p = small_m_params(prob)
         log.debug("%s: small-M GEMM on %s %s", ctx.step.name, kind, p)
         return generate(ctx, p) if kind == "tma" else _generate(ctx.with_params(p))
-    if mid_m(prob) and (wg := mid_m_cluster(prob)) is not None:
-        log.debug("%s: mid-M GEMM on wgmma cluster split-K %s", ctx.step.name, wg)
-        return _generate(ctx.with_params(wg))
     if not selected(prob) and not narrow_mlp(prob):
         log.debug("%s: not on the TMA GEMM (M=%d N=%d K=%d)", ctx.step.name, prob.M, prob.N, prob.K)
         return []

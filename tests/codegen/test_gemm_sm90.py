@@ -114,7 +114,7 @@ def test_unsupported_problems():
         (197, 768, 3072, True),
         (128, 768, 768, False),  # batch 1, K = 768: the wgmma path is as fast
         (197, 2304, 768, False),
-        (1024, 768, 768, False),  # not measured
+        (1024, 768, 768, True),  # the mid-M tile rule: BN 64, 5.4 us against the cluster kernel's 8.0
     ],
 )
 def test_selection_rules(m, n, k, want):
@@ -185,7 +185,7 @@ def test_heuristic_for_a_gelu_epilogue():
         (6304, 2304, 768, "mn", True),  # (6304 x 3072 x 768: the tall rule)
         (4096, 768, 3072, "k", True),
         (4096, 4096, 4096, "mn", False),  # cooperative BN 256 measured faster
-        (2048, 3072, 768, "mn", False),  # below the measured M
+        (2048, 3072, 768, "mn", True),  # the mid-M tile rule's OVERLAP (BN 192, as the OVERLAP rule's)
         (128, 768, 3072, "mn", False),  # split-K
     ],
 )
@@ -410,11 +410,19 @@ def test_fast_gelu_forms():
 
 @pytest.mark.parametrize(
     ("m", "n", "overlap"),
-    [(4096, 50257, True), (8192, 50257, True), (4096, 8193, True), (2048, 50257, False), (4096, 3075, False)],
+    [
+        (4096, 50257, True),
+        (8192, 50257, True),
+        (4096, 8193, True),
+        (2048, 50257, True),
+        (1024, 50257, True),
+        (1023, 50257, False),
+        (4096, 3075, False),
+    ],
 )
 def test_wide_element_wise_rule(m, n, overlap):
     """A wide output with the element-wise stores (N odd: GPT-2's LM head) takes OVERLAP BN 192
-    from M = 4096 (measured there); narrower or shorter problems keep the wave model's tile."""
+    from M = 1024 (measured at 1024, 2048, 4096); narrower or shorter problems keep the wave model's tile."""
     ctx = _ctx(m, n, 768, b_layout="k")
     (k,) = gemm_sm90.generate(ctx)
     assert k.params["VEC_EPI"] == 0

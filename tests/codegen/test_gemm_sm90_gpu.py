@@ -47,13 +47,27 @@ def _cases() -> list[Case]:
                         params={"BN": 128, "STAGES": 4, "SPLITS": 1},
                     )
                 )
-    for bn, st in ((128, 6), (192, 5), (256, 4), (256, 2)):
+    for bn, st in ((64, 8), (64, 3), (128, 6), (192, 5), (256, 4), (256, 2)):
         cases.append(
             Case(f"fp16-bn{bn}-s{st}", "fp16", "MatMul", [(300, 1096), (1096, 520)], params={"BN": bn, "STAGES": st})
         )
     # more tiles than CTAs: the persistent loop and the stage ring wrap across tiles
     cases.append(Case("fp16-persistent", "fp16", "MatMul", [(2176, 256), (256, 2112)], params={"BN": 128, "STAGES": 3}))
     cases.append(Case("fp16-split", "fp16", "MatMul", [(128, 3072), (3072, 768)], params={"BN": 128, "SPLITS": 4}))
+    # BN 64 (the mid-M tile): split-K, ping-pong and OVERLAP over many tiles a CTA, B [N, K] too
+    cases.append(Case("fp16-bn64-split", "fp16", "MatMul", [(1030, 776), (776, 200)], params={"BN": 64, "SPLITS": 3}))
+    for sched in ("PINGPONG", "OVERLAP", "WARP_EPI"):
+        cases.append(
+            Case(
+                f"bf16-bn64-{sched.lower()}",
+                "bf16",
+                "MatMul",
+                [(2184, 520), (1000, 520)],
+                domain="graphc",
+                attrs={"trans_b": 1},
+                params={"BN": 64, sched: 1},
+            )
+        )
     # ping-pong consumers: each layout, both widths, many tiles per CTA, split-K, a fused epilogue
     for ta, tb in ((0, 0), (1, 1), (0, 1)):
         cases.append(
