@@ -64,6 +64,13 @@ class ConvertContext:
     def input(self, i: int) -> Value | None:
         return self.inputs[i] if i < len(self.inputs) else None
 
+    def required_input(self, i: int, what: str) -> Value:
+        """Input i, or an error naming it (`what`: its role, e.g. "scale") where it is absent."""
+        v = self.input(i)
+        if v is None:
+            raise self.fail(f"input {i} ({what}) is required")
+        return v
+
     def attr(self, name: str, default: Any = None) -> Any:
         return self.attrs.get(name, default)
 

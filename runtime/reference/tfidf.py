@@ -13,6 +13,7 @@ count (the count without weights). float32 [C] -> [size] or [B, C] -> [B, size].
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -25,18 +26,29 @@ def tfidf_output_size(attrs: Any) -> int:
 
 
 def _pool_grams(attrs: Any) -> dict[tuple[int, ...], int]:
-    """n-gram (of a length looked for) -> its output column."""
-    pool = [int(v) for v in attrs.pool_int64s]
-    counts = [int(v) for v in attrs.ngram_counts]
-    idx = [int(v) for v in attrs.ngram_indexes]
+    """n-gram (of a length looked for) -> its output column (built once per distinct attribute set:
+    a reference engine runs the same node on every call; callers only read it)."""
+    return _grams(
+        tuple(int(v) for v in attrs.pool_int64s),
+        tuple(int(v) for v in attrs.ngram_counts),
+        tuple(int(v) for v in attrs.ngram_indexes),
+        int(attrs.min_gram_length),
+        int(attrs.max_gram_length),
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _grams(
+    pool: tuple[int, ...], counts: tuple[int, ...], idx: tuple[int, ...], lo: int, hi: int
+) -> dict[tuple[int, ...], int]:
     grams: dict[tuple[int, ...], int] = {}
     gid = 0
     for i, start in enumerate(counts):
         n = i + 1
         end = counts[i + 1] if i + 1 < len(counts) else len(pool)
         for k in range((end - start) // n):
-            if attrs.min_gram_length <= n <= attrs.max_gram_length:
-                grams[tuple(pool[start + k * n : start + (k + 1) * n])] = idx[gid]
+            if lo <= n <= hi:
+                grams[pool[start + k * n : start + (k + 1) * n]] = idx[gid]
             gid += 1
     return grams
 

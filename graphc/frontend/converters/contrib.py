@@ -72,13 +72,6 @@ DEFAULT_MASK_FILTER = -10000.0  # ORT's mask_filter_value default
 # ---- small helpers --------------------------------------------------------------------------------
 
 
-def _need(ctx: ConvertContext, i: int, what: str) -> Value:
-    v = ctx.input(i)
-    if v is None:
-        raise ctx.fail(f"input {i} ({what}) is required")
-    return v
-
-
 def _refuse_inputs(ctx: ConvertContext, names: dict[int, str]) -> None:
     for i, what in names.items():
         if ctx.input(i) is not None:
@@ -161,23 +154,23 @@ def _gelu(ctx: ConvertContext, x: Value, approximate: str) -> Value:
 
 @converter("Gelu", since=1, domain=MS)
 def _ms_gelu(ctx: ConvertContext) -> list[Value]:
-    return [_gelu(ctx, _need(ctx, 0, "X"), "none")]
+    return [_gelu(ctx, ctx.required_input(0, "X"), "none")]
 
 
 @converter("BiasGelu", since=1, domain=MS)
 def _bias_gelu(ctx: ConvertContext) -> list[Value]:
-    return [_gelu(ctx, _add(ctx, _need(ctx, 0, "A"), _need(ctx, 1, "B"), "bias"), "none")]
+    return [_gelu(ctx, _add(ctx, ctx.required_input(0, "A"), ctx.required_input(1, "B"), "bias"), "none")]
 
 
 @converter("FastGelu", since=1, domain=MS)
 def _fast_gelu(ctx: ConvertContext) -> list[Value]:
     # 0.5 x (1 + tanh(0.797885 x + 0.035677 x^3)) is the tanh GELU: 0.035677 = 0.797885 * 0.044715.
-    return [_gelu(ctx, _add(ctx, _need(ctx, 0, "X"), ctx.input(1), "bias"), "tanh")]
+    return [_gelu(ctx, _add(ctx, ctx.required_input(0, "X"), ctx.input(1), "bias"), "tanh")]
 
 
 @converter("QuickGelu", since=1, domain=MS)
 def _quick_gelu(ctx: ConvertContext) -> list[Value]:
-    x = _need(ctx, 0, "X")
+    x = ctx.required_input(0, "X")
     alpha = float(ctx.attr("alpha", 1.702))
     arg = x if alpha == 1.0 else ctx.op("Mul", [x, _float_const(ctx, alpha, x, "alpha")], name=f"{ctx.name}/scale")
     return [ctx.op("Mul", [x, ctx.op("Sigmoid", [arg], name=f"{ctx.name}/Sigmoid")], name=ctx.name)]
@@ -185,13 +178,13 @@ def _quick_gelu(ctx: ConvertContext) -> list[Value]:
 
 @converter("BiasAdd", since=1, domain=MS)
 def _bias_add(ctx: ConvertContext) -> list[Value]:
-    y = _add(ctx, _need(ctx, 0, "X"), _need(ctx, 1, "bias"), "bias")
-    return [_add(ctx, y, _need(ctx, 2, "skip"), "skip")]
+    y = _add(ctx, ctx.required_input(0, "X"), ctx.required_input(1, "bias"), "bias")
+    return [_add(ctx, y, ctx.required_input(2, "skip"), "skip")]
 
 
 @converter("BiasSplitGelu", since=1, domain=MS)
 def _bias_split_gelu(ctx: ConvertContext) -> list[Value]:
-    x = _add(ctx, _need(ctx, 0, "X"), _need(ctx, 1, "bias"), "bias")
+    x = _add(ctx, ctx.required_input(0, "X"), ctx.required_input(1, "bias"), "bias")
     d = _static_dim(ctx, x, -1, "the hidden size")
     if d % 2:
         raise ctx.fail(f"hidden size {d} is odd; BiasSplitGelu splits it in halves")
@@ -258,7 +251,7 @@ def _batch_to_front_perm(rank: int) -> list[int]:
 
 @converter("FusedMatMul", since=1, domain=MS)
 def _fused_matmul(ctx: ConvertContext) -> list[Value]:
-    a, b = _need(ctx, 0, "A"), _need(ctx, 1, "B")
+    a, b = ctx.required_input(0, "A"), ctx.required_input(1, "B")
     alpha = float(ctx.attr("alpha", 1.0))
     ta, tb = int(ctx.attr("transA", 0)), int(ctx.attr("transB", 0))
     operands = []
@@ -283,7 +276,7 @@ def _fused_matmul(ctx: ConvertContext) -> list[Value]:
 
 
 def _skip_sum(ctx: ConvertContext, bias_index: int) -> Value:
-    s = ctx.op("Add", [_need(ctx, 0, "input"), _need(ctx, 1, "skip")], name=f"{ctx.name}/skip")
+    s = ctx.op("Add", [ctx.required_input(0, "input"), ctx.required_input(1, "skip")], name=f"{ctx.name}/skip")
     return _add(ctx, s, ctx.input(bias_index), "bias")
 
 
@@ -318,7 +311,7 @@ def _skip_layer_norm(ctx: ConvertContext) -> list[Value]:
     s = _skip_sum(ctx, 4)
     wanted = _wanted(ctx)
     n_stats = 3 if any(wanted[1:3]) else 1
-    outs = _layer_norm(ctx, s, _need(ctx, 2, "gamma"), ctx.input(3), float(ctx.attr("epsilon", 1e-12)), n_stats)
+    outs = _layer_norm(ctx, s, ctx.required_input(2, "gamma"), ctx.input(3), float(ctx.attr("epsilon", 1e-12)), n_stats)
     return [*outs, *([None] * (3 - len(outs))), s][: len(wanted)]
 
 
@@ -327,7 +320,7 @@ def _skip_simplified_layer_norm(ctx: ConvertContext) -> list[Value]:
     _refuse_outputs(ctx, {1: "mean: the simplified form has none"})
     s = _skip_sum(ctx, 3)
     eps = float(ctx.attr("epsilon", 1e-12))
-    y = _rms_norm(ctx, s, _need(ctx, 2, "gamma"), eps, -1)
+    y = _rms_norm(ctx, s, ctx.required_input(2, "gamma"), eps, -1)
     wanted = _wanted(ctx)
     inv = _inv_rms(ctx, s, eps, -1) if len(wanted) > 2 and wanted[2] else None
     return [y, None, inv, s][: len(wanted)]
@@ -335,9 +328,10 @@ def _skip_simplified_layer_norm(ctx: ConvertContext) -> list[Value]:
 
 @converter("EmbedLayerNormalization", since=1, domain=MS)
 def _embed_layer_norm(ctx: ConvertContext) -> list[Value]:
-    ids, seg_ids = _need(ctx, 0, "input_ids"), ctx.input(1)
-    word, pos, seg = _need(ctx, 2, "word_embedding"), _need(ctx, 3, "position_embedding"), ctx.input(4)
-    gamma, beta, mask, pos_ids = _need(ctx, 5, "gamma"), _need(ctx, 6, "beta"), ctx.input(7), ctx.input(8)
+    ids, seg_ids = ctx.required_input(0, "input_ids"), ctx.input(1)
+    word, pos, seg = ctx.required_input(2, "word_embedding"), ctx.required_input(3, "position_embedding"), ctx.input(4)
+    gamma, beta = ctx.required_input(5, "gamma"), ctx.required_input(6, "beta")
+    mask, pos_ids = ctx.input(7), ctx.input(8)
     if (seg_ids is None) != (seg is None):
         raise ctx.fail("segment_ids and segment_embedding must be given together")
     x = ctx.op("Gather", [word, ids], {"axis": 0}, name=f"{ctx.name}/word")
@@ -504,7 +498,7 @@ def _ms_attention(ctx: ConvertContext) -> list[Value]:
     if ctx.attr("past_present_share_buffer", 0):
         raise ctx.fail("past_present_share_buffer=1 is not supported")
     _refuse_inputs(ctx, {6: "past_sequence_length"})
-    x, w = _need(ctx, 0, "input"), _need(ctx, 1, "weights")
+    x, w = ctx.required_input(0, "input"), ctx.required_input(1, "weights")
     bias, mask, past, attn_bias = ctx.input(2), ctx.input(3), ctx.input(4), ctx.input(5)
     heads = int(ctx.attr("num_heads", 0))
     if heads <= 0:
@@ -587,7 +581,7 @@ def _unpack(ctx: ConvertContext, packed: Value, count: int, hint: str) -> list[V
 def _multi_head_attention(ctx: ConvertContext) -> list[Value]:
     _refuse_inputs(ctx, {8: "past_sequence_length", 9: "cache_indirection"})
     _refuse_outputs(ctx, {3: "qk"})
-    q, k, v, bias = _need(ctx, 0, "query"), ctx.input(1), ctx.input(2), ctx.input(3)
+    q, k, v, bias = ctx.required_input(0, "query"), ctx.input(1), ctx.input(2), ctx.input(3)
     kpm, attn_bias, pk, pv = ctx.input(4), ctx.input(5), ctx.input(6), ctx.input(7)
     heads = int(ctx.attr("num_heads", 0))
     if heads <= 0:
@@ -660,9 +654,9 @@ def _group_query_attention(ctx: ConvertContext) -> list[Value]:
             raise ctx.fail(f"{attr}={ctx.attr(attr)} is not supported")
     if ctx.attr("k_quant_type", "NONE") != "NONE" or ctx.attr("v_quant_type", "NONE") != "NONE":
         raise ctx.fail("a quantized KV cache is not supported")
-    q, k, v = _need(ctx, 0, "query"), ctx.input(1), ctx.input(2)
+    q, k, v = ctx.required_input(0, "query"), ctx.input(1), ctx.input(2)
     pk, pv = ctx.input(3), ctx.input(4)
-    seqlens = _need(ctx, 5, "seqlens_k")
+    seqlens = ctx.required_input(5, "seqlens_k")
     cos, sin, pos_ids, attn_bias = ctx.input(7), ctx.input(8), ctx.input(9), ctx.input(10)
     heads, kv_heads = int(ctx.attr("num_heads", 0)), int(ctx.attr("kv_num_heads", 0))
     if heads <= 0 or kv_heads <= 0 or heads % kv_heads:
@@ -752,7 +746,8 @@ def _ms_rotary(ctx: ConvertContext) -> list[Value]:
         raise ctx.fail("is_packed_batching=1 is not supported")
     if float(ctx.attr("scale", 1.0)) != 1.0:
         raise ctx.fail(f"scale={ctx.attr('scale')} is not supported (only 1.0)")
-    x, pos, cos, sin = (_need(ctx, i, n) for i, n in enumerate(("input", "position_ids", "cos_cache", "sin_cache")))
+    roles = ("input", "position_ids", "cos_cache", "sin_cache")
+    x, pos, cos, sin = (ctx.required_input(i, n) for i, n in enumerate(roles))
     half = _static_dim(ctx, cos, -1, "the cos_cache width")
     rot = int(ctx.attr("rotary_embedding_dim", 0))
     heads = int(ctx.attr("num_heads", 0))
@@ -803,7 +798,7 @@ def _matmul_nbits(ctx: ConvertContext) -> list[Value]:
     _refuse_inputs(ctx, {4: "g_idx (deprecated)"})
     if int(ctx.attr("weight_prepacked", 0)):
         raise ctx.fail("prepacked weights are not supported")
-    a = _need(ctx, 0, "A")
+    a = ctx.required_input(0, "A")
     k_dim, n_dim = int(ctx.attr("K", 0)), int(ctx.attr("N", 0))
     bits, block = int(ctx.attr("bits", 4)), int(ctx.attr("block_size", 0))
     if bits not in (2, 4, 8):
@@ -863,7 +858,7 @@ def _dequantize_b(ctx: ConvertContext, b: Value, scale: Value, zp: Value | None)
 
 @converter("DynamicQuantizeMatMul", since=1, domain=MS)
 def _dynamic_quantize_matmul(ctx: ConvertContext) -> list[Value]:
-    a, b, b_scale = _need(ctx, 0, "A"), _need(ctx, 1, "B"), _need(ctx, 2, "b_scale")
+    a, b, b_scale = ctx.required_input(0, "A"), ctx.required_input(1, "B"), ctx.required_input(2, "b_scale")
     y = ctx.op(
         "MatMul", [_dynamic_quantize(ctx, a), _dequantize_b(ctx, b, b_scale, ctx.input(3))], name=f"{ctx.name}/MatMul"
     )
@@ -872,8 +867,8 @@ def _dynamic_quantize_matmul(ctx: ConvertContext) -> list[Value]:
 
 @converter("MatMulIntegerToFloat", since=1, domain=MS)
 def _matmul_integer_to_float(ctx: ConvertContext) -> list[Value]:
-    a, b = _need(ctx, 0, "A"), _need(ctx, 1, "B")
-    a_scale, b_scale = _need(ctx, 2, "a_scale"), _need(ctx, 3, "b_scale")
+    a, b = ctx.required_input(0, "A"), ctx.required_input(1, "B")
+    a_scale, b_scale = ctx.required_input(2, "a_scale"), ctx.required_input(3, "b_scale")
     ad = ctx.op("DequantizeLinear", [a, a_scale, ctx.input(4)], {"axis": -1}, name=f"{ctx.name}/a_dequantized")
     y = ctx.op("MatMul", [ad, _dequantize_b(ctx, b, b_scale, ctx.input(5))], name=f"{ctx.name}/MatMul")
     return [_add(ctx, y, ctx.input(6), "bias")]

@@ -18,9 +18,7 @@ ML = "ai.onnx.ml"
 
 
 def _input(ctx: ConvertContext, i: int, what: str) -> Value:
-    v = ctx.input(i)
-    if v is None:
-        raise ctx.fail(f"input {i} ({what}) is required")
+    v = ctx.required_input(i, what)
     if not isinstance(v.type, TensorType):
         raise ctx.fail(f"input {i} ({what}) must be a tensor, got {v.type}")
     return v
