@@ -12,6 +12,10 @@
 # picks models (five take ~310 s with --quick), TORCH_ARGS adds bench_torch flags, e.g. the
 # 2026-12-01 20:13 figures: TORCH_ARGS="--tactics cublaslt --io-precision fp16"; an A/B of a compile option
 # that is off by default, e.g. the 2026-12-03 row-norm runs: TORCH_ARGS="--graphc-option row_norm_epilogues=true".
+# The 2026-12-04 mid-M GEMM sweep (1024 rows, every tile width and split): SM90_S=60 SM90_ARGS="--mid
+# --layout k" (add --epilogue bias-res or bias-gelu, --shape MxNxK for other rows); BERT-base and GPT-2
+# at batch 4-16: TORCH_S=300 TORCH_MODELS=bert,gpt2 TORCH_ARGS="--batch 8,4,16 --modes eager,default,reduce-overhead
+# --io-precision fp16" (a flag given wins over --quick).
 # (pytest gets no -q: pyproject's addopts has one, and -qq drops the "N passed" line.)
 set -u
 OUT=${OUT:-out}
