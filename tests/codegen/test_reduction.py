@@ -151,6 +151,23 @@ def test_layernorm_stats_outputs_and_forced_params():
     compile_each(ks, archs=("sm_90",))
 
 
+def test_layernorm_preloads_its_parameters():
+    """Scale and bias spanning the row are read VEC-wide with it (registers g0, g1); a broadcast
+    scale stays a scalar load; a forced "preload": 0 keeps the scalar loads."""
+    x = rand((1024, 768), F16)
+    m = _model("LayerNormalization", x, {"axis": -1}, {"s": rand((768,), F16), "b": rand((768,), F16)})
+    (k,) = kernels_of(m)
+    assert k.params["preload"] == 1 and k.params["vec"] == 8
+    assert "* (g0[k][e])" in k.source and "y += g1[k][e];" in k.source
+    compile_each([k], archs=("sm_90",))
+    (k,) = kernels_of(m, params={"tpr": 32, "preload": 0})
+    assert k.params["preload"] == 0 and "g0[k][e]" not in k.source
+    one = _model("LayerNormalization", x, {"axis": -1}, {"s": rand((1,), F16), "b": rand((768,), F16)})
+    (k,) = kernels_of(one)
+    assert "g0[k][e]" not in k.source and "y += g0" not in k.source and "y += g1[k][e];" in k.source
+    compile_each([k], archs=("sm_80",))
+
+
 def test_groupnorm_channel_index():
     x = rand((2, 6, 7, 9))
     m = _model("GroupNormalization", x, {"num_groups": 3}, {"s": rand((6,)), "b": rand((6,))})
