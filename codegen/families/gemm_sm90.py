@@ -58,12 +58,13 @@ BM = 128  # the default tile height; BM 192: three consumer warpgroups (cooperat
 BMS = (128, 192)
 BK = 64
 BNS = (128, 192, 256)  # the widths heuristic() weighs and conv_sm90 / gemm_fp8 take
-# BN 64: twice the tiles of BN 128 for the mid-M shapes (M = 512..3072 at N = 768: 48 tiles of
-# 128 x 128 leave 84 of 132 SMs idle); valid() and the benches take it, heuristic() does not.
+# BN 64: twice the tiles of BN 128 for the mid-M shapes (1024 x 768: 48 tiles of 128 x 128 leave
+# 84 of 132 SMs idle); the mid-M tile rule (mid_tile_bn) takes it, heuristic()'s wave-model loop
+# over BNS does not.
 NARROW_BN = 64
 TMA_BNS = (NARROW_BN, *BNS)
-PINGPONG_BNS = (64, 128, 192)
-OVERLAP_BNS = (64, 128, 192)  # the accumulators twice in registers: BN 256 would need 256 of them
+PINGPONG_BNS = (NARROW_BN, 128, 192)
+OVERLAP_BNS = (NARROW_BN, 128, 192)  # the accumulators twice in registers: BN 256 would need 256 of them
 THREADS = 384  # producer warpgroup + two consumer warpgroups (BM 128)
 SMEM_LIMIT = 227 * 1024
 _EP_BYTES = 64 * 40 * 4  # a consumer warpgroup's fp32 epilogue buffer
@@ -125,7 +126,9 @@ def tile_cost(prob: Problem, bn: int, s: int, bm: int = BM) -> float:
     return cost
 
 
-_EFF = {128: 0.86, 192: 0.95, 256: 1.0}  # per-element speed of each tile width (fewer operand bytes a FLOP)
+# Per-element speed of each tile width (fewer operand bytes a FLOP); BN 64's fitted by the mid-M
+# tile rule below (graphc/bucket_cost.py prices every launch, BN 64 ones too, with tile_cost).
+_EFF = {64: 0.75, 128: 0.86, 192: 0.95, 256: 1.0}
 
 
 def heuristic(prob: Problem, vec_ok: bool = True, residual: bool = False) -> dict[str, Any]:
@@ -187,7 +190,7 @@ def wave_fill(prob: Problem, bm: int, bn: int) -> float:
 #   1024x3072x768  BN 192 OVERLAP 10.6 (cuBLAS 10.1; BN 64 11.8-12.9, BN 128 12.4-14.0)
 #   bias + residual: 1024x768x768 BN 64 OVERLAP 6.3 (BN 128 split 2 9.9), 1024x768x3072 13.2 (BN 192 split 4 15.7)
 #   bias + Gelu: 1024x3072x768 BN 192 WARP_EPI 13.9 (OVERLAP 13.9; ping-pong BN 128 17.9, BN 64 15.9-16.6)
-# -> one K slice, BN by the wave model with BN 64's per-element speed fitted (MID_EFF: the fewest
+# -> one K slice, BN by the wave model with BN 64's per-element speed fitted (_EFF: the fewest
 # waves of the narrowest tile unless a wider one needs as few), OVERLAP (Gelu: the per-warp
 # epilogue, as the tall rule takes for it). Checked in a second run at 384, 512, 1024, 2048 and
 # 3072 rows (tools/bench_gemm_small_m.py --mid, B [K, N], against every TMA width and split, the
@@ -199,7 +202,7 @@ def wave_fill(prob: Problem, bm: int, bn: int) -> float:
 # Gelu at 384, 2048 and 3072 (B [N, K]) the rule's choice was the fastest or within 3%.
 MID_TILE_MAX_ROWS = 4096
 MID_TILE_SHALLOW_K = 768
-MID_EFF = {64: 0.75, 128: 0.86, 192: 0.95}
+MID_BNS = (NARROW_BN, 128, 192)
 
 
 def mid_tile_bn(prob: Problem) -> int | None:
@@ -210,7 +213,7 @@ def mid_tile_bn(prob: Problem) -> int | None:
     rows = prob.batch * prob.M
     if not (SMALL_M_MAX < rows < MID_TILE_MAX_ROWS and lo <= prob.N <= hi and lo <= prob.K <= hi and prob.N % 8 == 0):
         return None
-    bn = min(MID_EFF, key=lambda w: ceil_div(units(prob, w, 1), SM_COUNT) * w / MID_EFF[w])
+    bn = min(MID_BNS, key=lambda w: ceil_div(units(prob, w, 1), SM_COUNT) * w / _EFF[w])
     return bn if prob.K <= MID_TILE_SHALLOW_K or 2 * units(prob, bn, 1) >= SM_COUNT else None
 
 

@@ -119,3 +119,14 @@ def test_mid_sweep_compiles_for_sm90a(tmp_path, capsys):
     assert main(["--mid", "--compile-only", "--shape", "2560x3072x768", "--cache", str(tmp_path)]) == 0
     assert "# compiled 10 kernels" in capsys.readouterr().out
     assert len(list(tmp_path.glob("*.cubin"))) == 10
+
+
+def test_bn64_launches_have_a_cost():
+    """graphc/bucket_cost.py prices every launch of a plan with the tile model: a BN 64 one too."""
+    from graphc.bucket_cost import launch_seconds
+
+    ctx, ks = _engine(1024, 768, 768)
+    assert ks[0].params["BN"] == 64
+    narrow = launch_seconds(ctx, ks[0])
+    wide = launch_seconds(_engine(4096, 768, 768)[0], _engine(4096, 768, 768)[1][0])
+    assert 0 < narrow < wide
