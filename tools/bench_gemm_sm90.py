@@ -153,8 +153,8 @@ def sweep_variants(prob, epilogue: str = "none") -> list[dict[str, Any]]:
 
 
 def mid_variants(prob, epilogue: str = "none") -> list[dict[str, Any]]:
-    """The schedules of the mid-M sweep (--mid, M = 512..3072): every width with BN 64 (twice the
-    tiles of BN 128), K split 1-4 where the slices keep 3 K tiles or more, cooperative, per-warp
+    """The schedules of the mid-M sweep (--mid, 256 < M < 4096): the mid-M rule's widths (twice the
+    tiles of BN 128 at BN 64), K split 1-4 where the slices keep 3 K tiles or more, cooperative, per-warp
     epilogue, ping-pong and OVERLAP where they exist, each with the deepest ring and the vector
     epilogue."""
     from graphc.codegen.families import gemm_sm90 as g
@@ -162,7 +162,7 @@ def mid_variants(prob, epilogue: str = "none") -> list[dict[str, Any]]:
     extra = {"VEC_EPI": 1, "FAST_GELU": 1} if epilogue != "none" else {}
     ktiles = -(-prob.K // g.BK)
     out = []
-    for bn in (64, 128, 192):
+    for bn in g.MID_BNS:
         base = {"BN": bn, "STAGES": g.max_stages(bn), "PINGPONG": 0, **extra}
         for s in (1, 2, 3, 4):
             if s == 1 or ktiles // s >= 3:
