@@ -88,14 +88,42 @@ def has_cluster_shape(source: str, name: str) -> bool:
     return re.search(pattern, source) is not None
 
 
+# Cluster kernels that may launch programmatically, by the family prefix of their name (kernel names
+# are gc_<family>_<digest>, codegen/kernel.py). Measured on the H200 (driver 580.159.04, 2026-12-04,
+# docs/launches.md, tools/probe_pdl_cluster.py): a probe of PDL into and out of cluster kernels
+# (compile-time and launch-time cluster shapes, four load kinds, coalesced and scattered 16-bit
+# writes, stream launches and graph replays, early entry confirmed) saw no stale word; the wgmma
+# GEMM with cluster split-K after a kernel writing its A operand was right on 18 of 18 replays of new
+# inputs under PDL (128x768x768 S 4, 197x2304x768 S 2). The split-K convolution cluster
+# (conv_sm90_igemm.cu.j2) is still wrong under PDL (13-17 of 18 replays) and right launched through
+# cuLaunchKernelEx without the PDL attribute; a 100 us sleep after its wait does not fix it (so it
+# is not a read before the previous grid completed), nor L2-only residual loads or a proxy fence,
+# while two special-register reads and a printf at its entry do: not understood, so it stays plain.
+# The GEMM clusters are opt-in (GRAPHC_PDL_CLUSTERS=1) until the GPU suite has run with them and the
+# whole-model A/B (tools/bench_small_m_rule.py) says what they buy; the GPU machine was withdrawn
+# before either ran.
+CLUSTER_PDL_PREFIXES = ("gc_gemm_",)
+
+
+def env_pdl_clusters() -> bool:
+    """GRAPHC_PDL_CLUSTERS=1: the cluster kernels of CLUSTER_PDL_PREFIXES may launch programmatically
+    (read when an engine is built, saved or loaded); unset or 0: every cluster kernel plain."""
+    return os.environ.get("GRAPHC_PDL_CLUSTERS", "").strip().lower() in ("1", "on", "true", "yes")
+
+
 def pdl_ready(source: str, name: str) -> bool:
     """Whether kernel `name` of `source` may be launched programmatically: it waits first thing and
-    it is not a thread-block-cluster kernel. A cluster kernel launched programmatically inside a
-    CUDA graph read its predecessor's output before that grid had completed (H200, driver
-    580.159.04, 2026-12-02: the split-K conv cluster of tests/codegen/test_conv_serial_split_gpu.py
-    went wrong on 17 of 18 replays, right on every stream launch and on every replay once launched
-    plain, its SASS with ACQBULK first), so cluster kernels are always launched plain."""
-    return waits_first(source, name) and not has_cluster_shape(source, name)
+    it is not a thread-block-cluster kernel, or (with GRAPHC_PDL_CLUSTERS=1) a cluster kernel of a
+    family measured right under PDL (CLUSTER_PDL_PREFIXES, above). A split-K
+    convolution cluster launched programmatically inside a CUDA graph gave wrong results (H200,
+    driver 580.159.04, 2026-12-02: tests/codegen/test_conv_serial_split_gpu.py wrong on 17 of 18
+    replays, right on every stream launch and on every replay once launched plain), so convolution
+    clusters are always launched plain."""
+    if not waits_first(source, name):
+        return False
+    if not has_cluster_shape(source, name):
+        return True
+    return env_pdl_clusters() and name.startswith(CLUSTER_PDL_PREFIXES)
 
 
 def arch_has_pdl(arch: str | None) -> bool:

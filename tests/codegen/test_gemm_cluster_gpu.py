@@ -166,26 +166,33 @@ def test_cluster_split_k(case: Case, arch: str):
         assert err < TOL[case.mode], f"launch {seed}: relative error {err:.3g} with {k.params}"
 
 
-def test_engine_runs_cluster_gemms(tmp_path, arch: str):
+def test_engine_runs_cluster_gemms(tmp_path, arch: str, monkeypatch):
     """A batch-1 transformer MLP (128 tokens, 768 -> 2304 -> 768) with bias + ReLU and a residual as
     an sm_90 engine: both GEMMs take the wgmma kernel with cluster split-K (the sm_90 small-M rules),
-    and the engine is saved, loaded and run through CUDA-graph capture and two replays in the default
-    and a second context, against numpy."""
+    and the engine is saved, loaded and run through CUDA-graph capture and replays in the default and
+    a second context, against numpy. With GRAPHC_PDL_CLUSTERS=1 the cluster GEMMs are PDL-ready
+    (runtime/pdl.py) and the engine is loaded with PDL on, so each launches programmatically after
+    the kernel that writes its A operand (a split-K convolution cluster went wrong that way on most
+    replays of new inputs)."""
 
     import graphc
+    from graphc.runtime.pdl import pdl_ready
 
+    monkeypatch.setenv("GRAPHC_PDL_CLUSTERS", "1")  # read when the engine is built, saved and loaded
     rng = np.random.default_rng(3)
     m, d, h = 128, 768, 2304
     model, weights = residual_mlp_model(m, d, h, rng)
     w1, b1, w2 = weights["w1"], weights["b1"], weights["w2"]
     eng = graphc.compile(model, target="cuda", precision="fp16", arch=["sm_90"])
-    gemms = [ln.params for s in eng.plan.steps for ln in s.launches if ln.family == "gemm"]
-    assert len(gemms) == 2 and all(p.get("CLUSTER") == 1 for p in gemms), gemms
+    gemms = [ln for s in eng.plan.steps for ln in s.launches if ln.family == "gemm"]
+    assert len(gemms) == 2 and all(ln.params.get("CLUSTER") == 1 for ln in gemms), [ln.params for ln in gemms]
+    ks = eng.kernels
+    assert all(pdl_ready(ks.sources[ln.digest], ks.names[ln.digest]) for ln in gemms)
     path = tmp_path / "mlp.engine"
     eng.save(path)
-    loaded = graphc.runtime.load(path)
+    loaded = graphc.runtime.load(path, pdl=True)
     for run in (loaded.run, loaded.create_context().run):
-        for rep in range(3):  # capture, then two replays (new inputs each time)
+        for rep in range(8):  # capture, then replays (new inputs each time: a stale read shows)
             x = np.random.default_rng(rep).standard_normal((m, d)).astype(np.float32)
             ref = np.maximum(x @ w1 + b1, 0) @ w2 + x
             got = np.asarray(run({"x": x}, to_numpy=True)["y"], np.float64)

@@ -361,3 +361,27 @@ def test_manifest_kernels_field_is_a_bool(tmp_path, bert):
 
     with pytest.raises(EngineError):
         read_engine(rewrite(tmp_path / "e.engine", tmp_path / "bad.engine", bad))
+
+
+def _cluster_source(name: str) -> str:
+    return DEFINE + add_pdl_entries(
+        f'extern "C" __global__ void __cluster_dims__(1, 1, 4) __launch_bounds__(128) {name}(float* y);\n'
+        f'extern "C" __global__ void __launch_bounds__(128) {name}(float* y) {{\n  y[0] = 1.f;\n}}\n'
+    )
+
+
+def test_gemm_clusters_launch_programmatically_on_request_conv_clusters_stay_plain(monkeypatch):
+    # measured on the H200 (runtime/pdl.py CLUSTER_PDL_PREFIXES): the wgmma cluster split-K GEMM is
+    # right under PDL, the split-K convolution cluster is not; GEMM clusters are opt-in for now
+    gemm, conv = "gc_gemm_0123456789abcdef", "gc_conv_0123456789abcdef"
+    monkeypatch.delenv("GRAPHC_PDL_CLUSTERS", raising=False)
+    assert not pdl_ready(_cluster_source(gemm), gemm)  # the default: every cluster kernel plain
+    monkeypatch.setenv("GRAPHC_PDL_CLUSTERS", "1")
+    assert has_cluster_shape(_cluster_source(gemm), gemm) and pdl_ready(_cluster_source(gemm), gemm)
+    assert has_cluster_shape(_cluster_source(conv), conv) and not pdl_ready(_cluster_source(conv), conv)
+    # a GEMM cluster kernel that does not wait first is never ready
+    bare = DEFINE + _cluster_source(gemm).replace(ENTRY, "")
+    assert not pdl_ready(bare, gemm)
+    monkeypatch.setenv("GRAPHC_PDL_CLUSTERS", "0")
+    assert not pdl_ready(_cluster_source(gemm), gemm)
+    assert pdl_ready(DEFINE + add_pdl_entries(SOURCE), "k_one")  # kernels without a cluster unaffected
