@@ -1,8 +1,9 @@
 """Whole-model A/B of the batch-1 K >= 3072 GEMM rule on sm_90 (gemm_sm90.small_m_params): the TMA
-GEMM with 8 K slices and a reduce launch (the rule) against the cp.async wgmma kernel with cluster
-split-K (one launch, S 4 or S 8), on a zoo model at batch 1, fp16, in one process.
+GEMM with 8 K slices and a reduce launch against the cp.async wgmma kernel with cluster split-K (one
+launch, S 4 or S 8), on a zoo model at batch 1, fp16, in one process; each with the GEMM cluster
+kernels launched plain (GRAPHC_PDL_CLUSTERS=0, the rule before 2026-12-04) and programmatically.
 
-    python tools/bench_small_m_rule.py [--model bert|vit]
+    python tools/bench_small_m_rule.py [--model bert|vit] [--json OUT]
 
 Per variant: launches, cosine to ONNX Runtime's fp32 output, (a) engine.run back to back (best of
 3 x 100 calls, ms) and (b) one CUDA-graph replay (codegen.tuner.graph_replay_ms, ms). Needs a GPU.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -24,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="bert", choices=["bert", "vit"])
+    ap.add_argument("--json", help="append the rows here")
     args = ap.parse_args(argv)
 
     import cupy
@@ -38,19 +41,28 @@ def main(argv: list[str] | None = None) -> int:
     feeds = {k: v[:1] for k, v in models.sample_inputs(args.model, m, seed=0).items()}
     shapes = {k: v.shape for k, v in feeds.items()}
     ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    rule = (g.SMALL_M_MIN_K, g.WGMMA_CLUSTER_SPLITS)
+    # label -> (DEEP_K_CLUSTER, SMALL_M_MIN_K, WGMMA_CLUSTER_SPLITS, cluster kernels under PDL)
+    rule = (g.DEEP_K_CLUSTER, g.SMALL_M_MIN_K, g.WGMMA_CLUSTER_SPLITS)
     variants = {
-        "rule_tma_split": rule,
-        "wgmma_cluster_s4": (10**9, rule[1]),
-        "wgmma_cluster_s8": (10**9, (8, 6, 4, 3, 2)),
+        "tma_split_clusters_plain": (False, rule[1], rule[2], False),
+        "tma_split_clusters_pdl": (False, rule[1], rule[2], True),
+        "wgmma_cluster_s8_plain": (True, rule[1], rule[2], False),
+        "wgmma_cluster_s8_pdl": (True, rule[1], rule[2], True),
+        "wgmma_cluster_s4_pdl": (False, 10**9, rule[2], True),
     }
     engines, rows = {}, {}
-    for label, (min_k, splits) in variants.items():
-        g.SMALL_M_MIN_K, g.WGMMA_CLUSTER_SPLITS = min_k, splits
+    for label, (deep, min_k, splits, pdl_clusters) in variants.items():
+        g.DEEP_K_CLUSTER, g.SMALL_M_MIN_K, g.WGMMA_CLUSTER_SPLITS = deep, min_k, splits
+        old_env = os.environ.get("GRAPHC_PDL_CLUSTERS")
+        os.environ["GRAPHC_PDL_CLUSTERS"] = "1" if pdl_clusters else "0"  # read when the engine is built
         try:
             e = graphc.compile(m, target="cuda", precision="fp16", arch=["sm_90"], shapes=shapes)
         finally:
-            g.SMALL_M_MIN_K, g.WGMMA_CLUSTER_SPLITS = rule
+            g.DEEP_K_CLUSTER, g.SMALL_M_MIN_K, g.WGMMA_CLUSTER_SPLITS = rule
+            if old_env is None:
+                os.environ.pop("GRAPHC_PDL_CLUSTERS")
+            else:
+                os.environ["GRAPHC_PDL_CLUSTERS"] = old_env
         out = np.asarray(next(iter(e.run(feeds, to_numpy=True).values())), np.float64)
         cos = float(out.ravel() @ ref.ravel() / (np.linalg.norm(out) * np.linalg.norm(ref)))
         engines[label] = e
@@ -68,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     for (label, r), b in zip(rows.items(), graph_replay_ms([e.executor for e in engines.values()]), strict=True):
         r["b_ms"] = b
         print(args.model, label, json.dumps(r))
+    if args.json:
+        with open(args.json, "a") as f:
+            for label, r in rows.items():
+                f.write(json.dumps({"model": args.model, "variant": label, **r}) + "\n")
     return 0
 
 

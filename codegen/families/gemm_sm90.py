@@ -866,6 +866,11 @@ def mid_m(prob: Problem) -> bool:
 # - where the wgmma kernel cannot take the operands (rows not 16-byte aligned): mma.sync with
 #   cluster split-K (gemm.cluster_heuristic, its latency model): 5.2-5.3 / 6.3-6.4 us at N = K = 768.
 WIDE_N = 8192
+# K >= SMALL_M_MIN_K on the wgmma kernel with 8 K slices as one cluster (deep_k_cluster_params; one
+# launch instead of the TMA GEMM and its reduce kernel) instead of the TMA rule above: off, as it saved
+# launches but no time while cluster kernels launch plain; tools/bench_small_m_rule.py times it with
+# GEMM clusters under PDL (runtime/pdl.py GRAPHC_PDL_CLUSTERS), not yet run.
+DEEP_K_CLUSTER = False
 WGMMA_CLUSTER_TILE = (64, 64)
 WGMMA_CLUSTER_SPLITS = (4, 3, 2)
 
@@ -895,9 +900,9 @@ def wgmma_cluster_params(prob: Problem) -> dict[str, Any] | None:
 ROWNORM_DEEP_K_SPLITS = 8
 
 
-def rownorm_params(prob: Problem) -> dict[str, Any] | None:
-    """The wgmma cluster parameters of a GEMM with a row-norm epilogue on sm_90, or None (the
-    default path: mma.sync with one-launch split-K)."""
+def deep_k_cluster_params(prob: Problem) -> dict[str, Any] | None:
+    """The wgmma kernel with ROWNORM_DEEP_K_SPLITS K slices as one cluster, for K >= SMALL_M_MIN_K
+    where 8 CTAs a tile stay within 2 waves and each slice keeps 3 K tiles; else None."""
     p = wgmma_cluster_params(prob)
     if p is None:
         return None
@@ -908,7 +913,13 @@ def rownorm_params(prob: Problem) -> dict[str, Any] | None:
         deep = {**p, "SPLITS": s, "CLUSTER": 1, "STAGES": 4}
         if gemm_valid(prob, deep):
             return deep
-    return p
+    return None
+
+
+def rownorm_params(prob: Problem) -> dict[str, Any] | None:
+    """The wgmma cluster parameters of a GEMM with a row-norm epilogue on sm_90, or None (the
+    default path: mma.sync with one-launch split-K)."""
+    return deep_k_cluster_params(prob) or wgmma_cluster_params(prob)
 
 
 def select_rownorm(ctx: StepContext) -> list[KernelSource]:
@@ -929,6 +940,9 @@ def small_m_params(prob: Problem) -> tuple[str, dict[str, Any]]:
     """("tma" | "gemm", parameters) of a small-M problem on sm_90 by the rules above."""
     tma_ok = unsupported(prob) is None and prob.N >= 128 and prob.K >= 128
     if tma_ok and prob.K >= SMALL_M_MIN_K:
+        deep = deep_k_cluster_params(prob) if DEEP_K_CLUSTER else None
+        if deep is not None:
+            return "gemm", deep
         return "tma", heuristic(prob)
     if prob.N >= WIDE_N:
         if tma_ok:

@@ -170,3 +170,18 @@ def test_sm90_small_m_rules():
     assert not gemm_sm90.small_m(_prob(4096, 768, 768))
     assert not gemm_sm90.small_m(_prob(128, 128, 64))  # below the measured range: the default path
     assert not gemm_sm90.small_m(problem_of(standalone_context("MatMul", [(128, 64), (64, 64)], DType.float32)))
+
+
+def test_deep_k_cluster_switch(monkeypatch):
+    """DEEP_K_CLUSTER puts K >= 3072 batch-1 GEMMs on the wgmma kernel with 8 K slices as one cluster
+    (the row-norm epilogue's deep tile) instead of the TMA GEMM and its reduce launch; off by default."""
+    prob = _prob(128, 768, 3072)
+    assert gemm_sm90.small_m_params(prob)[0] == "tma"
+    monkeypatch.setattr(gemm_sm90, "DEEP_K_CLUSTER", True)
+    kind, p = gemm_sm90.small_m_params(prob)
+    assert kind == "gemm" and p["path"] == "wgmma" and (p["SPLITS"], p["CLUSTER"]) == (8, 1)
+    assert gemm_sm90.rownorm_params(prob) == p
+    # 197 x 3072: 4 x 48 tiles x 8 slices exceed two waves of CTAs, so the TMA rule stays
+    assert gemm_sm90.small_m_params(_prob(197, 3072, 3072))[0] == "tma"
+    # K = 768 problems keep the small-M cluster rule
+    assert gemm_sm90.small_m_params(_prob(128, 768, 768))[1]["SPLITS"] == 4
