@@ -110,4 +110,16 @@ step "conv tails" "$TAILS_S" "$OUT/conv_tails.log" python3 tools/bench_conv_tail
 # QDQ-quantized exports as CUDA engines (fp32) against the Q/DQ definition; needs the exports above.
 step "quantized" "$QUANT_S" /tmp/quantized.log python3 tools/check_quantized.py --exports /tmp/exports --target cuda
 [ "$QUANT_S" != 0 ] && cat /tmp/quantized.log | grep "^|" >> "$log"
+# Written on 2026-12-04 and not run (the device was withdrawn): GEMM cluster kernels under PDL
+# (runtime/pdl.py GRAPHC_PDL_CLUSTERS=1). PDL_CLUSTER_S=150 runs their engine GPU test, the PDL probe,
+# the conv cluster's variants (expected: pdl wrong, plain right) and the batch-1 A/B of each rule with
+# plain and programmatic GEMM clusters on the zoo's BERT-base and ViT-B/16 (docs/launches.md says what
+# to flip when programmatic clusters and DEEP_K_CLUSTER win).
+step "pdl cluster tests" "${PDL_CLUSTER_S:-0}" "$OUT/pdl_cluster_tests.log" python3 -m pytest -m gpu -p no:cacheprovider -rfE \
+  tests/codegen/test_gemm_cluster_gpu.py tests/codegen/test_conv_serial_split_gpu.py
+step "pdl probe" "${PDL_CLUSTER_S:-0}" /tmp/pdl_probe.log python3 tools/probe_pdl_cluster.py --replays 100
+step "conv cluster pdl" "${PDL_CLUSTER_S:-0}" "$OUT/conv_cluster_pdl.log" bash -c \
+  'for v in plain pdl; do python3 tools/probe_conv_cluster_pdl.py $v; done'
+step "small-M rule A/B" "${PDL_CLUSTER_S:-0}" "$OUT/small_m_rule.log" bash -c \
+  "python3 tools/bench_small_m_rule.py --model bert --json $OUT/small_m_rule.jsonl && python3 tools/bench_small_m_rule.py --model vit --json $OUT/small_m_rule.jsonl"
 exit 0
