@@ -178,10 +178,23 @@ def compile_cubin(arch: str, cluster: tuple[int, int, int]) -> bytes:
     return cubin
 
 
+def reader_shapes(cluster: str, grid: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """--cluster and --reader-grid as (X, Y, Z) each; SystemExit unless the grid is a multiple of the
+    cluster on every axis."""
+    try:
+        c, g = tuple(int(v) for v in cluster.split(",")), tuple(int(v) for v in grid.split(","))
+    except ValueError:
+        c = g = ()
+    if len(c) != 3 or len(g) != 3 or min(c + g) < 1 or any(a % b for a, b in zip(g, c, strict=True)):
+        raise SystemExit("--cluster and --reader-grid take X,Y,Z, the grid a multiple of the cluster")
+    return c, g
+
+
 class Probe:
     def __init__(self, args: argparse.Namespace):
         from cuda.bindings import driver as d
 
+        self.cluster, self.grid = reader_shapes(args.cluster, args.reader_grid)
         self.d, self.args = d, args
         _check((d.cuInit(0)[0], None), "cuInit")
         dev = _check(d.cuDeviceGet(0), "cuDeviceGet")
@@ -197,14 +210,6 @@ class Probe:
         self.clock_khz = _check(
             d.cuDeviceGetAttribute(d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_CLOCK_RATE, dev), "clock"
         )
-        self.cluster = tuple(int(v) for v in args.cluster.split(","))
-        self.grid = tuple(int(v) for v in args.reader_grid.split(","))
-        if (
-            len(self.cluster) != 3
-            or len(self.grid) != 3
-            or any(g % c for g, c in zip(self.grid, self.cluster, strict=False))
-        ):
-            raise SystemExit("--cluster and --reader-grid take X,Y,Z, the grid a multiple of the cluster")
         self.module = _check(d.cuModuleLoadData(compile_cubin(arch, self.cluster)), "cuModuleLoadData")
         self.stream = _check(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING.value), "cuStreamCreate")
         self.n = args.words
