@@ -2,6 +2,7 @@
 
     python tools/count_launches.py DIR [--models bert,gpt2,vit,resnet50] [--exporter both]
         [--batch 1,32] [--seq 128] [--arch sm_90] [--precision fp16] [--nvrtc] [--json OUT]
+        [--row-norm-epilogues] [--deep-k-cluster]
 
 DIR holds the exports of tools/export_torch.py (NAME.EXPORTER.onnx and NAME.json, whose input
 specs give the dims to bind). For each model it runs the compiler's own passes, lowering and code
@@ -10,6 +11,9 @@ launch of every step: a step with a split-K GEMM counts its reduce kernel too. W
 the whole `graphc.compile` (NVRTC included; slower, same counts). The table has one row per
 (model, exporter, batch): the total, then the launches per step kind (Fused[MatMul], LayerNorm...).
 With --by-family it counts by kernel family instead (gemm, rowwise, elementwise...).
+--row-norm-epilogues and --deep-k-cluster count the plans of two options that are off by default
+(the compile option row_norm_epilogues; gemm_sm90.DEEP_K_CLUSTER: batch-1 K >= 3072 GEMMs as one
+cluster instead of the TMA GEMM and its reduce launch).
 
     python tools/count_launches.py --corpus tests/corpus [--json OUT]
 
@@ -77,12 +81,14 @@ def count_plan(plan: Any, arch: str, families: dict[str, str] | None = None) -> 
 
 
 def count_model(
-    path: Path, shapes: dict[str, int], *, arch: str, precision: str, nvrtc: bool
+    path: Path, shapes: dict[str, int], *, arch: str, precision: str, nvrtc: bool, row_norm: bool = False
 ) -> tuple[int, int, dict, dict]:
     import graphc
 
     if nvrtc:
-        engine = graphc.compile(str(path), target="cuda", precision=precision, shapes=shapes, arch=[arch])
+        engine = graphc.compile(
+            str(path), target="cuda", precision=precision, shapes=shapes, arch=[arch], row_norm_epilogues=row_norm
+        )
         plan = engine.plan
         return (*_counted(plan, arch, len(engine.kernels.digests_for(arch))),)
     from graphc.codegen.build import complete_plan, generate_for_archs
@@ -94,7 +100,7 @@ def count_model(
     from graphc.passes.target import Target
 
     graph = bind_shapes(load_onnx(str(path)), shapes)
-    target = Target("cuda", precision, False, capabilities=CUDA)
+    target = Target("cuda", precision, False, capabilities=CUDA, row_norm_epilogues=row_norm)
     optimized = optimize(graph, OptimizeOptions(opt_level=2, target=target)).graph
     lowered = lower_to_plan(optimized)
     weights = {name: c.data for name, c in optimized.constants.items()}
@@ -158,7 +164,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nvrtc", action="store_true", help="run the whole graphc.compile, NVRTC included")
     p.add_argument("--by-family", action="store_true", help="columns by kernel family instead of step kind")
     p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
+    p.add_argument("--row-norm-epilogues", action="store_true", help="count with the row_norm_epilogues option")
+    p.add_argument(
+        "--deep-k-cluster", action="store_true", help="count with gemm_sm90.DEEP_K_CLUSTER (one-launch deep K)"
+    )
     args = p.parse_args(argv)
+    if args.deep_k_cluster:
+        from graphc.codegen.families import gemm_sm90
+
+        gemm_sm90.DEEP_K_CLUSTER = True
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from graphc.errors import CompileError
 
@@ -191,7 +205,12 @@ def main(argv: list[str] | None = None) -> int:
                 shapes = input_shapes(spec, batch, args.seq)
                 try:
                     total, distinct, kinds, fams = count_model(
-                        path, shapes, arch=args.arch, precision=args.precision, nvrtc=args.nvrtc
+                        path,
+                        shapes,
+                        arch=args.arch,
+                        precision=args.precision,
+                        nvrtc=args.nvrtc,
+                        row_norm=args.row_norm_epilogues,
                     )
                 except CompileError as e:
                     print(f"{path.name} batch {batch}: {e}", file=sys.stderr)

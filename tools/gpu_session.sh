@@ -114,7 +114,11 @@ step "quantized" "$QUANT_S" /tmp/quantized.log python3 tools/check_quantized.py 
 # (runtime/pdl.py GRAPHC_PDL_CLUSTERS=1). PDL_CLUSTER_S=150 runs their engine GPU test, the PDL probe,
 # the conv cluster's variants (expected: pdl wrong, plain right) and the batch-1 A/B of each rule with
 # plain and programmatic GEMM clusters on the zoo's BERT-base and ViT-B/16 (docs/launches.md says what
-# to flip when programmatic clusters and DEEP_K_CLUSTER win).
+# to flip when programmatic clusters and DEEP_K_CLUSTER win). The row-norm epilogues meet issue 11's
+# batch-1 launch targets (BERT-base 66, GPT-2 64: tools/count_launches.py --row-norm-epilogues) but were
+# 10-17% slower with their cluster GEMMs launched plain; under PDL: GRAPHC_PDL_CLUSTERS=1 TORCH_S=300
+# TORCH_MODELS=bert,gpt2,vit TORCH_ARGS="--batch 1 --modes eager --io-precision fp16 --graphc-option
+# row_norm_epilogues=true" against the same with =false.
 step "pdl cluster tests" "${PDL_CLUSTER_S:-0}" "$OUT/pdl_cluster_tests.log" python3 -m pytest -m gpu -p no:cacheprovider -rfE \
   tests/codegen/test_gemm_cluster_gpu.py tests/codegen/test_conv_serial_split_gpu.py
 step "pdl probe" "${PDL_CLUSTER_S:-0}" /tmp/pdl_probe.log python3 tools/probe_pdl_cluster.py --replays 100
