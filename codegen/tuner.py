@@ -549,18 +549,26 @@ def graph_replay_ms(executors: list[Any], rounds: int = 7, calls: int = 20) -> l
             c.run({n: c.views[n] for n in c.plan.inputs}, sync=True)  # captures the graph
     # the launch sequence's own graph: the ordinary call replays an output slot's copy of it
     # (runtime/output_ring.py), and the context's is captured on first use
-    graphs = [c.replay_graph() for c in ctxs]
-    times: list[list[float]] = [[] for _ in ctxs]
+    return replay_ms([(c.replay_graph(), c.stream, c.device) for c in ctxs], rounds, calls)
+
+
+def replay_ms(graphs: list[tuple[Any, Any, int]], rounds: int = 7, calls: int = 20) -> list[float]:
+    """Median GPU time of one replay of each captured CUDA graph (graph, stream, device): events
+    around `calls` replays, the graphs taking turns round by round (graph_replay_ms's timer, also
+    for graphs that are not an engine's, as tools/bench_lnfold.py's single launches)."""
+    import cupy
+
+    times: list[list[float]] = [[] for _ in graphs]
     for _ in range(rounds):
-        for k, c in enumerate(ctxs):
-            with cupy.cuda.Device(c.device):
-                for _ in range(2):  # warm-up after the other engine ran
-                    graphs[k].launch(stream=c.stream)
+        for k, (graph, stream, device) in enumerate(graphs):
+            with cupy.cuda.Device(device):
+                for _ in range(2):  # warm-up after the other graph ran
+                    graph.launch(stream=stream)
                 start, end = cupy.cuda.Event(), cupy.cuda.Event()
-                start.record(c.stream)
+                start.record(stream)
                 for _ in range(calls):
-                    graphs[k].launch(stream=c.stream)
-                end.record(c.stream)
+                    graph.launch(stream=stream)
+                end.record(stream)
                 end.synchronize()
                 times[k].append(cupy.cuda.get_elapsed_time(start, end) / calls)
     return [float(np.median(t)) for t in times]

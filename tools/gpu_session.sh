@@ -126,4 +126,10 @@ step "conv cluster pdl" "${PDL_CLUSTER_S:-0}" "$OUT/conv_cluster_pdl.log" bash -
   'for v in plain pdl; do python3 tools/probe_conv_cluster_pdl.py $v; done'
 step "small-M rule A/B" "${PDL_CLUSTER_S:-0}" "$OUT/small_m_rule.log" bash -c \
   "python3 tools/bench_small_m_rule.py --model bert --json $OUT/small_m_rule.jsonl && python3 tools/bench_small_m_rule.py --model vit --json $OUT/small_m_rule.jsonl"
+# The LayerNorm fold's kernel (docs/layernorm_fold.md step 1; written 2026-12-04, not run): its GPU
+# test against float64, then the one launch against the engine's LayerNorm + GEMM (plain and with
+# GEMM clusters under PDL) at BERT's / ViT's batch-1 QKV and FFN1 shapes. LNFOLD_S=90.
+step "lnfold tests" "${LNFOLD_S:-0}" "$OUT/lnfold_tests.log" python3 -m pytest -m gpu -p no:cacheprovider -rfE \
+  tests/codegen/test_gemm_lnfold_gpu.py
+step "lnfold bench" "${LNFOLD_S:-0}" "$OUT/lnfold_bench.log" python3 tools/bench_lnfold.py --json "$OUT/lnfold_bench.json"
 exit 0

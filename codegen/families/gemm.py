@@ -283,7 +283,8 @@ def _pitches(prob: Problem, path: str, bm: int, bn: int, bk: int) -> tuple[int, 
 def shared_bytes(prob: Problem, p: dict[str, Any]) -> int:
     path = p["path"]
     if path == "wgmma":  # swizzled stages (+1 KB to align them to 1024 bytes), or the fp32 C tile
-        return max(p["STAGES"] * (p["BM"] + p["BN"]) * 64 * 2, p["BM"] * (p["BN"] + 8) * 4) + 1024
+        stats = 16 * p["BM"] if p.get("LNFOLD") else 0  # the LayerNorm fold's row sums and statistics
+        return max(p["STAGES"] * (p["BM"] + p["BN"]) * 64 * 2, p["BM"] * (p["BN"] + 8) * 4 + stats) + 1024
     if path == "simt":
         cb = 8 if prob.dtype is DType.float64 else 4
         ty = p["BM"] // p["TM"]
@@ -625,6 +626,37 @@ def _rownorm(ctx: StepContext, prob: Problem, norm: Any) -> tuple[dict[str, Any]
     return info, decls, names
 
 
+# The LayerNorm fold (docs/layernorm_fold.md; params LNFOLD 1 and LN_EPS): A holds the raw rows h of
+# a LayerNorm over K, B = diag(g) W, and the kernel sums each row of h from its A tiles, so that the
+# stored value is rstd * (acc - mean * colsum(B)) + (b W + c) = LayerNorm(h) W + c, before the epilogue.
+# Three more arguments: colsum(B) and b W + c (fp32, N each) and the row statistics it stores for
+# other readers of the normalized rows (fp32 [batch * M, 2]: mean, rstd). Only the cp.async wgmma
+# kernel has it (K-major A, one K slice or cluster split-K); nothing in the compiler asks for it yet.
+LNFOLD_ARGS = ("ln_colsum", "ln_shift", "ln_stats")
+
+
+def _lnfold(
+    ctx: StepContext, prob: Problem, p: dict[str, Any], path: str, splits: int, cluster: bool, rownorm: bool
+) -> tuple[dict[str, Any] | None, list[str], list[str]]:
+    """The fold's template context, kernel parameters and argument names, or (None, [], [])."""
+    if not p.get("LNFOLD"):
+        return None, [], []
+    if path != "wgmma" or not prob.a.kcontig:
+        raise ctx.fail("the LayerNorm fold needs the wgmma kernel with a K-major A")
+    if splits > 1 and not cluster:
+        raise ctx.fail("the LayerNorm fold needs one K slice or cluster split-K (CLUSTER 1)")
+    if rownorm or prob.alpha != 1.0 or prob.c_index is not None:
+        raise ctx.fail("the LayerNorm fold takes no row-norm epilogue, alpha or C")
+    eps = float(p.get("LN_EPS", 1e-5))
+    info = {"eps": lit(eps, "float"), "k": prob.K, "load": cuda_type(prob.dtype).to_compute("e[i]")}
+    decls = [
+        "const float* __restrict__ gc_ln_cs",
+        "const float* __restrict__ gc_ln_cp",
+        "float* __restrict__ gc_ln_stats",
+    ]
+    return info, decls, [f"{ctx.step.name}/{a}" for a in LNFOLD_ARGS]
+
+
 def _kernel_args(
     ctx: StepContext, prob: Problem, rendered: RenderedEpilogue, c_ptr: bool
 ) -> tuple[list[str], list[str]]:
@@ -719,13 +751,14 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
     serial = splits > 1 and not cluster and bool(p.get("SERIAL", 1))
     if rownorm is not None and splits > 1 and not (serial or cluster):
         raise ctx.fail("a row-norm epilogue needs split-K in one launch (SERIAL 1 or CLUSTER 1)")
+    lnfold, ln_decls, ln_names = _lnfold(ctx, prob, p, path, splits, cluster, rownorm is not None)
     p.pop("CLUSTER", None)
     if cluster:
         p.pop("SERIAL", None)
         p["CLUSTER"] = 1
         p["requires_arch"] = "sm_90"
-        kparams = ab + out_decls + norm_decls
-        kargs = ab_names + out_names + norm_names
+        kparams = ab + out_decls + norm_decls + ln_decls
+        kargs = ab_names + out_names + norm_names + ln_names
     elif serial:
         p["SERIAL"] = 1
         kparams = [*ab, *out_decls, *norm_decls, "float* __restrict__ ws"]
@@ -735,8 +768,8 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         kparams = [*ab, "float* __restrict__ ws"]
         kargs = [*ab_names, "@workspace"]
     else:
-        kparams = ab + out_decls + norm_decls
-        kargs = ab_names + out_names + norm_names
+        kparams = ab + out_decls + norm_decls + ln_decls
+        kargs = ab_names + out_names + norm_names + ln_names
     tiles = ceil_div(prob.M, p["BM"]) * ceil_div(prob.N, p["BN"])
     grid = (tiles, 1, prob.batch * splits)
     threads = threads_of(p)
@@ -758,6 +791,7 @@ def _generate(ctx: StepContext) -> list[KernelSource]:
         cluster=cluster,
         tiles=tiles,
         rownorm=rownorm,
+        lnfold=lnfold,
         tiles_m=ceil_div(prob.M, p["BM"]),
         kt_per_split=kt_per_split,
         batch=prob.batch,
