@@ -26,13 +26,11 @@ class FoldedWeights:
 
 
 def _storage(x: np.ndarray, dtype: DType) -> np.ndarray:
-    if dtype is DType.float16:
-        return x.astype(np.float16)
-    if dtype is DType.bfloat16:
-        import ml_dtypes
+    if dtype not in (DType.float16, DType.bfloat16):
+        raise ValueError(f"the LayerNorm fold takes fp16 or bf16 GEMMs, not {dtype.name}")
+    from graphc.runtime.cpu import numpy_dtype
 
-        return x.astype(ml_dtypes.bfloat16)
-    raise ValueError(f"the LayerNorm fold takes fp16 or bf16 GEMMs, not {dtype.name}")
+    return x.astype(numpy_dtype(dtype.name))
 
 
 def fold_weights(
@@ -63,6 +61,22 @@ def context(
     if splits > 1:
         params["CLUSTER"] = 1
     return standalone_context("MatMul", [(m, k), (k, n)], dtype, params=params)
+
+
+def host_args(ctx: Any, kernel: Any, h: np.ndarray, folded: FoldedWeights) -> dict[str, np.ndarray]:
+    """The kernel's arguments by name for a direct launch: h, W', colsum, shift, and the output and
+    row statistics filled with NaN (an element no CTA stores stays NaN)."""
+    m, n = h.shape[0], folded.w.shape[1]
+    a_name, b_name = ctx.step.inputs[:2]
+    cs, shift, stats = kernel.args[-3:]
+    return {
+        a_name: h,
+        b_name: folded.w,
+        cs: folded.colsum,
+        shift: folded.shift,
+        ctx.step.outputs[0]: np.full((m, n), np.nan, h.dtype),
+        stats: np.full((m, 2), np.nan, np.float32),
+    }
 
 
 def reference(

@@ -11,8 +11,10 @@ the runtime launches only recorded, checked kernels that way (docs/launches.md).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from graphc.runtime.errors import EngineError
@@ -109,6 +111,21 @@ def env_pdl_clusters() -> bool:
     """GRAPHC_PDL_CLUSTERS=1: the cluster kernels of CLUSTER_PDL_PREFIXES may launch programmatically
     (read when an engine is built, saved or loaded); unset or 0: every cluster kernel plain."""
     return os.environ.get("GRAPHC_PDL_CLUSTERS", "").strip().lower() in ("1", "on", "true", "yes")
+
+
+@contextlib.contextmanager
+def pdl_clusters(on: bool) -> Iterator[None]:
+    """GRAPHC_PDL_CLUSTERS set to `on` inside the block and restored after it: for benchmarks that
+    build the same engine with GEMM clusters plain and programmatic in one process."""
+    old = os.environ.get("GRAPHC_PDL_CLUSTERS")
+    os.environ["GRAPHC_PDL_CLUSTERS"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("GRAPHC_PDL_CLUSTERS", None)
+        else:
+            os.environ["GRAPHC_PDL_CLUSTERS"] = old
 
 
 def pdl_ready(source: str, name: str) -> bool:

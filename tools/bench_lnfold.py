@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -61,16 +60,10 @@ def _model(m: int, n: int, k: int, rng: np.random.Generator, norm: bool):
 
 def _engine(model, pdl_clusters: bool):
     import graphc
+    from graphc.runtime.pdl import pdl_clusters as clusters_env
 
-    old = os.environ.get("GRAPHC_PDL_CLUSTERS")
-    os.environ["GRAPHC_PDL_CLUSTERS"] = "1" if pdl_clusters else "0"  # read when the engine is built
-    try:
+    with clusters_env(pdl_clusters):  # read when the engine is built
         return graphc.compile(model, target="cuda", precision="fp16", io_precision="fp16", arch=["sm_90"])
-    finally:
-        if old is None:
-            os.environ.pop("GRAPHC_PDL_CLUSTERS")
-        else:
-            os.environ["GRAPHC_PDL_CLUSTERS"] = old
 
 
 def _gemm_params(engine) -> dict:
@@ -105,16 +98,7 @@ def bench_shape(m: int, n: int, k: int) -> dict:
         set_max_dynamic_shared(fn, kern.shared_bytes)
     h = rng.standard_normal((m, k)).astype(np.float16)
     f = lnfold.fold_weights(g, b, w, c)
-    a_name, b_name = ctx.step.inputs[:2]
-    cs, shift, stats = kern.args[-3:]
-    dev = {
-        a_name: cupy.asarray(h),
-        b_name: cupy.asarray(f.w),
-        cs: cupy.asarray(f.colsum),
-        shift: cupy.asarray(f.shift),
-        ctx.step.outputs[0]: cupy.zeros((m, n), np.float16),
-        stats: cupy.zeros((m, 2), np.float32),
-    }
+    dev = {name: cupy.asarray(x) for name, x in lnfold.host_args(ctx, kern, h, f).items()}
     args = tuple(dev[x] for x in kern.args)
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     import models
     from graphc.codegen.families import gemm_sm90 as g
     from graphc.codegen.tuner import graph_replay_ms
+    from graphc.runtime.pdl import pdl_clusters as clusters_env
 
     m = models.build(args.model, size="full")
     feeds = {k: v[:1] for k, v in models.sample_inputs(args.model, m, seed=0).items()}
@@ -53,16 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     engines, rows = {}, {}
     for label, (deep, min_k, splits, pdl_clusters) in variants.items():
         g.DEEP_K_CLUSTER, g.SMALL_M_MIN_K, g.WGMMA_CLUSTER_SPLITS = deep, min_k, splits
-        old_env = os.environ.get("GRAPHC_PDL_CLUSTERS")
-        os.environ["GRAPHC_PDL_CLUSTERS"] = "1" if pdl_clusters else "0"  # read when the engine is built
         try:
-            e = graphc.compile(m, target="cuda", precision="fp16", arch=["sm_90"], shapes=shapes)
+            with clusters_env(pdl_clusters):  # read when the engine is built
+                e = graphc.compile(m, target="cuda", precision="fp16", arch=["sm_90"], shapes=shapes)
         finally:
             g.DEEP_K_CLUSTER, g.SMALL_M_MIN_K, g.WGMMA_CLUSTER_SPLITS = rule
-            if old_env is None:
-                os.environ.pop("GRAPHC_PDL_CLUSTERS")
-            else:
-                os.environ["GRAPHC_PDL_CLUSTERS"] = old_env
         out = np.asarray(next(iter(e.run(feeds, to_numpy=True).values())), np.float64)
         cos = float(out.ravel() @ ref.ravel() / (np.linalg.norm(out) * np.linalg.norm(ref)))
         engines[label] = e

@@ -385,3 +385,16 @@ def test_gemm_clusters_launch_programmatically_on_request_conv_clusters_stay_pla
     monkeypatch.setenv("GRAPHC_PDL_CLUSTERS", "0")
     assert not pdl_ready(_cluster_source(gemm), gemm)
     assert pdl_ready(DEFINE + add_pdl_entries(SOURCE), "k_one")  # kernels without a cluster unaffected
+
+
+def test_pdl_clusters_sets_and_restores_the_switch(monkeypatch):
+    from graphc.runtime.pdl import env_pdl_clusters, pdl_clusters
+
+    monkeypatch.delenv("GRAPHC_PDL_CLUSTERS", raising=False)
+    with pdl_clusters(True):
+        assert env_pdl_clusters()
+    assert "GRAPHC_PDL_CLUSTERS" not in __import__("os").environ
+    monkeypatch.setenv("GRAPHC_PDL_CLUSTERS", "1")
+    with pdl_clusters(False):
+        assert not env_pdl_clusters()
+    assert env_pdl_clusters()
