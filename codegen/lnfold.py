@@ -63,6 +63,23 @@ def context(
     return standalone_context("MatMul", [(m, k), (k, n)], dtype, params=params)
 
 
+def launchable(ctx: Any) -> tuple[Any, Any]:
+    """(the fold kernel's KernelSource, its cupy function) for `ctx` on the local GPU: generated,
+    compiled with NVRTC, loaded, its dynamic shared memory allowed. Needs cupy and an sm_90 GPU."""
+    import cupy
+
+    from graphc.codegen.kernel import family_for
+    from graphc.codegen.nvrtc import compile_cubin
+    from graphc.runtime.cuda import allow_large_shared_memory
+
+    (kernel,) = family_for(ctx).generate(ctx)
+    module = cupy.cuda.function.Module()
+    module.load(compile_cubin(kernel.source, kernel.name, kernel.params["requires_arch"]))
+    fn = module.get_function(kernel.name)
+    allow_large_shared_memory(fn, kernel.shared_bytes)
+    return kernel, fn
+
+
 def host_args(ctx: Any, kernel: Any, h: np.ndarray, folded: FoldedWeights) -> dict[str, np.ndarray]:
     """The kernel's arguments by name for a direct launch: h, W', colsum, shift, and the output and
     row statistics filled with NaN (an element no CTA stores stays NaN)."""

@@ -77,10 +77,7 @@ def bench_shape(m: int, n: int, k: int) -> dict:
     import cupy
 
     from graphc.codegen import lnfold
-    from graphc.codegen.kernel import family_for
-    from graphc.codegen.nvrtc import compile_cubin
     from graphc.codegen.tuner import replay_ms
-    from tests.codegen.test_gemm_gpu import set_max_dynamic_shared
 
     rng = np.random.default_rng(0)
     model, (g, b, w, c) = _model(m, n, k, rng, norm=True)
@@ -90,12 +87,7 @@ def bench_shape(m: int, n: int, k: int) -> dict:
     if p.get("path") != "wgmma" or p.get("BM") != 64:
         return {"shape": f"{m}x{n}x{k}", "skipped": f"the engine's GEMM is not the 64-row wgmma kernel: {p}"}
     ctx = lnfold.context(m, n, k, splits=int(p.get("SPLITS", 1)), eps=EPS, bn=int(p["BN"]))
-    (kern,) = family_for(ctx).generate(ctx)
-    mod = cupy.cuda.function.Module()
-    mod.load(compile_cubin(kern.source, kern.name, kern.params["requires_arch"]))
-    fn = mod.get_function(kern.name)
-    if kern.shared_bytes > 48 * 1024:
-        set_max_dynamic_shared(fn, kern.shared_bytes)
+    kern, fn = lnfold.launchable(ctx)
     h = rng.standard_normal((m, k)).astype(np.float16)
     f = lnfold.fold_weights(g, b, w, c)
     dev = {name: cupy.asarray(x) for name, x in lnfold.host_args(ctx, kern, h, f).items()}

@@ -13,8 +13,6 @@ import numpy as np
 import pytest
 
 from graphc.codegen import lnfold
-from graphc.codegen.kernel import family_for
-from tests.codegen.test_gemm_gpu import set_max_dynamic_shared
 
 pytestmark = pytest.mark.gpu
 
@@ -35,16 +33,9 @@ def arch() -> str:
 def test_fold_kernel_matches_layernorm_then_gemm(m, n, k, splits, arch):
     import cupy
 
-    from graphc.codegen.nvrtc import compile_cubin
-
     eps = 1e-5
     ctx = lnfold.context(m, n, k, splits=splits, eps=eps)
-    (kern,) = family_for(ctx).generate(ctx)
-    mod = cupy.cuda.function.Module()
-    mod.load(compile_cubin(kern.source, kern.name, kern.params["requires_arch"]))
-    fn = mod.get_function(kern.name)
-    if kern.shared_bytes > 48 * 1024:
-        set_max_dynamic_shared(fn, kern.shared_bytes)
+    kern, fn = lnfold.launchable(ctx)
     out_name, stats_name = ctx.step.outputs[0], kern.args[-1]
     for seed in range(3):
         rng = np.random.default_rng(seed)
